@@ -1,0 +1,41 @@
+// Package testenv provides the real servers every test suite of this
+// repository runs against: PostgreSQL and redis-server.
+//
+// A URL in INGEST_TEST_DATABASE_URL / INGEST_TEST_REDIS_URL is used when set;
+// otherwise a throwaway server is started from the local binaries (initdb and
+// pg_ctl, run as the user nobody when the tests run as root; redis-server) and
+// stopped when the test binary exits. A missing binary fails the test with a
+// message that says what to install: a silently skipped suite is no pass.
+//
+// Each test gets a database of its own (cloned from a migrated template) and
+// its own Redis keys, so tests and packages run in parallel.
+package testenv
+
+import (
+	"os"
+	"sync"
+	"testing"
+)
+
+var cleanup struct {
+	mu  sync.Mutex
+	fns []func()
+}
+
+func register(f func()) {
+	cleanup.mu.Lock()
+	defer cleanup.mu.Unlock()
+	cleanup.fns = append(cleanup.fns, f)
+}
+
+// Main runs the tests and then stops the servers this process started. Call
+// it from TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	cleanup.mu.Lock()
+	for i := len(cleanup.fns) - 1; i >= 0; i-- {
+		cleanup.fns[i]()
+	}
+	cleanup.mu.Unlock()
+	os.Exit(code)
+}

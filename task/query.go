@@ -1,0 +1,123 @@
+package task
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/transition"
+)
+
+// Get returns one task with its payload, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, id uuid.UUID) (Task, error) {
+	t, err := scanTask(s.db.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Task{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return Task{}, fmt.Errorf("get task %s: %w", id, err)
+	}
+	return t, nil
+}
+
+// GetWithTransitions returns a task and its audit trail, oldest first.
+func (s *Store) GetWithTransitions(ctx context.Context, id uuid.UUID) (Task, []transition.Record, error) {
+	t, err := s.Get(ctx, id)
+	if err != nil {
+		return Task{}, nil, err
+	}
+	recs, err := transition.List(ctx, s.db, id)
+	return t, recs, err
+}
+
+// ListParams filters and pages List.
+type ListParams struct {
+	Status State  // "" for any
+	Kind   string // "" for any
+	Limit  int    // 1..1000; 0 means 50
+	// Cursor continues a listing where the previous page ended ("" for the
+	// first page).
+	Cursor string
+}
+
+// MaxListLimit bounds ListParams.Limit.
+const MaxListLimit = 1000
+
+// List returns tasks newest first, without payloads, and the cursor of the
+// next page ("" when this page is the last). Pages are keyset-paginated on
+// (created_at, id), so a listing stays consistent while tasks are added.
+func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) {
+	if p.Status != "" && !p.Status.Valid() {
+		return nil, "", fmt.Errorf("%w: status %q is not one of %v", ErrInvalidTask, p.Status, States)
+	}
+	if p.Limit == 0 {
+		p.Limit = 50
+	}
+	if p.Limit < 1 || p.Limit > MaxListLimit {
+		return nil, "", fmt.Errorf("%w: limit must be between 1 and %d, got %d", ErrInvalidTask, MaxListLimit, p.Limit)
+	}
+	var where []string
+	var args []any
+	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
+	if p.Status != "" {
+		where = append(where, "status = "+arg(string(p.Status)))
+	}
+	if p.Kind != "" {
+		where = append(where, "kind = "+arg(p.Kind))
+	}
+	if p.Cursor != "" {
+		at, id, err := decodeCursor(p.Cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		where = append(where, fmt.Sprintf("(created_at, id) < (%s, %s)", arg(at), arg(id)))
+	}
+	q := `SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + ` FROM ingest_task`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY created_at DESC, id DESC LIMIT " + arg(p.Limit+1)
+	rows, err := s.db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, "", fmt.Errorf("list tasks: %w", err)
+	}
+	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanTask(r) })
+	if err != nil {
+		return nil, "", fmt.Errorf("list tasks: %w", err)
+	}
+	next := ""
+	if len(tasks) > p.Limit {
+		tasks = tasks[:p.Limit]
+		last := tasks[len(tasks)-1]
+		next = encodeCursor(last.CreatedAt, last.ID)
+	}
+	return tasks, next, nil
+}
+
+func encodeCursor(at time.Time, id uuid.UUID) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(at.UTC().Format(time.RFC3339Nano) + "|" + id.String()))
+}
+
+func decodeCursor(c string) (time.Time, uuid.UUID, error) {
+	bad := fmt.Errorf("%w: cursor %q is not one this server returned", ErrInvalidTask, c)
+	raw, err := base64.RawURLEncoding.DecodeString(c)
+	if err != nil {
+		return time.Time{}, uuid.UUID{}, bad
+	}
+	at, idStr, ok := strings.Cut(string(raw), "|")
+	if !ok {
+		return time.Time{}, uuid.UUID{}, bad
+	}
+	t, err1 := time.Parse(time.RFC3339Nano, at)
+	id, err2 := uuid.Parse(idStr)
+	if err1 != nil || err2 != nil {
+		return time.Time{}, uuid.UUID{}, bad
+	}
+	return t, id, nil
+}

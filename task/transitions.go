@@ -1,0 +1,423 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/transition"
+)
+
+// StartResult is the outcome of Start for one id.
+type StartResult struct {
+	ID      uuid.UUID
+	Outcome StartOutcome
+	// Task is the row after the call (nil when NotFound). When Started it
+	// carries the payload and the caller's lease.
+	Task *Task
+	// TookOver is set when the task was RUNNING under an expired lease: the
+	// abandoned run was counted as a failed attempt.
+	TookOver bool
+	// Died is set when that takeover used up the last attempt: this call
+	// moved the task to DEAD (Outcome is Skipped) and the caller should
+	// dead-letter its stream entry.
+	Died bool
+}
+
+// startSQL starts every due task of $1 under lease owner $2 for $3 ms.
+//
+// locked takes the row locks in id order and, being FOR NO KEY UPDATE,
+// reads the latest committed version of each row; the UPDATE's WHERE is the
+// guard of DESIGN §2 (due QUEUED/RETRYING, or RUNNING with an expired lease:
+// a takeover, which counts the abandoned run as a failure and goes DEAD when
+// it was the last attempt). Rows the guard refuses come back unchanged with
+// started = false.
+const startSQL = `
+WITH locked AS (
+    SELECT * FROM ingest_task
+    WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+), upd AS (
+    UPDATE ingest_task t SET
+        status        = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RUNNING' END,
+        attempt_count = t.attempt_count + CASE WHEN l.status = 'RUNNING' THEN 1 ELSE 0 END,
+        lease_owner   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN NULL ELSE $2 END,
+        lease_until   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN NULL
+                             ELSE now() + $3 * interval '1 millisecond' END,
+        finished_at   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN now() END,
+        last_error    = CASE WHEN l.status = 'RUNNING' THEN 'lease of ' || l.lease_owner || ' expired: run abandoned' ELSE t.last_error END,
+        error_message = CASE WHEN l.status = 'RUNNING' THEN 'lease of ' || l.lease_owner || ' expired: run abandoned' ELSE t.error_message END,
+        next_retry_at = NULL,
+        updated_at    = now()
+    FROM locked l
+    WHERE t.id = l.id AND (
+           (t.status IN ('QUEUED', 'RETRYING') AND (t.next_retry_at IS NULL OR t.next_retry_at <= now()))
+        OR (t.status = 'RUNNING' AND t.lease_until < now()))
+    RETURNING t.*, l.status AS from_status, coalesce(l.lease_owner, '') AS prev_owner
+)
+SELECT ` + taskColumns + `, from_status, prev_owner, true FROM upd
+UNION ALL
+SELECT ` + taskColumns + `, status, '', false
+FROM locked WHERE id NOT IN (SELECT id FROM upd)`
+
+// Start moves each due task of ids to RUNNING under owner's lease and
+// returns one result per distinct id, in the order given.
+func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) ([]StartResult, error) {
+	ids = distinct(ids)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	byID := make(map[uuid.UUID]StartResult, len(ids))
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		clear(byID)
+		rows, err := tx.Query(ctx, startSQL, ids, owner, lease.Milliseconds())
+		if err != nil {
+			return err
+		}
+		var recs []transition.Record
+		for rows.Next() {
+			var from State
+			var prevOwner string
+			var started bool
+			t, err := scanTask(rows, &from, &prevOwner, &started)
+			if err != nil {
+				rows.Close()
+				return err
+			}
+			r := StartResult{ID: t.ID, Task: &t}
+			switch {
+			case started && from == Running:
+				r.TookOver = true
+				r.Died = t.Status == Dead
+				r.Outcome = Started
+				if r.Died {
+					r.Outcome = Skipped
+				}
+				recs = append(recs, transition.Record{TaskID: t.ID, From: string(Running), To: string(t.Status),
+					AttemptCount: t.AttemptCount, Worker: owner, Message: t.LastError})
+			case started:
+				r.Outcome = Started
+				recs = append(recs, transition.Record{TaskID: t.ID, From: string(from), To: string(Running),
+					AttemptCount: t.AttemptCount, Worker: owner, Message: fmt.Sprintf("attempt %d", t.AttemptCount+1)})
+			case from == Queued || from == Retrying:
+				r.Outcome = NotDue
+			default:
+				r.Outcome = Skipped
+			}
+			if r.Outcome != Started {
+				t.Payload = nil
+			}
+			byID[t.ID] = r
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return transition.Insert(ctx, tx, recs...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start %d tasks: %w", len(ids), err)
+	}
+	out := make([]StartResult, len(ids))
+	for i, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			r = StartResult{ID: id, Outcome: NotFound}
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// Result is the outcome of a guarded transition for one id.
+type Result struct {
+	ID uuid.UUID
+	// Applied is false when the guard did not match (the caller lost its
+	// lease, the task is in another state, or it does not exist): nothing
+	// changed.
+	Applied bool
+	// Status is the task's status after the call ("" when it does not
+	// exist).
+	Status State
+	// AttemptCount is the task's attempt_count after the call.
+	AttemptCount int
+	// NextRetryAt is when a RETRYING task falls due.
+	NextRetryAt *time.Time
+	// LastError is the stored (truncated) error of a failed task.
+	LastError string
+	// LeaseOwner is the current lease owner (for reporting conflicts).
+	LeaseOwner string
+}
+
+const renewSQL = `
+UPDATE ingest_task t SET lease_until = now() + $3 * interval '1 millisecond', updated_at = now()
+FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
+      ORDER BY id FOR NO KEY UPDATE) l
+WHERE t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
+RETURNING t.id`
+
+// Renew extends owner's lease on the RUNNING tasks of ids and returns the
+// ids whose lease it renewed; the others were lost (taken over or finished).
+// A renewal is no state change and writes no audit row.
+func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	ids = distinct(ids)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := s.db.Query(ctx, renewSQL, ids, owner, lease.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
+	}
+	renewed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
+	}
+	return renewed, nil
+}
+
+const succeedSQL = `
+UPDATE ingest_task t SET status = 'SUCCEEDED', lease_owner = NULL, lease_until = NULL, next_retry_at = NULL,
+    finished_at = now(), updated_at = now()
+FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
+      ORDER BY id FOR NO KEY UPDATE) l
+WHERE t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+
+// Succeed moves the tasks of ids that owner holds RUNNING to SUCCEEDED.
+func (s *Store) Succeed(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
+	ids = distinct(ids)
+	return s.guarded(ctx, "succeed", ids, func(tx pgx.Tx) (pgx.Rows, error) {
+		return tx.Query(ctx, succeedSQL, ids, owner)
+	}, func(r Result) transition.Record {
+		return transition.Record{TaskID: r.ID, From: string(Running), To: string(Succeeded), AttemptCount: r.AttemptCount, Worker: owner}
+	})
+}
+
+// Failure describes one failed run.
+type Failure struct {
+	ID    uuid.UUID
+	Error string
+	// Permanent sends the task to DEAD at once.
+	Permanent bool
+	// RetryAfter, when > 0, replaces the backoff delay.
+	RetryAfter time.Duration
+}
+
+// failSQL records failed runs. Inputs are parallel arrays: id, error,
+// permanent, retry-after ms (0: use the backoff). RETRYING or DEAD is
+// decided here from the row's attempt_count; the backoff is
+// min($3 * 2^(attempt-1), $4) * (1 ± $5), in ms.
+const failSQL = `
+WITH f AS (
+    SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[]) AS f(id, err, permanent, retry_after_ms)
+), l AS (
+    SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
+    ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE ingest_task t SET
+    attempt_count = t.attempt_count + 1,
+    status        = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RETRYING' END,
+    next_retry_at = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN NULL
+                         WHEN f.retry_after_ms > 0 THEN now() + f.retry_after_ms * interval '1 millisecond'
+                         ELSE now() + least($3::float8 * power(2::float8, least(t.attempt_count, 62)), $4::float8)
+                                      * (1 + $5::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
+    finished_at   = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN now() END,
+    last_error    = f.err,
+    error_message = f.err,
+    lease_owner   = NULL,
+    lease_until   = NULL,
+    updated_at    = now()
+FROM f, l
+WHERE t.id = f.id AND t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+
+// Fail records failed runs of tasks that owner holds RUNNING: each goes
+// RETRYING (due after the backoff, or RetryAfter) while attempts remain, and
+// DEAD when they are exhausted or the failure is permanent.
+func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Result, error) {
+	seen := map[uuid.UUID]bool{}
+	var ids []uuid.UUID
+	var errs []string
+	var perm []bool
+	var after []int64
+	byID := map[uuid.UUID]Failure{}
+	for _, f := range fails {
+		if seen[f.ID] {
+			continue
+		}
+		seen[f.ID] = true
+		f.Error = truncateError(f.Error)
+		byID[f.ID] = f
+		ids = append(ids, f.ID)
+		errs = append(errs, f.Error)
+		perm = append(perm, f.Permanent)
+		after = append(after, f.RetryAfter.Milliseconds())
+	}
+	b := s.cfg.Backoff
+	return s.guarded(ctx, "fail", ids, func(tx pgx.Tx) (pgx.Rows, error) {
+		return tx.Query(ctx, failSQL, ids, owner, float64(b.Base.Milliseconds()), float64(b.Max.Milliseconds()), b.Jitter, errs, perm, after)
+	}, func(r Result) transition.Record {
+		msg := byID[r.ID].Error
+		if byID[r.ID].Permanent {
+			msg = "permanent: " + msg
+		}
+		return transition.Record{TaskID: r.ID, From: string(Running), To: string(r.Status), AttemptCount: r.AttemptCount, Worker: owner, Message: truncateError(msg)}
+	})
+}
+
+const releaseSQL = `
+UPDATE ingest_task t SET status = 'RETRYING', next_retry_at = now(), lease_owner = NULL, lease_until = NULL, updated_at = now()
+FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
+      ORDER BY id FOR NO KEY UPDATE) l
+WHERE t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+
+// Release hands back tasks that owner holds RUNNING without counting a
+// failure (graceful shutdown): they go RETRYING, due at once.
+func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
+	ids = distinct(ids)
+	return s.guarded(ctx, "release", ids, func(tx pgx.Tx) (pgx.Rows, error) {
+		return tx.Query(ctx, releaseSQL, ids, owner)
+	}, func(r Result) transition.Record {
+		return transition.Record{TaskID: r.ID, From: string(Running), To: string(Retrying), AttemptCount: r.AttemptCount, Worker: owner, Message: "released at shutdown"}
+	})
+}
+
+const redriveSQL = `
+UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, finished_at = NULL,
+    lease_owner = NULL, lease_until = NULL, updated_at = now()
+FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'DEAD' ORDER BY id FOR NO KEY UPDATE) l
+WHERE t.id = l.id AND t.status = 'DEAD'
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+
+// Redrive moves DEAD tasks back to QUEUED with their attempts reset (the
+// audit trail keeps the history) and a new outbox event, in one
+// transaction. actor is recorded as the transition's worker.
+func (s *Store) Redrive(ctx context.Context, actor string, ids ...uuid.UUID) ([]Result, error) {
+	var res []Result
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		res, err = s.RedriveTx(ctx, tx, actor, ids...)
+		return err
+	})
+	return res, err
+}
+
+// RedriveTx is Redrive inside the caller's transaction.
+func (s *Store) RedriveTx(ctx context.Context, tx pgx.Tx, actor string, ids ...uuid.UUID) ([]Result, error) {
+	ids = distinct(ids)
+	res, err := s.guardedTx(ctx, tx, ids, func(tx pgx.Tx) (pgx.Rows, error) {
+		return tx.Query(ctx, redriveSQL, ids)
+	}, func(r Result) transition.Record {
+		return transition.Record{TaskID: r.ID, From: string(Dead), To: string(Queued), AttemptCount: 0, Worker: actor, Message: "redrive"}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("redrive: %w", err)
+	}
+	var applied []uuid.UUID
+	for _, r := range res {
+		if r.Applied {
+			applied = append(applied, r.ID)
+		}
+	}
+	if err := outbox.Insert(ctx, tx, s.cfg.Stream, applied...); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// guarded runs one guarded UPDATE (query) and the audit rows of the rows it
+// changed in one transaction, and reports the current state of the rest.
+func (s *Store) guarded(ctx context.Context, op string, ids []uuid.UUID, query func(pgx.Tx) (pgx.Rows, error), rec func(Result) transition.Record) ([]Result, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var res []Result
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		res, err = s.guardedTx(ctx, tx, ids, query, rec)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s %d tasks: %w", op, len(ids), err)
+	}
+	return res, nil
+}
+
+func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query func(pgx.Tx) (pgx.Rows, error), rec func(Result) transition.Record) ([]Result, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := query(tx)
+	if err != nil {
+		return nil, err
+	}
+	applied, err := pgx.CollectRows(rows, scanResult)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[uuid.UUID]Result, len(ids))
+	recs := make([]transition.Record, 0, len(applied))
+	for _, r := range applied {
+		r.Applied = true
+		byID[r.ID] = r
+		recs = append(recs, rec(r))
+	}
+	if err := transition.Insert(ctx, tx, recs...); err != nil {
+		return nil, err
+	}
+	if len(applied) < len(ids) {
+		// The guard refused some: report their current state.
+		var missing []uuid.UUID
+		for _, id := range ids {
+			if _, ok := byID[id]; !ok {
+				missing = append(missing, id)
+			}
+		}
+		rows, err := tx.Query(ctx, `SELECT id, status, attempt_count, next_retry_at, coalesce(last_error, ''), coalesce(lease_owner, '')
+			FROM ingest_task WHERE id = ANY($1::uuid[])`, missing)
+		if err != nil {
+			return nil, err
+		}
+		current, err := pgx.CollectRows(rows, scanResult)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range current {
+			byID[r.ID] = r
+		}
+	}
+	out := make([]Result, len(ids))
+	for i, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			r = Result{ID: id}
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+func scanResult(row pgx.CollectableRow) (Result, error) {
+	var r Result
+	err := row.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.LeaseOwner)
+	return r, err
+}
+
+// distinct returns ids without repeats, in their first order.
+func distinct(ids []uuid.UUID) []uuid.UUID {
+	if len(ids) < 2 {
+		return ids
+	}
+	seen := make(map[uuid.UUID]struct{}, len(ids))
+	out := make([]uuid.UUID, 0, len(ids))
+	for _, id := range ids {
+		if _, ok := seen[id]; !ok {
+			seen[id] = struct{}{}
+			out = append(out, id)
+		}
+	}
+	return out
+}

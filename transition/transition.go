@@ -1,0 +1,77 @@
+package transition
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DBTX is what Insert and List need: a pool, a connection or a pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Record is one row of ingest_task_transition.
+type Record struct {
+	ID           int64     `json:"id"`
+	TaskID       uuid.UUID `json:"task_id"`
+	From         string    `json:"from_status,omitempty"` // "" when the task was created
+	To           string    `json:"to_status"`
+	AttemptCount int       `json:"attempt_count"` // the task's attempt_count after the change
+	Message      string    `json:"message,omitempty"`
+	Worker       string    `json:"worker,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+const insertSQL = `
+INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+SELECT task_id, NULLIF(from_status, ''), to_status, attempt_count, NULLIF(message, ''), NULLIF(worker, '')
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[])
+    AS r(task_id, from_status, to_status, attempt_count, message, worker)`
+
+// Insert writes recs in one statement. Call it with the transaction that
+// made the state changes; ID and CreatedAt of recs are ignored.
+func Insert(ctx context.Context, db DBTX, recs ...Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	ids := make([]uuid.UUID, len(recs))
+	from := make([]string, len(recs))
+	to := make([]string, len(recs))
+	attempts := make([]int32, len(recs))
+	msgs := make([]string, len(recs))
+	workers := make([]string, len(recs))
+	for i, r := range recs {
+		ids[i], from[i], to[i], attempts[i], msgs[i], workers[i] = r.TaskID, r.From, r.To, int32(r.AttemptCount), r.Message, r.Worker
+	}
+	if _, err := db.Exec(ctx, insertSQL, ids, from, to, attempts, msgs, workers); err != nil {
+		return fmt.Errorf("insert %d transitions: %w", len(recs), err)
+	}
+	return nil
+}
+
+const listSQL = `
+SELECT id, task_id, coalesce(from_status, ''), to_status, attempt_count, coalesce(message, ''), coalesce(worker, ''), created_at
+FROM ingest_task_transition WHERE task_id = $1 ORDER BY id`
+
+// List returns the transitions of one task, oldest first.
+func List(ctx context.Context, db DBTX, taskID uuid.UUID) ([]Record, error) {
+	rows, err := db.Query(ctx, listSQL, taskID)
+	if err != nil {
+		return nil, fmt.Errorf("list transitions of %s: %w", taskID, err)
+	}
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Record, error) {
+		var r Record
+		err := row.Scan(&r.ID, &r.TaskID, &r.From, &r.To, &r.AttemptCount, &r.Message, &r.Worker, &r.CreatedAt)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list transitions of %s: %w", taskID, err)
+	}
+	return recs, nil
+}
