@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -78,39 +79,42 @@ func Up(ctx context.Context, pool *pgxpool.Pool) ([]int64, error) {
 	return applied, nil
 }
 
-// GetStatus reads the database's schema version without changing anything.
+// GetStatus reads the database's schema version without changing anything
+// and without taking the migration lock, so a start-up check neither waits
+// for a running migration nor delays one. A version counts as applied when
+// the version table has a row for it, as goose records it.
 func GetStatus(ctx context.Context, pool *pgxpool.Pool) (Status, error) {
 	var st Status
 	p, db, err := provider(pool)
 	if err != nil {
 		return st, err
 	}
-	defer db.Close()
-	for _, src := range p.ListSources() {
-		st.Latest = max(st.Latest, src.Version)
-	}
+	sources := p.ListSources()
+	db.Close()
 	exists, err := versionTableExists(ctx, pool)
 	if err != nil {
 		return st, err
 	}
-	if !exists {
-		for _, src := range p.ListSources() {
+	applied := map[int64]bool{}
+	if exists {
+		rows, err := pool.Query(ctx, `SELECT DISTINCT version_id FROM `+pgx.Identifier{VersionTable}.Sanitize())
+		if err != nil {
+			return st, fmt.Errorf("read schema version: %w", err)
+		}
+		versions, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil {
+			return st, fmt.Errorf("read schema version: %w", err)
+		}
+		for _, v := range versions {
+			applied[v] = true
+			st.Current = max(st.Current, v)
+		}
+	}
+	for _, src := range sources {
+		st.Latest = max(st.Latest, src.Version)
+		if !applied[src.Version] {
 			st.Pending = append(st.Pending, src.Version)
 		}
-		return st, nil
-	}
-	statuses, err := p.Status(ctx)
-	if err != nil {
-		return st, fmt.Errorf("read schema status: %w", err)
-	}
-	for _, s := range statuses {
-		if s.State == goose.StatePending {
-			st.Pending = append(st.Pending, s.Source.Version)
-		}
-	}
-	st.Current, err = p.GetDBVersion(ctx)
-	if err != nil {
-		return st, fmt.Errorf("read schema version: %w", err)
 	}
 	return st, nil
 }

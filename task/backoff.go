@@ -35,7 +35,7 @@ func (b Backoff) Validate() error {
 		return fmt.Errorf("backoff base must be > 0, got %s", b.Base)
 	case b.Max < b.Base:
 		return fmt.Errorf("backoff max (%s) must be >= base (%s)", b.Max, b.Base)
-	case b.Jitter < 0 || b.Jitter >= 1:
+	case !(b.Jitter >= 0 && b.Jitter < 1): // also refuses NaN
 		return fmt.Errorf("backoff jitter must be in [0, 1), got %v", b.Jitter)
 	}
 	return nil

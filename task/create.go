@@ -10,6 +10,7 @@ import (
 	"io"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -167,7 +168,7 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 	var keys []string
 	for _, it := range items {
 		if it.DedupByPayload {
-			keys = append(keys, it.Kind+"\x00"+it.sha)
+			keys = append(keys, it.dedupKey())
 		}
 	}
 	if len(keys) == 0 {
@@ -182,7 +183,7 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 		if !it.DedupByPayload {
 			continue
 		}
-		k := it.Kind + "\x00" + it.sha
+		k := it.dedupKey()
 		if j, ok := firstInBatch[k]; ok {
 			// Resolved to the first one's task at the end of CreateTx.
 			done[i] = true
@@ -213,6 +214,11 @@ type prepared struct {
 	sameAs    int // index of an earlier item of the batch with the same dedup key, or -1
 }
 
+// dedupKey names the payload dedup lock of the item. It goes to Postgres as
+// text, so it must not contain NUL; the sha, a fixed-length hex suffix, keeps
+// it unambiguous whatever the kind contains.
+func (p prepared) dedupKey() string { return p.Kind + "/" + p.sha }
+
 func (s *Store) prepare(nts []NewTask) ([]prepared, error) {
 	items := make([]prepared, len(nts))
 	for i, nt := range nts {
@@ -226,8 +232,12 @@ func (s *Store) prepare(nts []NewTask) ([]prepared, error) {
 			return nil, fmt.Errorf("%w: %skind is required", ErrInvalidTask, where)
 		case len(nt.Kind) > MaxKindLength:
 			return nil, fmt.Errorf("%w: %skind is longer than %d bytes", ErrInvalidTask, where, MaxKindLength)
+		case !validText(nt.Kind):
+			return nil, fmt.Errorf("%w: %skind must be valid UTF-8 without NUL characters", ErrInvalidTask, where)
 		case len(nt.IdempotencyKey) > 1000:
 			return nil, fmt.Errorf("%w: %sidempotency_key is longer than 1000 bytes", ErrInvalidTask, where)
+		case !validText(nt.IdempotencyKey):
+			return nil, fmt.Errorf("%w: %sidempotency_key must be valid UTF-8 without NUL characters", ErrInvalidTask, where)
 		case nt.MaxAttempts < 0:
 			return nil, fmt.Errorf("%w: %smax_attempts must be >= 1, got %d", ErrInvalidTask, where, nt.MaxAttempts)
 		case len(nt.Payload) > s.cfg.MaxPayloadBytes:
@@ -249,6 +259,9 @@ func (s *Store) prepare(nts []NewTask) ([]prepared, error) {
 	}
 	return items, nil
 }
+
+// validText reports whether s can be stored in a Postgres text column.
+func validText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // Canonical returns the canonical form of a JSON value: no insignificant
 // white space, object keys sorted, numbers as written. Two payloads that

@@ -48,8 +48,8 @@ WITH locked AS (
         lease_until   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN NULL
                              ELSE now() + $3 * interval '1 millisecond' END,
         finished_at   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN now() END,
-        last_error    = CASE WHEN l.status = 'RUNNING' THEN 'lease of ' || l.lease_owner || ' expired: run abandoned' ELSE t.last_error END,
-        error_message = CASE WHEN l.status = 'RUNNING' THEN 'lease of ' || l.lease_owner || ' expired: run abandoned' ELSE t.error_message END,
+        last_error    = CASE WHEN l.status = 'RUNNING' THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.last_error END,
+        error_message = CASE WHEN l.status = 'RUNNING' THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.error_message END,
         next_retry_at = NULL,
         updated_at    = now()
     FROM locked l
@@ -73,7 +73,7 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 	byID := make(map[uuid.UUID]StartResult, len(ids))
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		clear(byID)
-		rows, err := tx.Query(ctx, startSQL, ids, owner, lease.Milliseconds())
+		rows, err := tx.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4)
 		if err != nil {
 			return err
 		}
@@ -206,12 +206,12 @@ type Failure struct {
 }
 
 // failSQL records failed runs. Inputs are parallel arrays: id, error,
-// permanent, retry-after ms (0: use the backoff). RETRYING or DEAD is
+// permanent, retry-after µs (0: use the backoff). RETRYING or DEAD is
 // decided here from the row's attempt_count; the backoff is
-// min($3 * 2^(attempt-1), $4) * (1 ± $5), in ms.
+// min($3 * 2^(attempt-1), $4) * (1 ± $5), in (fractional) ms.
 const failSQL = `
 WITH f AS (
-    SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[]) AS f(id, err, permanent, retry_after_ms)
+    SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[]) AS f(id, err, permanent, retry_after_us)
 ), l AS (
     SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
     ORDER BY id FOR NO KEY UPDATE
@@ -220,7 +220,7 @@ UPDATE ingest_task t SET
     attempt_count = t.attempt_count + 1,
     status        = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RETRYING' END,
     next_retry_at = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN NULL
-                         WHEN f.retry_after_ms > 0 THEN now() + f.retry_after_ms * interval '1 millisecond'
+                         WHEN f.retry_after_us > 0 THEN now() + f.retry_after_us * interval '1 microsecond'
                          ELSE now() + least($3::float8 * power(2::float8, least(t.attempt_count, 62)), $4::float8)
                                       * (1 + $5::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
     finished_at   = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN now() END,
@@ -253,11 +253,11 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 		ids = append(ids, f.ID)
 		errs = append(errs, f.Error)
 		perm = append(perm, f.Permanent)
-		after = append(after, f.RetryAfter.Milliseconds())
+		after = append(after, f.RetryAfter.Microseconds())
 	}
 	b := s.cfg.Backoff
 	return s.guarded(ctx, "fail", ids, func(tx pgx.Tx) (pgx.Rows, error) {
-		return tx.Query(ctx, failSQL, ids, owner, float64(b.Base.Milliseconds()), float64(b.Max.Milliseconds()), b.Jitter, errs, perm, after)
+		return tx.Query(ctx, failSQL, ids, owner, ms(b.Base), ms(b.Max), b.Jitter, errs, perm, after)
 	}, func(r Result) transition.Record {
 		msg := byID[r.ID].Error
 		if byID[r.ID].Permanent {
@@ -266,6 +266,10 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 		return transition.Record{TaskID: r.ID, From: string(Running), To: string(r.Status), AttemptCount: r.AttemptCount, Worker: owner, Message: truncateError(msg)}
 	})
 }
+
+// ms is d in fractional milliseconds: a policy such as 1.5 ms keeps its
+// sub-millisecond part (Duration.Milliseconds would truncate it).
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 const releaseSQL = `
 UPDATE ingest_task t SET status = 'RETRYING', next_retry_at = now(), lease_owner = NULL, lease_until = NULL, updated_at = now()

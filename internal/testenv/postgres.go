@@ -5,151 +5,37 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
-	"net"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ingest-worker/ingest/internal/pgtemp"
 	"github.com/ingest-worker/ingest/migrations"
 )
 
 // PostgresServer is a throwaway PostgreSQL cluster started from the local
 // binaries (initdb, pg_ctl), run as an unprivileged user when the tests run
 // as root.
-type PostgresServer struct {
-	Dir  string // cluster root: data/, the socket and the log
-	Port int
-	bin  string
-	cred *syscall.Credential
-}
-
-// URL returns the URL of database name on the server.
-func (s *PostgresServer) URL(name string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.Port, name)
-}
-
-// Restart restarts the server in fast mode (open connections are dropped).
-func (s *PostgresServer) Restart() error {
-	return s.pgctl("-m", "fast", "-w", "restart")
-}
-
-// Stop stops the server immediately.
-func (s *PostgresServer) Stop() error {
-	return s.pgctl("-m", "immediate", "-w", "stop")
-}
-
-func (s *PostgresServer) pgctl(args ...string) error {
-	all := append([]string{"-D", filepath.Join(s.Dir, "data"), "-l", filepath.Join(s.Dir, "log")}, args...)
-	if args[len(args)-1] != "stop" {
-		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400 -c shared_buffers=32MB", s.Port, s.Dir)
-		all = append(all, "-o", opts)
-	}
-	return s.run("pg_ctl", all...)
-}
-
-func (s *PostgresServer) run(name string, args ...string) error {
-	cmd := exec.Command(filepath.Join(s.bin, name), args...)
-	cmd.Dir = s.Dir
-	cmd.Env = append(os.Environ(), "LC_ALL=C")
-	if s.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
-	}
-	return nil
-}
+type PostgresServer = pgtemp.Server
 
 // StartPostgres starts a new throwaway cluster; the caller stops it.
 func StartPostgres() (*PostgresServer, error) {
-	bin, err := postgresBinDir()
-	if err != nil {
-		return nil, err
+	s, err := pgtemp.Start()
+	if errors.Is(err, pgtemp.ErrNoBinaries) {
+		return nil, fmt.Errorf("%w, or set INGEST_TEST_DATABASE_URL to a server the tests may create databases on", err)
 	}
-	dir, err := os.MkdirTemp("", "ingest-pg-")
-	if err != nil {
-		return nil, err
-	}
-	s := &PostgresServer{Dir: dir, bin: bin}
-	if os.Geteuid() == 0 {
-		// PostgreSQL refuses to run as root: run it as nobody.
-		u, err := user.Lookup("nobody")
-		if err != nil {
-			return nil, fmt.Errorf("tests run as root and PostgreSQL refuses root, but there is no user 'nobody' to run it as: %w", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
-			return nil, err
-		}
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return nil, err
-	}
-	if err := s.run("initdb", "-D", filepath.Join(dir, "data"), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"); err != nil {
-		return nil, err
-	}
-	if s.Port, err = freePort(); err != nil {
-		return nil, err
-	}
-	if err := s.pgctl("-w", "start"); err != nil {
-		log, _ := os.ReadFile(filepath.Join(dir, "log"))
-		return nil, fmt.Errorf("%w\nserver log:\n%s", err, log)
-	}
-	return s, nil
+	return s, err
 }
 
-// postgresBinDir finds initdb and pg_ctl on PATH or under
-// /usr/lib/postgresql/*/bin (Debian), newest version first.
-func postgresBinDir() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			p = real
-		}
-		dir := filepath.Dir(p)
-		if _, err := os.Stat(filepath.Join(dir, "pg_ctl")); err == nil {
-			return dir, nil
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return pgVersion(dirs[i]) > pgVersion(dirs[j]) })
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under /usr/lib/postgresql/*/bin: " +
-		"install them (Debian: apt-get install postgresql) or set INGEST_TEST_DATABASE_URL to a server the tests may create databases on")
-}
-
-func pgVersion(binDir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return v
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return pgtemp.FreePort() }
 
 // Database is a fresh, migrated database used by one test only.
 type Database struct {
@@ -304,4 +190,42 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// NewEmptyDatabase creates an empty database (no migrations applied) for
+// this test and drops it when the test ends.
+func NewEmptyDatabase(tb testing.TB) *Database {
+	tb.Helper()
+	admin := adminURL(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		tb.Fatalf("connect to test PostgreSQL: %v", err)
+	}
+	defer conn.Close(ctx)
+	name := "ingest_test_" + randomHex(6)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s", name)); err != nil {
+		tb.Fatalf("create test database: %v", err)
+	}
+	url, err := withDatabase(admin, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		tb.Fatalf("connect to %s: %v", name, err)
+	}
+	tb.Cleanup(func() {
+		pool.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			return
+		}
+		defer c.Close(ctx)
+		_, _ = c.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name))
+	})
+	return &Database{Name: name, URL: url, Pool: pool}
 }

@@ -1,0 +1,157 @@
+// Package redact removes secrets from text before it is shown: passwords in
+// connection strings (URL form and key=value form) and known secret values
+// (API tokens) anywhere in a message.
+package redact
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// Mask replaces a secret in redacted output.
+const Mask = "xxxxx"
+
+// DSN returns a connection string (postgres://, redis://, rediss://, http://,
+// or a libpq key=value string) with its password and any secret-looking
+// query parameter replaced by Mask. Text it cannot parse is returned with
+// anything after a "://user:" up to "@" masked, so it never echoes a
+// password it failed to recognise.
+func DSN(s string) string {
+	if s == "" {
+		return s
+	}
+	if strings.Contains(s, "://") {
+		if u, err := url.Parse(s); err == nil {
+			return redactURL(u)
+		}
+		return userinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
+	}
+	return kvPasswordRe.ReplaceAllString(s, "${1}"+Mask)
+}
+
+// userinfoRe matches the password part of "scheme://user:password@".
+var userinfoRe = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+
+// kvPasswordRe matches password=... in a libpq key=value connection string
+// (quoted or not).
+var kvPasswordRe = regexp.MustCompile(`(?i)(\b(?:password|sslpassword)\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+func redactURL(u *url.URL) string {
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), Mask)
+		}
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		changed := false
+		for k := range q {
+			if secretParam(k) {
+				q[k] = []string{Mask}
+				changed = true
+			}
+		}
+		if changed {
+			u.RawQuery = q.Encode()
+		}
+	}
+	return u.String()
+}
+
+// secretParam reports whether a query parameter name looks like it holds a
+// secret.
+func secretParam(name string) bool {
+	n := strings.ToLower(name)
+	for _, s := range []string{"password", "passwd", "secret", "token", "key", "auth", "signature", "sig"} {
+		if strings.Contains(n, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// Scrubber replaces known secret values in arbitrary text.
+type Scrubber struct {
+	secrets []string
+}
+
+// NewScrubber returns a Scrubber for the given secrets; empty strings and
+// secrets shorter than 4 bytes (too likely to match ordinary text; they are
+// still masked in DSNs) are ignored.
+func NewScrubber(secrets ...string) *Scrubber {
+	s := &Scrubber{}
+	s.Add(secrets...)
+	return s
+}
+
+// Add adds secrets to be scrubbed. Their URL-escaped forms are scrubbed too.
+func (s *Scrubber) Add(secrets ...string) {
+	for _, v := range secrets {
+		if len(v) < 4 {
+			continue
+		}
+		s.secrets = append(s.secrets, v)
+		for _, esc := range []string{url.QueryEscape(v), url.PathEscape(v)} {
+			if esc != v {
+				s.secrets = append(s.secrets, esc)
+			}
+		}
+	}
+}
+
+// String returns text with every known secret replaced by Mask.
+func (s *Scrubber) String(text string) string {
+	if s == nil {
+		return text
+	}
+	for _, v := range s.secrets {
+		text = strings.ReplaceAll(text, v, Mask)
+	}
+	return text
+}
+
+// Secrets returns the secret parts of a connection string or URL: the
+// password of its user info, password= values, and secret-looking query
+// parameters. Feed them to a Scrubber.
+func Secrets(dsn string) []string {
+	var out []string
+	if dsn == "" {
+		return nil
+	}
+	if strings.Contains(dsn, "://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			if m := userinfoRe.FindStringSubmatch(dsn); m != nil {
+				full := m[0]
+				out = append(out, strings.TrimSuffix(strings.TrimPrefix(full, m[1]), "@"))
+			}
+			return out
+		}
+		if u.User != nil {
+			if p, ok := u.User.Password(); ok && p != "" {
+				out = append(out, p)
+			}
+		}
+		for k, vs := range u.Query() {
+			if secretParam(k) {
+				for _, v := range vs {
+					if v != "" {
+						out = append(out, v)
+					}
+				}
+			}
+		}
+		return out
+	}
+	for _, m := range kvPasswordRe.FindAllStringSubmatch(dsn, -1) {
+		v := m[2]
+		if strings.HasPrefix(v, "'") && strings.HasSuffix(v, "'") && len(v) >= 2 {
+			v = strings.ReplaceAll(v[1:len(v)-1], `\'`, `'`)
+		}
+		if v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}

@@ -1,0 +1,80 @@
+package redact
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestDSN(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, in, want string
+	}{
+		{"Empty", "", ""},
+		{"PostgresURL", "postgres://app:s3cret@db:5432/ingest?sslmode=disable", "postgres://app:" + Mask + "@db:5432/ingest?sslmode=disable"},
+		{"PostgresNoPassword", "postgres://app@db/ingest", "postgres://app@db/ingest"},
+		{"PasswordInQuery", "postgres://db/ingest?user=app&password=s3cret", "postgres://db/ingest?password=" + Mask + "&user=app"},
+		{"RedisPasswordOnly", "redis://:s3cret@cache:6379/0", "redis://:" + Mask + "@cache:6379/0"},
+		{"RedissUserPassword", "rediss://default:s3cret@cache:6380/1", "rediss://default:" + Mask + "@cache:6380/1"},
+		{"EscapedPassword", "postgres://app:p%40ss%2Fw@db/x", "postgres://app:" + Mask + "@db/x"},
+		{"KeyValue", "host=db user=app password=s3cret dbname=x", "host=db user=app password=" + Mask + " dbname=x"},
+		{"KeyValueQuoted", "host=db password='s3 cret' dbname=x", "host=db password=" + Mask + " dbname=x"},
+		{"KeyValueSpaces", "host=db PASSWORD = s3cret", "host=db PASSWORD = " + Mask},
+		{"Unparsable", "postgres://app:s3cret@db:99999999999/%zz", "postgres://app:" + Mask + "@db:99999999999/%zz"},
+		{"WebhookToken", "https://hooks.example/in?token=abcdef&x=1", "https://hooks.example/in?token=" + Mask + "&x=1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := DSN(tt.in)
+			if got != tt.want {
+				t.Fatalf("DSN(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+			if strings.Contains(got, "s3cret") || strings.Contains(got, "abcdef") {
+				t.Fatalf("secret left in %q", got)
+			}
+		})
+	}
+}
+
+func TestSecretsAndScrubber(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, dsn string
+		secrets   []string
+	}{
+		{"URL", "postgres://app:s3cret@db/x", []string{"s3cret"}},
+		{"EscapedURL", "postgres://app:p%40ss%2Fword@db/x", []string{"p@ss/word"}},
+		{"Query", "postgres://db/x?password=s3cret", []string{"s3cret"}},
+		{"KeyValue", `host=db password='it\'s me' user=x`, []string{"it's me"}},
+		{"None", "postgres://app@db/x", nil},
+		{"Unparsable", "postgres://app:s3cret@db/%zz", []string{"s3cret"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := Secrets(tt.dsn)
+			if fmt.Sprint(got) != fmt.Sprint(tt.secrets) {
+				t.Fatalf("Secrets(%q) = %q, want %q", tt.dsn, got, tt.secrets)
+			}
+		})
+	}
+
+	s := NewScrubber("p@ss/word", "tok-123456", "", "ab")
+	err := fmt.Errorf("connect: %w", errors.New("auth failed for p@ss/word and p%40ss%2Fword, token tok-123456, ab stays"))
+	got := s.String(err.Error())
+	for _, leak := range []string{"p@ss/word", "p%40ss%2Fword", "tok-123456"} {
+		if strings.Contains(got, leak) {
+			t.Fatalf("scrubbed text %q still contains %q", got, leak)
+		}
+	}
+	if !strings.Contains(got, "ab stays") {
+		t.Fatalf("short secrets must not be scrubbed from ordinary text: %q", got)
+	}
+	var nilScrubber *Scrubber
+	if nilScrubber.String("x") != "x" {
+		t.Fatal("nil scrubber must return text unchanged")
+	}
+}

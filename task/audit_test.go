@@ -1,0 +1,200 @@
+package task_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestAuditTrailProperty runs random operations from several goroutines on
+// a few tasks and checks, for every task, that its audit trail is a valid
+// path through the state machine that ends in the task's current state, and
+// that it has exactly one row per applied transition the callers observed.
+func TestAuditTrailProperty(t *testing.T) {
+	t.Parallel()
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	b := setup(t, task.Config{MaxAttempts: 4, Backoff: task.Backoff{Base: time.Millisecond, Max: 4 * time.Millisecond, Jitter: 0.5}})
+
+	const tasks, workers, steps = 8, 4, 100
+	ids := make([]uuid.UUID, tasks)
+	for i := range ids {
+		ids[i] = b.create(t, task.NewTask{}).ID
+	}
+
+	var mu sync.Mutex
+	applied := map[uuid.UUID]int{} // transitions observed per task
+	ops := map[string]int{}        // applied transitions per operation, for the log
+	for _, id := range ids {
+		applied[id] = 1 // creation
+	}
+	observe := func(op string, id uuid.UUID) {
+		mu.Lock()
+		defer mu.Unlock()
+		applied[id]++
+		ops[op]++
+	}
+	countResults := func(op string, rs []task.Result) {
+		for _, r := range rs {
+			if r.Applied {
+				observe(op, r.ID)
+			}
+		}
+	}
+
+	race(workers, func(w int) {
+		rng := rand.New(rand.NewPCG(seed, uint64(w)))
+		for step := 0; step < steps; step++ {
+			// One to three distinct tasks, in random order.
+			perm := rng.Perm(tasks)[:1+rng.IntN(3)]
+			pick := make([]uuid.UUID, len(perm))
+			for i, p := range perm {
+				pick[i] = ids[p]
+			}
+			owner := fmt.Sprintf("w%d", rng.IntN(2))
+			var err error
+			// Weights keep tasks moving: SUCCEEDED is terminal, so succeed is
+			// rare; DEAD comes back through redrive.
+			switch op := pickOp(rng); op {
+			case "start", "takeover":
+				if op == "takeover" {
+					for _, id := range pick { // one row per statement: no lock-order deadlock with batches
+						if _, err = b.db.Exec(b.ctx, `UPDATE ingest_task SET lease_until = now() - interval '1 ms'
+							WHERE id = $1 AND status = 'RUNNING'`, id); err != nil {
+							break
+						}
+					}
+				}
+				var rs []task.StartResult
+				if err == nil {
+					rs, err = b.store.Start(b.ctx, owner, time.Hour, pick...)
+				}
+				for _, r := range rs {
+					switch {
+					case r.Died:
+						observe("takeover-dead", r.ID)
+					case r.TookOver:
+						observe("takeover", r.ID)
+					case r.Outcome == task.Started:
+						observe("start", r.ID)
+					}
+				}
+			case "succeed":
+				var rs []task.Result
+				rs, err = b.store.Succeed(b.ctx, owner, pick...)
+				countResults("succeed", rs)
+			case "fail":
+				fails := make([]task.Failure, len(pick))
+				for i, id := range pick {
+					fails[i] = task.Failure{ID: id, Error: fmt.Sprintf("step %d", step), Permanent: rng.IntN(6) == 0}
+					if rng.IntN(2) == 0 {
+						fails[i].RetryAfter = time.Duration(rng.IntN(3)) * time.Millisecond
+					}
+				}
+				var rs []task.Result
+				rs, err = b.store.Fail(b.ctx, owner, fails...)
+				countResults("fail", rs)
+			case "release":
+				var rs []task.Result
+				rs, err = b.store.Release(b.ctx, owner, pick...)
+				countResults("release", rs)
+			case "redrive":
+				var rs []task.Result
+				rs, err = b.store.Redrive(b.ctx, "operator", pick...)
+				countResults("redrive", rs)
+			case "renew":
+				_, err = b.store.Renew(b.ctx, owner, time.Hour, pick...)
+			}
+			if err != nil {
+				t.Errorf("worker %d step %d: %v", w, step, err)
+				return
+			}
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	t.Logf("applied transitions by operation: %v", ops)
+
+	total := 0
+	for _, id := range ids {
+		tk := b.get(t, id)
+		recs := b.transitions(t, id)
+		total += len(recs)
+		if len(recs) != applied[id] {
+			t.Errorf("task %s: %d audit rows, but callers saw %d applied transitions", id, len(recs), applied[id])
+		}
+		var path []string
+		for i, r := range recs {
+			path = append(path, r.From+"->"+r.To)
+			if i == 0 {
+				if r.From != "" || r.To != string(task.Queued) || r.AttemptCount != 0 {
+					t.Errorf("task %s: first transition %+v, want creation", id, r)
+				}
+				continue
+			}
+			prev := recs[i-1]
+			if r.From != prev.To {
+				t.Errorf("task %s: transition %d starts at %s, but the previous one ended at %s", id, i, r.From, prev.To)
+			}
+			if !task.CanTransition(task.State(r.From), task.State(r.To)) {
+				t.Errorf("task %s: transition %d %s -> %s is not allowed", id, i, r.From, r.To)
+			}
+			if r.AttemptCount < 0 || r.AttemptCount > tk.MaxAttempts {
+				t.Errorf("task %s: transition %d has attempt_count %d of %d", id, i, r.AttemptCount, tk.MaxAttempts)
+			}
+			// Attempts grow by at most one per transition; only a redrive resets them.
+			if r.From == string(task.Dead) {
+				if r.AttemptCount != 0 {
+					t.Errorf("task %s: redrive %d kept attempt_count %d", id, i, r.AttemptCount)
+				}
+			} else if d := r.AttemptCount - prev.AttemptCount; d < 0 || d > 1 {
+				t.Errorf("task %s: transition %d %s -> %s moved attempt_count from %d to %d", id, i, r.From, r.To, prev.AttemptCount, r.AttemptCount)
+			}
+			if !utf8.ValidString(r.Message) || !utf8.ValidString(r.Worker) {
+				t.Errorf("task %s: transition %d has invalid UTF-8", id, i)
+			}
+		}
+		last := recs[len(recs)-1]
+		if task.State(last.To) != tk.Status || last.AttemptCount != tk.AttemptCount {
+			t.Errorf("task %s is %s at attempt %d, but its last transition is %+v", id, tk.Status, tk.AttemptCount, last)
+		}
+		if t.Failed() {
+			t.Logf("task %s path: %s", id, strings.Join(path, " "))
+		}
+	}
+	// The run must have exercised the machine, or the property says little.
+	var kinds []string
+	for op := range ops {
+		kinds = append(kinds, op)
+	}
+	sort.Strings(kinds)
+	if total < 60 || len(kinds) < 5 {
+		t.Fatalf("only %d transitions of kinds %v: the random run did not exercise the state machine", total, kinds)
+	}
+}
+
+// pickOp chooses an operation of the property test by weight.
+func pickOp(rng *rand.Rand) string {
+	weights := []struct {
+		op string
+		w  int
+	}{{"start", 30}, {"takeover", 10}, {"succeed", 4}, {"fail", 26}, {"release", 10}, {"redrive", 15}, {"renew", 5}}
+	n := rng.IntN(100)
+	for _, x := range weights {
+		if n < x.w {
+			return x.op
+		}
+		n -= x.w
+	}
+	panic("weights do not add up to 100")
+}

@@ -1,0 +1,400 @@
+package task_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// rows counts the task, transition and outbox rows of the database.
+func (b *bundle) rows(t *testing.T) [3]int {
+	t.Helper()
+	return [3]int{
+		b.count(t, `SELECT count(*) FROM ingest_task`),
+		b.count(t, `SELECT count(*) FROM ingest_task_transition`),
+		b.count(t, `SELECT count(*) FROM outbox_event`),
+	}
+}
+
+func TestCreateTx(t *testing.T) {
+	t.Parallel()
+	for _, commit := range []bool{false, true} {
+		name := "Rollback"
+		if commit {
+			name = "Commit"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, task.Config{Stream: "ingest:custom"})
+			tx, err := b.db.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(b.ctx) //nolint:errcheck
+			// The caller's own business write, in the same transaction.
+			if _, err := tx.Exec(b.ctx, `CREATE TABLE business (x int); INSERT INTO business VALUES (1)`); err != nil {
+				t.Fatal(err)
+			}
+			res, err := b.store.CreateTx(b.ctx, tx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{"order":7}`)})
+			if err != nil || len(res) != 1 || res[0].Existing {
+				t.Fatalf("CreateTx = %+v, %v", res, err)
+			}
+			id := res[0].Task.ID
+			var inTx int
+			if err := tx.QueryRow(b.ctx, `SELECT count(*) FROM ingest_task WHERE id = $1`, id).Scan(&inTx); err != nil || inTx != 1 {
+				t.Fatalf("the task is not visible inside its transaction: %d, %v", inTx, err)
+			}
+			if got := b.rows(t); got != [3]int{0, 0, 0} {
+				t.Fatalf("before the caller commits, other sessions see %v task/transition/outbox rows, want none", got)
+			}
+			if commit {
+				err = tx.Commit(b.ctx)
+			} else {
+				err = tx.Rollback(b.ctx)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := [3]int{0, 0, 0}
+			if commit {
+				want = [3]int{1, 1, 1}
+			}
+			if got := b.rows(t); got != want {
+				t.Fatalf("after %s: %v task/transition/outbox rows, want %v", name, got, want)
+			}
+			if !commit {
+				return
+			}
+			if n := b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1 AND stream = 'ingest:custom' AND status = 'NEW'`, id); n != 1 {
+				t.Fatalf("no NEW outbox event for the task on the configured stream")
+			}
+			if tk := b.get(t, id); tk.Status != task.Queued || tk.Kind != "k" || string(tk.Payload) != `{"order": 7}` {
+				t.Fatalf("committed task = %+v", tk)
+			}
+		})
+	}
+}
+
+func TestCreateBatchAllOrNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	_, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+		{Kind: "k", Payload: json.RawMessage(`1`)},
+		{Kind: "k", Payload: json.RawMessage(`{`)},
+	})
+	if !errors.Is(err, task.ErrInvalidTask) || !strings.Contains(err.Error(), "task 1") {
+		t.Fatalf("CreateBatch with a bad second task = %v, want ErrInvalidTask naming task 1", err)
+	}
+	if got := b.rows(t); got != [3]int{0, 0, 0} {
+		t.Fatalf("a failed batch left %v rows", got)
+	}
+	res, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+		{Kind: "a", Payload: json.RawMessage(`1`)},
+		{Kind: "b", Payload: json.RawMessage(`2`), MaxAttempts: 7},
+	})
+	if err != nil || len(res) != 2 || res[0].Task.Kind != "a" || res[1].Task.Kind != "b" || res[1].Task.MaxAttempts != 7 {
+		t.Fatalf("CreateBatch = %+v, %v; want both tasks in order", res, err)
+	}
+	if got := b.rows(t); got != [3]int{2, 2, 2} {
+		t.Fatalf("batch of 2 left %v rows, want 2 of each", got)
+	}
+	if res, err := b.store.CreateBatch(b.ctx, nil); err != nil || len(res) != 0 {
+		t.Fatalf("empty batch = %v, %v", res, err)
+	}
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+
+	t.Run("RepeatReturnsSameTask", func(t *testing.T) {
+		t.Parallel()
+		nt := task.NewTask{Kind: "repeat", Payload: json.RawMessage(`{"a":1}`), IdempotencyKey: "key-1"}
+		first, err := b.store.Create(b.ctx, nt)
+		if err != nil || first.Existing {
+			t.Fatalf("first Create = %+v, %v", first, err)
+		}
+		nt.Payload = json.RawMessage(`{"a":2}`) // the key wins, whatever the payload
+		second, err := b.store.Create(b.ctx, nt)
+		if err != nil || !second.Existing || second.Task.ID != first.Task.ID || second.Task.IdempotencyKey != "key-1" {
+			t.Fatalf("repeated Create = %+v, %v; want Existing with id %s", second, err, first.Task.ID)
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'repeat'`); n != 1 {
+			t.Fatalf("%d tasks, want 1", n)
+		}
+		if n := len(b.transitions(t, first.Task.ID)); n != 1 {
+			t.Fatalf("%d transitions, want only the creation", n)
+		}
+		if n := b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1`, first.Task.ID); n != 1 {
+			t.Fatalf("%d outbox events, want 1", n)
+		}
+	})
+
+	t.Run("OtherKindIsNewTask", func(t *testing.T) {
+		t.Parallel()
+		a := b.create(t, task.NewTask{Kind: "kind-a", IdempotencyKey: "shared"})
+		c, err := b.store.Create(b.ctx, task.NewTask{Kind: "kind-b", Payload: json.RawMessage(`1`), IdempotencyKey: "shared"})
+		if err != nil || c.Existing || c.Task.ID == a.ID {
+			t.Fatalf("same key under another kind = %+v, %v; want a new task", c, err)
+		}
+	})
+
+	t.Run("WithinOneBatch", func(t *testing.T) {
+		t.Parallel()
+		pre := b.create(t, task.NewTask{Kind: "batch", IdempotencyKey: "old"})
+		res, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+			{Kind: "batch", Payload: json.RawMessage(`1`), IdempotencyKey: "new"},
+			{Kind: "batch", Payload: json.RawMessage(`2`), IdempotencyKey: "new"},
+			{Kind: "batch", Payload: json.RawMessage(`3`), IdempotencyKey: "old"},
+			{Kind: "batch", Payload: json.RawMessage(`4`)},
+			{Kind: "batch", Payload: json.RawMessage(`4`)},
+		})
+		if err != nil || len(res) != 5 {
+			t.Fatalf("CreateBatch = %+v, %v", res, err)
+		}
+		switch {
+		case res[0].Existing || !res[1].Existing || res[1].Task.ID != res[0].Task.ID:
+			t.Fatalf("a key repeated in one batch: %+v, %+v; want the second Existing with the first's id", res[0], res[1])
+		case !res[2].Existing || res[2].Task.ID != pre.ID:
+			t.Fatalf("an existing key in a batch: %+v, want the existing task %s", res[2], pre.ID)
+		case res[3].Existing || res[4].Existing || res[3].Task.ID == res[4].Task.ID:
+			t.Fatalf("tasks without a key: %+v, %+v; want two new tasks", res[3], res[4])
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'batch'`); n != 4 {
+			t.Fatalf("%d tasks of the batch kind, want 4 (old, new, and two without a key)", n)
+		}
+		if n := b.count(t, `SELECT count(*) FROM outbox_event o JOIN ingest_task t ON t.id = o.task_id WHERE t.kind = 'batch'`); n != 4 {
+			t.Fatalf("%d outbox events, want one per created task (4)", n)
+		}
+	})
+
+	t.Run("ConcurrentCreators", func(t *testing.T) {
+		t.Parallel()
+		const n = 20
+		res := make([]task.CreateResult, n)
+		errs := make([]error, n)
+		race(n, func(i int) {
+			res[i], errs[i] = b.store.Create(b.ctx, task.NewTask{Kind: "concurrent-key", Payload: json.RawMessage(fmt.Sprint(i)), IdempotencyKey: "k"})
+		})
+		created := 0
+		for i := range res {
+			if errs[i] != nil {
+				t.Fatalf("creator %d: %v", i, errs[i])
+			}
+			if res[i].Task.ID != res[0].Task.ID {
+				t.Fatalf("creators got different tasks %s and %s", res[0].Task.ID, res[i].Task.ID)
+			}
+			if !res[i].Existing {
+				created++
+			}
+		}
+		if created != 1 {
+			t.Fatalf("%d creators report a new task, want 1", created)
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'concurrent-key'`); n != 1 {
+			t.Fatalf("%d tasks, want 1", n)
+		}
+	})
+}
+
+func TestDedupByPayload(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	dedup := func(kind, payload string) task.NewTask {
+		return task.NewTask{Kind: kind, Payload: json.RawMessage(payload), DedupByPayload: true}
+	}
+	mustCreate := func(t *testing.T, nt task.NewTask) task.CreateResult {
+		t.Helper()
+		r, err := b.store.Create(b.ctx, nt)
+		if err != nil {
+			t.Fatalf("Create: %v", err)
+		}
+		return r
+	}
+
+	t.Run("SemanticallyEqualJSON", func(t *testing.T) {
+		t.Parallel()
+		first := mustCreate(t, dedup("eq", `{"a":1,"b":[1,2],"c":{"x":"é","y":null}}`))
+		again := mustCreate(t, dedup("eq", " {\n \"c\": {\"y\": null, \"x\": \"\\u00e9\"},\t\"b\" : [1, 2], \"a\":1 } "))
+		if first.Existing || !again.Existing || again.Task.ID != first.Task.ID {
+			t.Fatalf("equal payloads: %+v then %+v; want the second Existing with the first's id", first, again)
+		}
+		if first.Task.PayloadSHA == "" || again.Task.PayloadSHA != first.Task.PayloadSHA {
+			t.Fatalf("payload_sha %q vs %q", first.Task.PayloadSHA, again.Task.PayloadSHA)
+		}
+		if other := mustCreate(t, dedup("eq", `{"a":1,"b":[2,1],"c":{"x":"é","y":null}}`)); other.Existing {
+			t.Fatalf("a different payload (array order) matched %s", other.Task.ID)
+		}
+		if otherKind := mustCreate(t, dedup("eq-other", `{"a":1,"b":[1,2],"c":{"x":"é","y":null}}`)); otherKind.Existing {
+			t.Fatal("the same payload under another kind matched")
+		}
+		if optOut := mustCreate(t, task.NewTask{Kind: "eq", Payload: json.RawMessage(`{"a":1,"b":[1,2],"c":{"x":"é","y":null}}`)}); optOut.Existing {
+			t.Fatal("a create without DedupByPayload matched")
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'eq'`); n != 3 {
+			t.Fatalf("%d tasks of kind eq, want 3", n)
+		}
+	})
+
+	t.Run("DeadDoesNotCount", func(t *testing.T) {
+		t.Parallel()
+		first := mustCreate(t, dedup("dead", `{"p":1}`))
+		b.start(t, "w", time.Minute, first.Task.ID, task.Started)
+		b.fail(t, "w", task.Failure{ID: first.Task.ID, Error: "fatal", Permanent: true})
+		second := mustCreate(t, dedup("dead", `{"p": 1}`))
+		if second.Existing || second.Task.ID == first.Task.ID {
+			t.Fatalf("a DEAD task with the same payload was returned: %+v", second)
+		}
+		third := mustCreate(t, dedup("dead", `{"p":1}`))
+		if !third.Existing || third.Task.ID != second.Task.ID {
+			t.Fatalf("after the new task: %+v, want it (%s)", third, second.Task.ID)
+		}
+	})
+
+	t.Run("SucceededCounts", func(t *testing.T) {
+		t.Parallel()
+		first := mustCreate(t, dedup("done", `[1]`))
+		b.start(t, "w", time.Minute, first.Task.ID, task.Started)
+		if rs, err := b.store.Succeed(b.ctx, "w", first.Task.ID); err != nil || !rs[0].Applied {
+			t.Fatalf("Succeed = %+v, %v", rs, err)
+		}
+		if again := mustCreate(t, dedup("done", `[ 1 ]`)); !again.Existing || again.Task.ID != first.Task.ID {
+			t.Fatalf("a SUCCEEDED task with the same payload: %+v, want it returned (only DEAD is excluded)", again)
+		}
+	})
+
+	t.Run("WithinOneBatch", func(t *testing.T) {
+		t.Parallel()
+		res, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+			dedup("batch", `{"a":1,"b":2}`),
+			dedup("batch", `{"b":2,"a":1}`),
+			dedup("batch", `{"a":2}`),
+		})
+		if err != nil || len(res) != 3 {
+			t.Fatalf("CreateBatch = %+v, %v", res, err)
+		}
+		if res[0].Existing || !res[1].Existing || res[1].Task.ID != res[0].Task.ID || res[2].Existing || res[2].Task.ID == res[0].Task.ID {
+			t.Fatalf("batch results %+v; want item 1 to be item 0's task and item 2 new", res)
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'batch'`); n != 2 {
+			t.Fatalf("%d tasks, want 2", n)
+		}
+		if n := b.count(t, `SELECT count(*) FROM outbox_event o JOIN ingest_task t ON t.id = o.task_id WHERE t.kind = 'batch'`); n != 2 {
+			t.Fatalf("%d outbox events, want 2", n)
+		}
+	})
+
+	t.Run("ConcurrentCreators", func(t *testing.T) {
+		t.Parallel()
+		const n = 20
+		res := make([]task.CreateResult, n)
+		errs := make([]error, n)
+		race(n, func(i int) {
+			// Same JSON, written differently by each creator.
+			payload := fmt.Sprintf(`{%s"x":1,%s"y":[true]}`, strings.Repeat(" ", i), strings.Repeat("\n", i%3))
+			res[i], errs[i] = b.store.Create(b.ctx, dedup("concurrent", payload))
+		})
+		created := 0
+		for i := range res {
+			if errs[i] != nil {
+				t.Fatalf("creator %d: %v", i, errs[i])
+			}
+			if res[i].Task.ID != res[0].Task.ID {
+				t.Fatalf("creators got different tasks %s and %s", res[0].Task.ID, res[i].Task.ID)
+			}
+			if !res[i].Existing {
+				created++
+			}
+		}
+		if created != 1 {
+			t.Fatalf("%d creators report a new task, want 1", created)
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'concurrent'`); n != 1 {
+			t.Fatalf("%d tasks, want 1", n)
+		}
+	})
+}
+
+func TestCreateValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{MaxPayloadBytes: 64})
+	tests := []struct {
+		name    string
+		nt      task.NewTask
+		wantErr error
+		wantMsg []string // each must be in the message
+	}{
+		{"InvalidJSON", task.NewTask{Kind: "k", Payload: json.RawMessage(`{"a":`)}, task.ErrInvalidTask, []string{"payload", "not valid JSON"}},
+		{"NotJSON", task.NewTask{Kind: "k", Payload: json.RawMessage(`hello`)}, task.ErrInvalidTask, []string{"payload", "not valid JSON"}},
+		{"NilPayload", task.NewTask{Kind: "k"}, task.ErrInvalidTask, []string{"payload", "empty"}},
+		{"WhiteSpacePayload", task.NewTask{Kind: "k", Payload: json.RawMessage(" \n ")}, task.ErrInvalidTask, []string{"payload", "empty"}},
+		{"TwoValues", task.NewTask{Kind: "k", Payload: json.RawMessage(`1 2`)}, task.ErrInvalidTask, []string{"payload", "single JSON value"}},
+		{"NUL", task.NewTask{Kind: "k", Payload: json.RawMessage(`"\u0000"`)}, task.ErrInvalidTask, []string{"payload", `\u0000`}},
+		{"TooLarge", task.NewTask{Kind: "k", Payload: json.RawMessage(`"` + strings.Repeat("x", 63) + `"`)}, task.ErrPayloadTooLarge, []string{"payload", "65 bytes", "limit is 64"}},
+		{"NoKind", task.NewTask{Payload: json.RawMessage(`1`)}, task.ErrInvalidTask, []string{"kind"}},
+		{"BlankKind", task.NewTask{Kind: "  ", Payload: json.RawMessage(`1`)}, task.ErrInvalidTask, []string{"kind"}},
+		{"LongKind", task.NewTask{Kind: strings.Repeat("k", task.MaxKindLength+1), Payload: json.RawMessage(`1`)}, task.ErrInvalidTask, []string{"kind", "200"}},
+		{"KindWithNUL", task.NewTask{Kind: "k\x00", Payload: json.RawMessage(`1`)}, task.ErrInvalidTask, []string{"kind"}},
+		{"KindInvalidUTF8", task.NewTask{Kind: "k\xff", Payload: json.RawMessage(`1`)}, task.ErrInvalidTask, []string{"kind"}},
+		{"KeyWithNUL", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), IdempotencyKey: "a\x00b"}, task.ErrInvalidTask, []string{"idempotency_key"}},
+		{"KeyInvalidUTF8", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), IdempotencyKey: "a\xffb"}, task.ErrInvalidTask, []string{"idempotency_key"}},
+		{"LongKey", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), IdempotencyKey: strings.Repeat("i", 1001)}, task.ErrInvalidTask, []string{"idempotency_key"}},
+		{"NegativeMaxAttempts", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), MaxAttempts: -1}, task.ErrInvalidTask, []string{"max_attempts"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := b.store.Create(b.ctx, tt.nt)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Create = %v, want %v", err, tt.wantErr)
+			}
+			for _, m := range tt.wantMsg {
+				if !strings.Contains(err.Error(), m) {
+					t.Fatalf("error %q does not name %q", err, m)
+				}
+			}
+		})
+	}
+	t.Run("LimitIsInclusive", func(t *testing.T) {
+		t.Parallel()
+		r, err := b.store.Create(b.ctx, task.NewTask{Kind: "limit", Payload: json.RawMessage(`"` + strings.Repeat("x", 62) + `"`)})
+		if err != nil || r.Task.ID == uuid.Nil {
+			t.Fatalf("a 64-byte payload with a 64-byte limit: %v", err)
+		}
+	})
+	t.Run("DefaultLimit", func(t *testing.T) {
+		t.Parallel()
+		d := setup(t, task.Config{})
+		big := json.RawMessage(`"` + strings.Repeat("x", task.DefaultMaxPayloadBytes) + `"`)
+		if _, err := d.store.Create(d.ctx, task.NewTask{Kind: "k", Payload: big}); !errors.Is(err, task.ErrPayloadTooLarge) {
+			t.Fatalf("a payload over the default limit: %v, want ErrPayloadTooLarge", err)
+		}
+	})
+}
+
+// TestCreateValidationWritesNothing checks that a refused create leaves no
+// task, transition or outbox row.
+func TestCreateValidationWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{MaxPayloadBytes: 16})
+	for _, nt := range []task.NewTask{
+		{Kind: "k", Payload: json.RawMessage(`{`)},
+		{Kind: "k", Payload: json.RawMessage(`"` + strings.Repeat("x", 20) + `"`)},
+		{Kind: "", Payload: json.RawMessage(`1`)},
+		{Kind: "k\x00", Payload: json.RawMessage(`1`)},
+	} {
+		if _, err := b.store.Create(b.ctx, nt); err == nil {
+			t.Fatalf("Create(%+v) succeeded", nt)
+		}
+	}
+	if got := b.rows(t); got != [3]int{0, 0, 0} {
+		t.Fatalf("invalid creates left %v rows", got)
+	}
+}
