@@ -1,0 +1,80 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// listenSQL subscribes the listener connection to the trigger's channel.
+var listenSQL = "LISTEN " + pgx.Identifier{NotifyChannel}.Sanitize()
+
+// listen holds a dedicated connection that LISTENs on NotifyChannel and
+// nudges wake on every notification, until ctx is cancelled. A lost
+// connection is re-established with capped, jittered exponential backoff;
+// Run keeps polling meanwhile, and every (re)connect nudges wake once, since
+// notifications sent while it was down are lost.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	delay := r.cfg.ListenRetryMin
+	for {
+		connected, err := r.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		if connected {
+			delay = r.cfg.ListenRetryMin
+		}
+		wait := time.Duration(float64(delay) * (0.5 + rand.Float64()/2))
+		r.logger.Warn("outbox LISTEN connection lost; polling until it is back", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		delay = min(delay*2, r.cfg.ListenRetryMax)
+	}
+}
+
+// listenOnce connects, LISTENs and forwards notifications until the
+// connection fails or ctx is cancelled. connected reports whether LISTEN
+// had succeeded.
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) (connected bool, err error) {
+	cfg := r.pool.Config().ConnConfig.Copy()
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = listenerApplicationName
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(closeCtx)
+	}()
+	if _, err := conn.Exec(ctx, listenSQL); err != nil {
+		return false, fmt.Errorf("listen %s: %w", NotifyChannel, err)
+	}
+	if r.listens.Add(1) > 1 {
+		r.logger.Info("outbox LISTEN connection re-established")
+	}
+	nudge(wake)
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return true, fmt.Errorf("wait for notification: %w", err)
+		}
+		nudge(wake)
+	}
+}
+
+// nudge wakes Run without blocking; wakes coalesce while a pass runs.
+func nudge(wake chan<- struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,467 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Relay defaults (DESIGN §5: INGEST_OUTBOX_*).
+const (
+	DefaultMaxAttempts     = 10
+	DefaultBaseBackoff     = time.Second
+	DefaultMaxBackoff      = 600 * time.Second
+	DefaultBackoffJitter   = 0.1
+	DefaultBatchSize       = 20
+	DefaultPublishInterval = time.Second
+	DefaultLease           = 30 * time.Second
+	DefaultPublishTimeout  = 5 * time.Second
+	DefaultListenRetryMin  = 100 * time.Millisecond
+	DefaultListenRetryMax  = 5 * time.Second
+
+	listenerApplicationName = "ingest-outbox-listener"
+)
+
+// RelayConfig configures a Relay. Zero fields take the Default* values.
+type RelayConfig struct {
+	// ID names this relay in outbox_event.claimed_by. It must be unique
+	// among running relays; the default is hostname-pid-random.
+	ID string
+	// BatchSize is how many rows one pass claims and publishes in one
+	// pipelined round trip (INGEST_OUTBOX_PUBLISH_BATCH_SIZE).
+	BatchSize int
+	// PublishInterval is the polling period, the fallback for a missed or
+	// lost NOTIFY (INGEST_OUTBOX_PUBLISH_INTERVAL_MS).
+	PublishInterval time.Duration
+	// Lease is how long a claim is exclusive. A relay that has not marked
+	// its rows by then may see them claimed and published again by another
+	// relay (a duplicate entry, harmless).
+	Lease time.Duration
+	// PublishTimeout bounds each step of a pass after its claim: the XADD
+	// round trip, and the update that marks the rows. A pass that has
+	// claimed runs to the end even when Run's context is cancelled, so a
+	// shutdown leaves no row claimed. Lease must exceed twice this.
+	PublishTimeout time.Duration
+	// MaxAttempts is the number of failed publishes after which a row goes
+	// DEAD (INGEST_OUTBOX_MAX_ATTEMPTS).
+	MaxAttempts int
+	// BaseBackoff and MaxBackoff shape the retry delay after n failed
+	// publishes: min(BaseBackoff × 2^(n-1), MaxBackoff) × (1 ± BackoffJitter)
+	// (INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS, INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS).
+	BaseBackoff time.Duration
+	MaxBackoff  time.Duration
+	// BackoffJitter in [0, 1) spreads retries (0.1: ±10%). Negative: none.
+	BackoffJitter float64
+	// ListenRetryMin and ListenRetryMax bound the reconnect backoff of the
+	// LISTEN connection; the relay keeps polling while it is down.
+	ListenRetryMin time.Duration
+	ListenRetryMax time.Duration
+}
+
+func (c *RelayConfig) setDefaults() {
+	if c.ID == "" {
+		c.ID = defaultRelayID()
+	}
+	setDefault(&c.BatchSize, DefaultBatchSize)
+	setDefault(&c.PublishInterval, DefaultPublishInterval)
+	setDefault(&c.Lease, DefaultLease)
+	setDefault(&c.PublishTimeout, DefaultPublishTimeout)
+	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
+	setDefault(&c.BaseBackoff, DefaultBaseBackoff)
+	setDefault(&c.MaxBackoff, DefaultMaxBackoff)
+	setDefault(&c.ListenRetryMin, DefaultListenRetryMin)
+	setDefault(&c.ListenRetryMax, DefaultListenRetryMax)
+	switch {
+	case c.BackoffJitter == 0:
+		c.BackoffJitter = DefaultBackoffJitter
+	case c.BackoffJitter < 0:
+		c.BackoffJitter = 0
+	}
+}
+
+// Validate checks the configuration (zero fields taking their defaults)
+// and names the bad field.
+func (c RelayConfig) Validate() error {
+	c.setDefaults()
+	bad := func(format string, args ...any) error { return configErr("relay", format, args...) }
+	switch {
+	case len(c.ID) > 200:
+		return bad("ID is longer than 200 bytes")
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return bad("BatchSize must be in [1, 10000], got %d", c.BatchSize)
+	case c.PublishInterval < time.Millisecond:
+		return bad("PublishInterval must be >= 1ms, got %s", c.PublishInterval)
+	case c.PublishTimeout < time.Millisecond:
+		return bad("PublishTimeout must be >= 1ms, got %s", c.PublishTimeout)
+	case c.Lease <= 2*c.PublishTimeout:
+		return bad("Lease (%s) must be longer than twice PublishTimeout (%s)", c.Lease, c.PublishTimeout)
+	case c.MaxAttempts < 1:
+		return bad("MaxAttempts must be >= 1, got %d", c.MaxAttempts)
+	case c.BaseBackoff < time.Millisecond:
+		return bad("BaseBackoff must be >= 1ms, got %s", c.BaseBackoff)
+	case c.MaxBackoff < c.BaseBackoff:
+		return bad("MaxBackoff (%s) must be >= BaseBackoff (%s)", c.MaxBackoff, c.BaseBackoff)
+	case c.BackoffJitter >= 1:
+		return bad("BackoffJitter must be in [0, 1), got %v", c.BackoffJitter)
+	case c.ListenRetryMin <= 0:
+		return bad("ListenRetryMin must be > 0, got %s", c.ListenRetryMin)
+	case c.ListenRetryMax < c.ListenRetryMin:
+		return bad("ListenRetryMax (%s) must be >= ListenRetryMin (%s)", c.ListenRetryMax, c.ListenRetryMin)
+	}
+	return nil
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+func defaultRelayID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "relay"
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// DrainResult counts what one pass did.
+type DrainResult struct {
+	// Claimed rows (at most BatchSize).
+	Claimed int
+	// Published rows: XADDed and marked SENT.
+	Published int
+	// Retried rows: the XADD failed, RETRYING with backoff.
+	Retried int
+	// Dead rows: the XADD failed for the last allowed time, now DEAD.
+	Dead int
+	// Stale rows: their claim had been taken over by another relay (this
+	// one stalled past its lease) before this pass could mark them, so the
+	// pass changed nothing; their entries may be in the stream twice.
+	Stale int
+}
+
+// Relay publishes outbox rows to Redis. Any number of relays may run at
+// once, in one process or many: rows are claimed with FOR UPDATE SKIP LOCKED
+// under a lease.
+type Relay struct {
+	cfg     RelayConfig
+	pool    *pgxpool.Pool
+	rdb     redis.UniversalClient
+	logger  *slog.Logger
+	metrics *relayMetrics
+
+	listens atomic.Int64 // LISTEN connections established, for tests
+
+	// afterPublish, when set (by tests), runs between the XADD and the
+	// update that marks the rows.
+	afterPublish func()
+}
+
+// NewRelay returns a relay reading outbox_event through pool and publishing
+// to rdb. Its metrics are registered on reg (nil: none); several relays may
+// share one registerer.
+func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || rdb == nil {
+		return nil, configErr("relay", "a Postgres pool and a Redis client are required")
+	}
+	logger = discardIfNil(logger).With("component", "outbox-relay", "relay", cfg.ID)
+	m, err := newRelayMetrics(reg, pool, logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{cfg: cfg, pool: pool, rdb: rdb, logger: logger, metrics: m}, nil
+}
+
+// Config returns the relay's configuration with defaults filled in.
+func (r *Relay) Config() RelayConfig { return r.cfg }
+
+// Run publishes until ctx is cancelled, then returns nil once the pass in
+// flight has finished. It wakes on every NOTIFY of a committed outbox row
+// and polls every PublishInterval besides; while a pass claims a full
+// batch it goes on at once. A lost LISTEN connection is re-established
+// with backoff while polling continues.
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.listen(ctx, wake)
+	}()
+	defer wg.Wait()
+
+	ticker := time.NewTicker(r.cfg.PublishInterval)
+	defer ticker.Stop()
+	for {
+		r.drain(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		case <-wake:
+		}
+	}
+}
+
+// drain runs passes while they claim full batches.
+func (r *Relay) drain(ctx context.Context) {
+	for ctx.Err() == nil {
+		res, err := r.DrainOnce(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.logger.Error("outbox relay pass failed", "err", err)
+			}
+			return
+		}
+		if res.Claimed < r.cfg.BatchSize {
+			return
+		}
+	}
+}
+
+// DrainOnce runs one pass: it claims up to BatchSize due rows, publishes
+// them in one pipelined XADD round trip, and marks each SENT, or RETRYING
+// or DEAD when its XADD failed. For tests and callers with a scheduler of
+// their own; Run calls it.
+//
+// Once rows are claimed the pass finishes even if ctx is cancelled (each
+// step bounded by PublishTimeout). On an error the rows it could not mark
+// stay claimed until the lease expires and are then published again.
+// DrainOnce is safe for concurrent use.
+func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
+	var res DrainResult
+	c, err := r.claim(ctx)
+	if err != nil || len(c.rows) == 0 {
+		return res, err
+	}
+	res.Claimed = len(c.rows)
+
+	// Once claimed, the pass runs to the end even if ctx is cancelled: each
+	// step gets its own deadline.
+	ctx = context.WithoutCancel(ctx)
+	pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	ids, errs := r.publish(pubCtx, c.rows)
+	cancel()
+	if r.afterPublish != nil {
+		r.afterPublish()
+	}
+	ctx, cancel = context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	var sent, failed []row
+	var sentIDs, failMsgs []string
+	for i, rw := range c.rows {
+		if errs[i] == nil {
+			sent, sentIDs = append(sent, rw), append(sentIDs, ids[i])
+		} else {
+			failed, failMsgs = append(failed, rw), append(failMsgs, truncateError(errs[i].Error()))
+		}
+	}
+	var errSent, errFailed error
+	if len(sent) > 0 {
+		res.Published, errSent = r.markSent(ctx, c, sent, sentIDs)
+		if errSent == nil {
+			res.Stale += len(sent) - res.Published
+		}
+	}
+	if len(failed) > 0 {
+		var applied int
+		res.Retried, res.Dead, applied, errFailed = r.markFailed(ctx, c, failed, failMsgs)
+		if errFailed == nil {
+			res.Stale += len(failed) - applied
+		}
+	}
+	if err := errors.Join(errSent, errFailed); err != nil {
+		return res, err
+	}
+	r.logPass(res, failMsgs)
+	return res, nil
+}
+
+func (r *Relay) logPass(res DrainResult, failMsgs []string) {
+	if res.Retried > 0 || res.Dead > 0 {
+		r.logger.Warn("outbox publish failed", "retried", res.Retried, "dead", res.Dead, "err", failMsgs[0])
+	}
+	if res.Stale > 0 {
+		r.logger.Warn("outbox relay lost its lease before marking rows: another relay published them again",
+			"stale", res.Stale)
+	}
+	r.logger.Debug("outbox relay pass", "claimed", res.Claimed, "published", res.Published)
+}
+
+// row is one claimed outbox row.
+type row struct {
+	id        int64
+	taskID    uuid.UUID
+	stream    string
+	kind      string
+	createdAt time.Time
+}
+
+// claimed is the result of one claim: the rows and the claim's identity
+// (claimed_by, claimed_until), which guards every later update.
+type claimed struct {
+	until time.Time
+	rows  []row
+}
+
+// claimSQL claims up to $2 due rows for relay $1 for $3 ms, oldest due
+// first. A row is due when unsent, next_retry_at has come, and it is not
+// under another live claim. SKIP LOCKED lets concurrent relays take
+// disjoint batches; a row claimed and committed by another relay meanwhile
+// is re-checked against the WHERE clause after locking, so it is skipped.
+const claimSQL = `
+WITH due AS (
+    SELECT id FROM outbox_event
+    WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now()
+      AND (claimed_until IS NULL OR claimed_until < now())
+    ORDER BY next_retry_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE outbox_event o SET claimed_by = $1, claimed_until = now() + $3 * interval '1 millisecond'
+    FROM due WHERE o.id = due.id
+    RETURNING o.id, o.task_id, o.stream, o.next_retry_at, o.created_at, o.claimed_until
+)
+SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until
+FROM claimed c JOIN ingest_task t ON t.id = c.task_id
+ORDER BY c.next_retry_at, c.id`
+
+func (r *Relay) claim(ctx context.Context) (claimed, error) {
+	var c claimed
+	rows, err := r.pool.Query(ctx, claimSQL, r.cfg.ID, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
+	if err != nil {
+		return c, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		var rw row
+		err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until)
+		return rw, err
+	})
+	if err != nil {
+		return claimed{}, fmt.Errorf("claim outbox rows: %w", err)
+	}
+	return c, nil
+}
+
+// publish XADDs one entry {task_id, kind} per row to the row's stream in
+// one pipelined round trip, and returns each entry's id or error.
+func (r *Relay) publish(ctx context.Context, rows []row) ([]string, []error) {
+	start := time.Now()
+	cmds := make([]*redis.StringCmd, len(rows))
+	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, rw := range rows {
+			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
+				Stream: rw.stream,
+				Values: []string{"task_id", rw.taskID.String(), "kind", rw.kind},
+			})
+		}
+		return nil
+	})
+	ids := make([]string, len(rows))
+	errs := make([]error, len(rows))
+	result := resultSuccess
+	for i, cmd := range cmds {
+		ids[i], errs[i] = cmd.Result()
+		if errs[i] != nil {
+			errs[i] = fmt.Errorf("xadd %s: %w", rows[i].stream, errs[i])
+			result = resultFailure
+		}
+	}
+	r.metrics.publishSeconds.WithLabelValues(result).Observe(time.Since(start).Seconds())
+	return ids, errs
+}
+
+// markSentSQL marks published rows SENT. The guard is the claim: rows
+// whose claim was taken over (claimed_by or claimed_until changed) are left
+// alone.
+const markSentSQL = `
+UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = s.stream_id
+FROM unnest($3::bigint[], $4::text[]) AS s(id, stream_id)
+WHERE o.id = s.id AND o.claimed_by = $1 AND o.claimed_until = $2 AND o.status IN ('NEW', 'RETRYING')
+RETURNING extract(epoch FROM o.sent_at - o.created_at)::float8`
+
+func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs []string) (int, error) {
+	ids := make([]int64, len(rows))
+	for i, rw := range rows {
+		ids[i] = rw.id
+	}
+	dbRows, err := r.pool.Query(ctx, markSentSQL, r.cfg.ID, c.until, ids, streamIDs)
+	if err != nil {
+		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(rows), err)
+	}
+	delays, err := pgx.CollectRows(dbRows, pgx.RowTo[float64])
+	if err != nil {
+		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(rows), err)
+	}
+	for _, d := range delays {
+		r.metrics.publishDelay.Observe(d)
+	}
+	r.metrics.publishTotal.WithLabelValues(resultSuccess).Add(float64(len(delays)))
+	return len(delays), nil
+}
+
+// markFailedSQL records a failed publish of rows claimed by ($1, $2):
+// attempt_count + 1, then DEAD when that reaches $3 (max attempts), else
+// RETRYING due after min($4 × 2^(attempts-1), $5) ms × (1 ± $6). The claim
+// is released. The decision is made here against the row's current
+// attempt_count.
+const markFailedSQL = `
+UPDATE outbox_event o SET
+    attempt_count = o.attempt_count + 1,
+    status        = CASE WHEN o.attempt_count + 1 >= $3 THEN 'DEAD' ELSE 'RETRYING' END,
+    next_retry_at = CASE WHEN o.attempt_count + 1 >= $3 THEN o.next_retry_at
+                         ELSE now() + least($4::float8 * power(2, least(o.attempt_count, 40)), $5::float8)
+                                      * (1 + $6::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
+    last_error    = f.err,
+    claimed_by    = NULL,
+    claimed_until = NULL
+FROM unnest($7::bigint[], $8::text[]) AS f(id, err)
+WHERE o.id = f.id AND o.claimed_by = $1 AND o.claimed_until = $2 AND o.status IN ('NEW', 'RETRYING')
+RETURNING o.status`
+
+func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []string) (retried, dead, applied int, err error) {
+	ids := make([]int64, len(rows))
+	for i, rw := range rows {
+		ids[i] = rw.id
+	}
+	dbRows, err := r.pool.Query(ctx, markFailedSQL, r.cfg.ID, c.until, r.cfg.MaxAttempts,
+		float64(r.cfg.BaseBackoff.Milliseconds()), float64(r.cfg.MaxBackoff.Milliseconds()), r.cfg.BackoffJitter, ids, msgs)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("mark %d outbox rows failed: %w", len(rows), err)
+	}
+	statuses, err := pgx.CollectRows(dbRows, pgx.RowTo[string])
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("mark %d outbox rows failed: %w", len(rows), err)
+	}
+	for _, s := range statuses {
+		if Status(s) == StatusDead {
+			dead++
+		} else {
+			retried++
+		}
+	}
+	r.metrics.publishTotal.WithLabelValues(resultFailure).Add(float64(retried))
+	r.metrics.publishTotal.WithLabelValues(resultDead).Add(float64(dead))
+	return retried, dead, len(statuses), nil
+}

@@ -1,0 +1,511 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Not parallel: it asserts a latency.
+func TestRelayPublishesOnNotifyWithinMilliseconds(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	r := b.relay(t, outbox.RelayConfig{PublishInterval: 10 * time.Second})
+	run(t, r.Run)
+	eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
+	// Warm up: the relay's first pass dials Redis and prepares statements.
+	warm := b.create(t, 1)
+	eventually(t, 5*time.Second, "the warm-up task published", func() bool {
+		return b.count(t, `task_id = $1 AND status = 'SENT'`, warm[0]) == 1
+	})
+
+	t.Run("CommitIsPublishedWithin50ms", func(t *testing.T) {
+		for i := range 10 {
+			c, err := b.store.Create(ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			committed := time.Now()
+			want := c.Task.ID.String()
+			for {
+				if slicesContains(b.entries(t), want) {
+					break
+				}
+				if time.Since(committed) > 50*time.Millisecond {
+					t.Fatalf("task %d: not in the stream 50ms after commit (poll interval is 10s)", i)
+				}
+				time.Sleep(200 * time.Microsecond)
+			}
+			t.Logf("task %d: in the stream %s after commit", i, time.Since(committed))
+		}
+	})
+
+	t.Run("RollbackIsNeverPublished", func(t *testing.T) {
+		before := len(b.entries(t))
+		tx, err := b.db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := b.store.CreateTx(ctx, tx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{"rolled":"back"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rolledBack := res[0].Task.ID.String()
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A task committed after the rollback is published; by then the
+		// relay has seen everything the rollback could have left.
+		c, err := b.store.Create(ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{"committed":true}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 5*time.Second, "the committed task published", func() bool {
+			return b.count(t, `task_id = $1 AND status = 'SENT'`, c.Task.ID) == 1
+		})
+		if got, err := r.DrainOnce(ctx); err != nil || got.Claimed != 0 {
+			t.Fatalf("DrainOnce after the rollback = %+v, %v; want nothing claimed", got, err)
+		}
+		entries := b.entries(t)
+		if slicesContains(entries, rolledBack) || len(entries) != before+1 {
+			t.Fatalf("stream has %d entries (want %d); rolled-back task present: %v", len(entries), before+1, slicesContains(entries, rolledBack))
+		}
+		if n := b.count(t, `task_id = $1`, res[0].Task.ID); n != 0 {
+			t.Fatalf("rolled-back task has %d outbox rows", n)
+		}
+	})
+}
+
+func slicesContains(entries map[string]string, taskID string) bool {
+	for _, id := range entries {
+		if id == taskID {
+			return true
+		}
+	}
+	return false
+}
+
+func TestRelayConcurrentRelaysPublishEveryRowOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const rows = 10000
+	b.preload(t, rows)
+	relays := make([]*outbox.Relay, 4)
+	for i := range relays {
+		relays[i] = b.relay(t, outbox.RelayConfig{ID: fmt.Sprintf("relay-%d", i), PublishInterval: 20 * time.Millisecond})
+	}
+	for _, r := range relays {
+		run(t, r.Run)
+	}
+	eventually(t, 60*time.Second, "every row SENT", func() bool { return b.unsent(t) == 0 })
+	b.checkPublishedOnce(t, rows)
+
+	rs, err := b.db.Query(context.Background(), `SELECT claimed_by, count(*) FROM outbox_event GROUP BY 1 ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	perRelay, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (string, error) {
+		var by string
+		var n int
+		err := r.Scan(&by, &n)
+		return fmt.Sprintf("%s=%d", by, n), err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rows per relay: %v", perRelay)
+	if got := publishTotal(t, b, "success"); got != rows {
+		t.Errorf("outbox_publish_total{result=success} = %v, want %d", got, rows)
+	}
+}
+
+// publishTotal reads outbox_publish_total{result} from the bundle's
+// registry.
+func publishTotal(t *testing.T, b *bundle, result string) float64 {
+	t.Helper()
+	families, err := b.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "outbox_publish_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+func TestRelayStalledPastLeaseChangesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := func(id string) outbox.RelayConfig {
+		return outbox.RelayConfig{ID: id, Lease: 300 * time.Millisecond, PublishTimeout: 100 * time.Millisecond}
+	}
+	stall := func(t *testing.T, b *bundle, r *outbox.Relay) (release func(), result <-chan outbox.DrainResult) {
+		stalled, unblock := make(chan struct{}), make(chan struct{})
+		outbox.SetAfterPublish(r, func() { close(stalled); <-unblock })
+		out := make(chan outbox.DrainResult, 1)
+		go func() {
+			res, err := r.DrainOnce(ctx)
+			if err != nil {
+				t.Errorf("stalled DrainOnce: %v", err)
+			}
+			out <- res
+		}()
+		<-stalled
+		eventually(t, 5*time.Second, "the stalled relay's lease to expire", func() bool {
+			return b.count(t, `claimed_until < now()`) == 1
+		})
+		return func() { close(unblock) }, out
+	}
+
+	t.Run("TakenOver", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		ids := b.create(t, 1)
+		a, other := b.relay(t, cfg("stalled")), b.relay(t, cfg("other"))
+		release, resA := stall(t, b, a)
+
+		res, err := other.DrainOnce(ctx)
+		if err != nil || res.Claimed != 1 || res.Published != 1 {
+			t.Fatalf("other relay: %+v, %v; want 1 claimed and published", res, err)
+		}
+		release()
+		if got := <-resA; got.Claimed != 1 || got.Published != 0 || got.Stale != 1 {
+			t.Fatalf("stalled relay: %+v; want 1 claimed, 0 published, 1 stale", got)
+		}
+		var status, by, streamID string
+		err = b.db.QueryRow(ctx, `SELECT status, claimed_by, stream_id FROM outbox_event WHERE task_id = $1`, ids[0]).Scan(&status, &by, &streamID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries := b.entries(t)
+		if status != "SENT" || by != "other" || entries[streamID] != ids[0].String() {
+			t.Fatalf("row: status %s, claimed_by %s, stream_id %s; want SENT by other with its entry", status, by, streamID)
+		}
+		// Both relays XADDed: the duplicate is the documented at-least-once.
+		if len(entries) != 2 {
+			t.Fatalf("%d entries, want 2 (one per publish)", len(entries))
+		}
+		if again, _ := a.DrainOnce(ctx); again.Claimed != 0 {
+			t.Fatalf("a SENT row was claimed again: %+v", again)
+		}
+	})
+
+	t.Run("NotTakenOver", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.create(t, 1)
+		a := b.relay(t, cfg("stalled"))
+		release, resA := stall(t, b, a)
+		release()
+		if got := <-resA; got.Published != 1 || got.Stale != 0 {
+			t.Fatalf("stalled relay whose claim nobody took: %+v; want it published", got)
+		}
+		b.checkPublishedOnce(t, 1)
+	})
+}
+
+// newDedicatedRedis starts a redis-server of the test's own, and a client
+// without retries (the outage is the point).
+func newDedicatedRedis(t *testing.T) (*testenv.RedisServer, *redis.Client) {
+	s := testenv.NewRedisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { c.Close() })
+	return s, c
+}
+
+func TestRelayRedisUnreachable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("RetryThenPublish", func(t *testing.T) {
+		t.Parallel()
+		s, rdb := newDedicatedRedis(t)
+		b := setupWith(t, rdb)
+		const n = 50
+		b.create(t, n)
+		r := b.relay(t, outbox.RelayConfig{
+			BaseBackoff: 400 * time.Millisecond, MaxBackoff: time.Second, MaxAttempts: 100,
+			PublishTimeout: time.Second, Lease: 5 * time.Second, BatchSize: 100,
+			PublishInterval: 20 * time.Millisecond,
+		})
+		s.Kill()
+		res, err := r.DrainOnce(ctx)
+		if err != nil || res.Claimed != n || res.Retried != n {
+			t.Fatalf("DrainOnce with Redis down = %+v, %v; want %d retried", res, err, n)
+		}
+		var bad int
+		if err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox_event
+			WHERE NOT (status = 'RETRYING' AND attempt_count = 1 AND last_error <> '' AND claimed_by IS NULL
+			           AND next_retry_at > now() + interval '200 milliseconds')`).Scan(&bad); err != nil {
+			t.Fatal(err)
+		}
+		if bad != 0 {
+			t.Fatalf("%d rows are not RETRYING with one attempt, an error and a backoff", bad)
+		}
+		if res, _ := r.DrainOnce(ctx); res.Claimed != 0 {
+			t.Fatalf("rows in backoff were claimed again: %+v", res)
+		}
+		run(t, r.Run) // retries while Redis is down, then publishes
+		eventually(t, 10*time.Second, "a second failed attempt", func() bool {
+			return b.count(t, `attempt_count >= 2`) == n
+		})
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "every row SENT after Redis is back", func() bool { return b.unsent(t) == 0 })
+		b.checkPublishedOnce(t, n)
+	})
+
+	t.Run("DeadAfterMaxAttempts", func(t *testing.T) {
+		t.Parallel()
+		s, rdb := newDedicatedRedis(t)
+		b := setupWith(t, rdb)
+		const n = 10
+		b.create(t, n)
+		r := b.relay(t, outbox.RelayConfig{
+			MaxAttempts: 2, BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+			PublishTimeout: time.Second, Lease: 5 * time.Second,
+		})
+		s.Kill()
+		var total outbox.DrainResult
+		eventually(t, 10*time.Second, "every row DEAD", func() bool {
+			res, err := r.DrainOnce(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total.Retried += res.Retried
+			total.Dead += res.Dead
+			return total.Dead == n
+		})
+		if total.Retried != n {
+			t.Fatalf("%d retries before DEAD, want %d (one per row)", total.Retried, n)
+		}
+		if err := s.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := r.DrainOnce(ctx); err != nil || res.Claimed != 0 {
+			t.Fatalf("DrainOnce after Redis is back = %+v, %v; DEAD rows must stay", res, err)
+		}
+		if got := b.count(t, `status = 'DEAD' AND attempt_count = 2 AND last_error <> '' AND sent_at IS NULL`); got != n {
+			t.Fatalf("%d rows DEAD with 2 attempts and an error, want %d", got, n)
+		}
+		if l := b.entries(t); len(l) != 0 {
+			t.Fatalf("%d entries published from DEAD rows", len(l))
+		}
+		if got := publishTotal(t, b, "dead"); got != n {
+			t.Errorf("outbox_publish_total{result=dead} = %v, want %d", got, n)
+		}
+	})
+}
+
+func TestRelaySurvivesDroppedListenConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.relay(t, outbox.RelayConfig{PublishInterval: time.Minute, ListenRetryMin: 10 * time.Millisecond, ListenRetryMax: 50 * time.Millisecond})
+	run(t, r.Run)
+	eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
+
+	for i := range 3 {
+		if _, err := b.db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE application_name = 'ingest-outbox-listener' AND datname = current_database()`); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "the relay to LISTEN again", func() bool { return outbox.Listens(r) >= int64(i+2) })
+		ids := b.create(t, 1)
+		// The poll interval is a minute: only a NOTIFY (or the reconnect's
+		// own pass) publishes this quickly.
+		eventually(t, 5*time.Second, "the task created after the reconnect published", func() bool {
+			return b.count(t, `task_id = $1 AND status = 'SENT'`, ids[0]) == 1
+		})
+	}
+	b.checkPublishedOnce(t, 3)
+}
+
+func TestRelayConcurrentWritersNoRowSkipped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for i := range 2 {
+		run(t, b.relay(t, outbox.RelayConfig{ID: fmt.Sprintf("r%d", i), PublishInterval: 20 * time.Millisecond}).Run)
+	}
+	const writers, perWriter = 16, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range perWriter {
+				err := pgx.BeginFunc(ctx, b.db, func(tx pgx.Tx) error {
+					_, err := b.store.CreateTx(ctx, tx, task.NewTask{Kind: "k", Payload: json.RawMessage(fmt.Sprintf(`{"w":%d,"i":%d}`, w, i))})
+					if err != nil {
+						return err
+					}
+					// Commit late and out of id order: a relay that
+					// followed an id cursor would skip this row.
+					time.Sleep(time.Duration(rand.IntN(15)) * time.Millisecond)
+					return nil
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := errors.Join(func() (all []error) {
+		for err := range errs {
+			all = append(all, err)
+		}
+		return
+	}()...); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "every row SENT", func() bool { return b.unsent(t) == 0 })
+	b.checkPublishedOnce(t, writers*perWriter)
+}
+
+func TestRelayMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.relay(t, outbox.RelayConfig{BatchSize: 100})
+	// A second relay, a rescuer and a retention on the same registry share
+	// their metrics.
+	b.relay(t, outbox.RelayConfig{})
+	b.rescuer(t, outbox.RescuerConfig{})
+	b.rescuer(t, outbox.RescuerConfig{})
+	b.retention(t, outbox.RetentionConfig{})
+	b.create(t, 5)
+	eventually(t, 5*time.Second, "a backlog age", func() bool {
+		return gauge(t, b, "outbox_backlog_age_seconds") > 0
+	})
+	if got := gauge(t, b, "outbox_backlog"); got != 5 {
+		t.Fatalf("outbox_backlog = %v, want 5", got)
+	}
+	if res, err := r.DrainOnce(ctx); err != nil || res.Published != 5 {
+		t.Fatalf("DrainOnce = %+v, %v", res, err)
+	}
+	if got := gauge(t, b, "outbox_backlog"); got != 0 {
+		t.Fatalf("outbox_backlog after publishing = %v, want 0", got)
+	}
+	if got := gauge(t, b, "outbox_backlog_age_seconds"); got != 0 {
+		t.Fatalf("outbox_backlog_age_seconds after publishing = %v, want 0", got)
+	}
+	if got := publishTotal(t, b, "success"); got != 5 {
+		t.Fatalf("outbox_publish_total{result=success} = %v, want 5", got)
+	}
+	families, err := b.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]uint64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				seen[f.GetName()] += h.GetSampleCount()
+			}
+		}
+	}
+	if seen["outbox_publish_delay_seconds"] != 5 || seen["outbox_publish_seconds"] != 1 {
+		t.Fatalf("histogram sample counts %v; want 5 delays and 1 publish", seen)
+	}
+}
+
+// gauge reads an unlabelled gauge from the bundle's registry (-1: absent).
+func gauge(t *testing.T, b *bundle, name string) float64 {
+	t.Helper()
+	families, err := b.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name && len(f.GetMetric()) == 1 {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	return -1
+}
+
+func TestConfigValidationNamesTheField(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	cases := []struct {
+		name  string
+		err   error
+		field string
+	}{
+		{"BatchSize", newRelay(outbox.RelayConfig{BatchSize: -1}), "BatchSize"},
+		{"Lease", newRelay(outbox.RelayConfig{Lease: time.Second, PublishTimeout: time.Second}), "Lease"},
+		{"MaxAttempts", newRelay(outbox.RelayConfig{MaxAttempts: -3}), "MaxAttempts"},
+		{"MaxBackoff", newRelay(outbox.RelayConfig{BaseBackoff: time.Minute, MaxBackoff: time.Second}), "MaxBackoff"},
+		{"BackoffJitter", newRelay(outbox.RelayConfig{BackoffJitter: 1.5}), "BackoffJitter"},
+		{"PublishInterval", newRelay(outbox.RelayConfig{PublishInterval: -time.Second}), "PublishInterval"},
+		{"RelayNeedsPool", newRelay(outbox.RelayConfig{}), "pool"},
+		{"RescuerBatchSize", func() error {
+			_, err := outbox.NewRescuer(outbox.RescuerConfig{BatchSize: -1}, nil, rdb, nil, nil)
+			return err
+		}(), "BatchSize"},
+		{"RescuerGrace", func() error {
+			_, err := outbox.NewRescuer(outbox.RescuerConfig{Grace: -time.Second}, nil, rdb, nil, nil)
+			return err
+		}(), "Grace"},
+		{"RetentionStreams", func() error {
+			_, err := outbox.NewRetention(outbox.RetentionConfig{Streams: []string{"a", ""}}, nil, rdb, nil, nil)
+			return err
+		}(), "Streams[1]"},
+		{"RetentionAge", func() error {
+			_, err := outbox.NewRetention(outbox.RetentionConfig{Age: -time.Hour}, nil, rdb, nil, nil)
+			return err
+		}(), "Age"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if !errors.Is(c.err, outbox.ErrConfig) || !strings.Contains(c.err.Error(), c.field) {
+				t.Fatalf("error %v; want an outbox.ErrConfig naming %s", c.err, c.field)
+			}
+		})
+	}
+
+	var defaults outbox.RelayConfig
+	defaultsRelay, err := outbox.NewRelay(defaults, testenv.DB(t), rdb, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := defaultsRelay.Config()
+	if got.BatchSize != 20 || got.PublishInterval != time.Second || got.MaxAttempts != 10 ||
+		got.BaseBackoff != time.Second || got.MaxBackoff != 600*time.Second || got.Lease != 30*time.Second || got.ID == "" {
+		t.Fatalf("defaults %+v do not match DESIGN §5", got)
+	}
+}
+
+func newRelay(cfg outbox.RelayConfig) error {
+	_, err := outbox.NewRelay(cfg, nil, nil, nil, nil)
+	return err
+}
