@@ -5,4 +5,30 @@
 // It wires the packages of this module into a worker (task store, stream
 // consumer, reclaimer, DLQ, outbox relay and rescuer) and defines the Go API
 // library users see: Handler, Task, Permanent and RetryAfter.
+//
+// # The worker's contract
+//
+// Delivery is at-least-once: a handler may run more than once for one task
+// (a worker died after the side effect, or lost its lease), so handlers must
+// be idempotent, keyed by Task.ID. Starting a task is a guarded transition
+// (DESIGN §2), so a duplicate delivery of a task that is running elsewhere
+// or finished does not run it again.
+//
+// The worker, never the handler, acknowledges stream entries, and only after
+// the outcome is committed in Postgres:
+//
+//   - success: SUCCEEDED, then XACK;
+//   - failure with attempts left: RETRYING; the entry stays pending, its
+//     idle time set so the reclaimer claims it when the retry falls due;
+//   - failure with attempts exhausted, or Permanent: DEAD, then the DLQ entry
+//     and the XACK in one Lua script (XACK only without a DLQ);
+//   - an entry without a valid task_id, or of an unknown task: DLQ + XACK;
+//   - a handler cut off by shutdown: the task is released (RETRYING, due
+//     now, no failure counted) and its entry made claimable at once.
+//
+// While a handler runs, a heartbeat renews its lease and keeps its entry's
+// idle time low, so a task running far longer than the reclaim idle time is
+// not claimed by another worker. A completion whose guard no longer matches
+// (the lease was lost) changes nothing; it is logged and counted as
+// result="conflict".
 package ingest

@@ -1,0 +1,182 @@
+package ingest
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/stream"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// runCompleter records handler outcomes in batches: it gathers outcomes
+// for at most Config.CompleteWindow or Config.CompleteBatch of them, makes
+// one store call per kind of outcome (succeed, fail, release), and then
+// acknowledges, sets idle times and dead-letters in Redis. It returns when
+// stop is closed, after recording what is queued.
+func (p *processor) runCompleter(stop <-chan struct{}) {
+	max, window := p.w.cfg.CompleteBatch, p.w.cfg.CompleteWindow
+	batch := make([]outcome, 0, max)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case o := <-p.outcomes:
+			batch = append(batch[:0], o)
+			timer.Reset(window)
+		gather:
+			for len(batch) < max {
+				select {
+				case o := <-p.outcomes:
+					batch = append(batch, o)
+				case <-timer.C:
+					break gather
+				}
+			}
+			timer.Stop()
+			p.complete(batch)
+		case <-stop:
+			for {
+				batch = batch[:0]
+			drain:
+				for len(batch) < max {
+					select {
+					case o := <-p.outcomes:
+						batch = append(batch, o)
+					default:
+						break drain
+					}
+				}
+				if len(batch) == 0 {
+					return
+				}
+				p.complete(batch)
+			}
+		}
+	}
+}
+
+// complete records one batch of outcomes.
+func (p *processor) complete(batch []outcome) {
+	w := p.w
+	var succ, rel []uuid.UUID
+	var fails []task.Failure
+	byTask := make(map[uuid.UUID]outcome, len(batch))
+	for _, o := range batch {
+		id := o.r.task.ID
+		byTask[id] = o
+		switch {
+		case o.released:
+			rel = append(rel, id)
+		case o.err == nil:
+			succ = append(succ, id)
+		default:
+			f := task.Failure{ID: id, Error: o.err.Error(), Permanent: IsPermanent(o.err)}
+			f.RetryAfter, _ = RetryDelay(o.err)
+			fails = append(fails, f)
+		}
+	}
+	me := w.cfg.Consumer
+	var results []task.Result
+	results = append(results, p.storeCall("succeed", len(succ), func(ctx context.Context) ([]task.Result, error) {
+		return w.store.Succeed(ctx, me, succ...)
+	})...)
+	results = append(results, p.storeCall("fail", len(fails), func(ctx context.Context) ([]task.Result, error) {
+		return w.store.Fail(ctx, me, fails...)
+	})...)
+	nRel := len(results)
+	results = append(results, p.storeCall("release", len(rel), func(ctx context.Context) ([]task.Result, error) {
+		return w.store.Release(ctx, me, rel...)
+	})...)
+
+	now := time.Now()
+	var acks []string
+	var idles []stream.Idle
+	var letters []letter
+	var settle []delivery
+	metric := map[string]string{}
+	recorded := map[uuid.UUID]bool{}
+	for i, res := range results {
+		o, ok := byTask[res.ID]
+		if !ok {
+			continue
+		}
+		recorded[res.ID] = true
+		d := o.r.d
+		released := i >= nRel
+		switch {
+		case !res.Applied:
+			p.conflict(o, res)
+			metric[d.msg.ID] = resultConflict
+		case released:
+			w.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.msg.ID)
+			idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: w.cfg.ReclaimIdle})
+			metric[d.msg.ID] = resultReleased
+		case res.Status == task.Succeeded:
+			acks = append(acks, d.msg.ID)
+			metric[d.msg.ID] = resultSucceeded
+		case res.Status == task.Retrying:
+			w.log.Info("task failed; retrying", "task_id", res.ID, "message_id", d.msg.ID,
+				"attempt", o.r.task.Attempt, "next_retry_at", res.NextRetryAt, "err", o.err)
+			idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: p.idleUntil(res.NextRetryAt, now)})
+			metric[d.msg.ID] = resultRetry
+		case res.Status == task.Dead:
+			w.log.Warn("task failed: DEAD", "task_id", res.ID, "message_id", d.msg.ID,
+				"attempt", o.r.task.Attempt, "permanent", IsPermanent(o.err), "err", o.err)
+			t := &task.Task{ID: res.ID, Kind: o.r.task.Kind, AttemptCount: res.AttemptCount, LastError: res.LastError}
+			letters = append(letters, p.taskLetter(d, t, resultDead, now))
+			continue
+		}
+		settle = append(settle, d)
+	}
+	// Outcomes a failed store call could not record (the worker stopped
+	// while Postgres was unreachable): their entries stay pending and their
+	// leases expire; a takeover counts the run as failed.
+	for id, o := range byTask {
+		if !recorded[id] {
+			settle = append(settle, o.r.d)
+			metric[o.r.d.msg.ID] = resultConflict
+		}
+	}
+	p.settle(acks, idles, settle, metric)
+	p.deadLetter(letters)
+}
+
+// conflict reports a completion whose guard matched nothing: the lease was
+// lost (taken over after it expired). Nothing changed; the entry is left to
+// whoever holds the task now.
+func (p *processor) conflict(o outcome, res task.Result) {
+	p.w.log.Warn("task outcome not recorded: lease lost", "task_id", res.ID, "message_id", o.r.d.msg.ID,
+		"attempt", o.r.task.Attempt, "status", res.Status, "lease_owner", res.LeaseOwner,
+		"attempt_count", res.AttemptCount, "err", o.err)
+}
+
+// storeCall runs a store call of n tasks, retrying with backoff while it
+// fails, until the worker's I/O is cancelled (then it returns nil).
+func (p *processor) storeCall(op string, n int, f func(context.Context) ([]task.Result, error)) []task.Result {
+	if n == 0 {
+		return nil
+	}
+	delay := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		res, err := f(p.ioCtx)
+		if err == nil {
+			return res
+		}
+		if p.ioCtx.Err() != nil {
+			p.w.log.Error("recording outcomes failed at shutdown; their entries stay pending", "op", op, "count", n, "err", err)
+			return nil
+		}
+		if attempt == 1 {
+			p.w.log.Error("recording outcomes failed; retrying", "op", op, "count", n, "err", err)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-p.ioCtx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		delay = min(2*delay, 5*time.Second)
+	}
+}

@@ -1,0 +1,19 @@
+// Package dlq owns the dead-letter stream (DESIGN §4): writing entries,
+// listing them, and replaying them.
+//
+// Writer moves a task-stream entry to the DLQ with one Lua script that
+// XADDs the DLQ entry and XACKs the source entry atomically: if the XADD
+// fails (a wrong key type, out of memory) nothing is acknowledged and the
+// source entry stays pending, never lost. The script writes only while the
+// source entry is pending, so a retried write adds no second entry. With no
+// DLQ key configured the writer only acknowledges (DEAD state only).
+//
+// DLQ entry fields (contract): task_id, kind, attempt_count, last_error,
+// source_id (the task-stream entry id), dead_at (RFC 3339).
+//
+// Replay sends a DEAD task back to QUEUED through the task store (Redrive,
+// which writes a new outbox event in the same transaction) and removes its
+// DLQ entry (XDEL) only after that commit. An entry without a valid task_id
+// (a poison message) cannot be replayed through the store: Replay reports
+// it and keeps it.
+package dlq

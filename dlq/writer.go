@@ -1,0 +1,139 @@
+package dlq
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultStream is the DLQ stream key of DESIGN §5.
+const DefaultStream = "ingest:tasks:dlq"
+
+// MaxErrorBytes bounds last_error in a DLQ entry.
+const MaxErrorBytes = 4096
+
+// DLQ entry field names (contract).
+const (
+	FieldTaskID       = "task_id"
+	FieldKind         = "kind"
+	FieldAttemptCount = "attempt_count"
+	FieldLastError    = "last_error"
+	FieldSourceID     = "source_id"
+	FieldDeadAt       = "dead_at"
+)
+
+// Entry is one DLQ entry.
+type Entry struct {
+	// ID is the DLQ entry's id (set by List; ignored by Write).
+	ID string `json:"id,omitempty"`
+	// TaskID is the task id as the source entry had it: for a poison
+	// message it may be empty or not a UUID.
+	TaskID string `json:"task_id"`
+	// Kind is the task's kind ("" when unknown).
+	Kind string `json:"kind"`
+	// AttemptCount is the task's attempt_count when it died.
+	AttemptCount int `json:"attempt_count"`
+	// LastError is why it died.
+	LastError string `json:"last_error"`
+	// SourceID is the task-stream entry id.
+	SourceID string `json:"source_id"`
+	// DeadAt is when it was dead-lettered.
+	DeadAt time.Time `json:"dead_at"`
+}
+
+func (e Entry) values() []any {
+	return []any{
+		FieldTaskID, e.TaskID,
+		FieldKind, e.Kind,
+		FieldAttemptCount, strconv.Itoa(e.AttemptCount),
+		FieldLastError, truncate(e.LastError, MaxErrorBytes),
+		FieldSourceID, e.SourceID,
+		FieldDeadAt, e.DeadAt.UTC().Format(time.RFC3339),
+	}
+}
+
+// Config names the keys a Writer works on.
+type Config struct {
+	// Stream is the task stream the source entries are in; required.
+	Stream string
+	// Group is the consumer group whose pending entries are acknowledged;
+	// required.
+	Group string
+	// DLQ is the dead-letter stream key; "" writes no DLQ entries and only
+	// acknowledges (DEAD state only). On Redis Cluster it must share the
+	// task stream's hash tag.
+	DLQ string
+}
+
+// Validate checks the configuration and names the bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.Stream == "":
+		return errors.New("invalid Stream: required")
+	case c.Group == "":
+		return errors.New("invalid Group: required")
+	case c.DLQ != "" && c.DLQ == c.Stream:
+		return fmt.Errorf("invalid DLQ: must differ from Stream (%q)", c.Stream)
+	}
+	return nil
+}
+
+//go:embed write.lua
+var writeLua string
+
+var writeScript = redis.NewScript(writeLua)
+
+// Writer dead-letters task-stream entries.
+type Writer struct {
+	cfg Config
+	rdb redis.UniversalClient
+}
+
+// NewWriter returns a writer for cfg.
+func NewWriter(cfg Config, rdb redis.UniversalClient) (*Writer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("dlq config: %w", err)
+	}
+	if rdb == nil {
+		return nil, errors.New("dlq: nil redis client")
+	}
+	return &Writer{cfg: cfg, rdb: rdb}, nil
+}
+
+// Enabled reports whether the writer writes DLQ entries (a DLQ key is
+// configured).
+func (w *Writer) Enabled() bool { return w.cfg.DLQ != "" }
+
+// Write adds e to the DLQ and acknowledges its source entry e.SourceID,
+// atomically. It returns the DLQ entry id, or "" when nothing was written:
+// the source entry was no longer pending, or no DLQ is configured (then it
+// only acknowledges). A zero e.DeadAt is now. On error nothing is
+// acknowledged.
+func (w *Writer) Write(ctx context.Context, e Entry) (string, error) {
+	if e.SourceID == "" {
+		return "", errors.New("dlq write: entry has no source id")
+	}
+	if !w.Enabled() {
+		if err := w.rdb.XAck(ctx, w.cfg.Stream, w.cfg.Group, e.SourceID).Err(); err != nil {
+			return "", fmt.Errorf("xack %s %s: %w", w.cfg.Stream, e.SourceID, err)
+		}
+		return "", nil
+	}
+	if e.DeadAt.IsZero() {
+		e.DeadAt = time.Now()
+	}
+	args := append([]any{w.cfg.Group, e.SourceID}, e.values()...)
+	id, err := writeScript.Run(ctx, w.rdb, []string{w.cfg.Stream, w.cfg.DLQ}, args...).Text()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("dead-letter %s %s to %s: %w", w.cfg.Stream, e.SourceID, w.cfg.DLQ, err)
+	}
+	return id, nil
+}

@@ -1,0 +1,76 @@
+package ingest
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// runHeartbeat runs heartbeatOnce every TaskLease/3 until stop is closed.
+func (p *processor) runHeartbeat(stop <-chan struct{}) {
+	t := time.NewTicker(p.w.cfg.TaskLease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			p.heartbeatOnce(p.ioCtx)
+		}
+	}
+}
+
+// heartbeatOnce renews the leases of all running tasks in one store call,
+// cancels the handlers whose lease was lost, and resets the idle time of
+// their entries (and of entries held for a DLQ retry) with one XCLAIM
+// JUSTID, so no reclaimer takes them.
+func (p *processor) heartbeatOnce(ctx context.Context) {
+	w := p.w
+	p.settleMu.Lock()
+	defer p.settleMu.Unlock()
+	p.mu.Lock()
+	ids := make([]uuid.UUID, 0, len(p.running))
+	for _, r := range p.running {
+		if !r.lost {
+			ids = append(ids, r.task.ID)
+		}
+	}
+	p.mu.Unlock()
+
+	touch := p.heldEntries()
+	if len(ids) > 0 {
+		renewed, err := w.store.Renew(ctx, w.cfg.Consumer, w.cfg.TaskLease, ids...)
+		if err != nil {
+			// Keep the entries fresh anyway: the handlers still run here.
+			w.log.Warn("renew task leases failed", "count", len(ids), "err", err)
+			renewed = ids
+		}
+		ok := make(map[uuid.UUID]bool, len(renewed))
+		for _, id := range renewed {
+			ok[id] = true
+		}
+		p.mu.Lock()
+		for _, id := range ids {
+			mid, found := p.byTask[id]
+			r := p.running[mid]
+			if !found || r == nil {
+				continue // settled meanwhile
+			}
+			if ok[id] {
+				touch = append(touch, mid)
+				continue
+			}
+			if r.returned {
+				continue // its outcome is being recorded; the guard settles it
+			}
+			r.lost = true
+			r.cancel(errLeaseLost)
+			w.log.Warn("task lease lost; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt)
+		}
+		p.mu.Unlock()
+	}
+	if err := w.group.Touch(ctx, touch...); err != nil {
+		w.log.Warn("refresh idle time of running entries failed", "count", len(touch), "err", err)
+	}
+}

@@ -1,0 +1,191 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// SlotNotifier may be implemented by a Sink: SlotFreed returns a channel
+// that receives a value after slots are released, so a consumer that found
+// no free slot waits for one instead of polling.
+type SlotNotifier interface {
+	SlotFreed() <-chan struct{}
+}
+
+// slotPoll is how often a consumer whose Sink is no SlotNotifier checks for
+// free slots (and how often one that is checks anyway).
+const slotPoll = 100 * time.Millisecond
+
+// Consumer reads entries of the group into a Sink: first its own pending
+// entries, then new ones. It never acknowledges: the Sink does.
+type Consumer struct {
+	cfg   Config
+	rdb   redis.UniversalClient
+	group *Group
+	sink  Sink
+	log   *slog.Logger
+}
+
+// NewConsumer returns a consumer of cfg.Consumer feeding sink.
+func NewConsumer(cfg Config, rdb redis.UniversalClient, sink Sink, logger *slog.Logger) (*Consumer, error) {
+	g, err := NewGroup(cfg, rdb)
+	if err != nil {
+		return nil, err
+	}
+	if sink == nil {
+		return nil, errors.New("stream: nil sink")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	cfg = g.Config()
+	return &Consumer{cfg: cfg, rdb: rdb, group: g, sink: sink,
+		log: logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)}, nil
+}
+
+// Group returns the consumer's group handle.
+func (c *Consumer) Group() *Group { return c.group }
+
+// Run creates the group if needed, re-reads this consumer's own pending
+// entries, then reads new entries until ctx is cancelled. A read in
+// progress when ctx is cancelled completes (within Config.Block) and its
+// entries go to the Sink. Redis errors are logged and retried; Run returns
+// nil once ctx is done.
+func (c *Consumer) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		if err := c.group.EnsureGroup(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			c.log.Warn("create consumer group failed; retrying", "err", err)
+			c.sleep(ctx, c.cfg.ErrorBackoff)
+			continue
+		}
+		c.readOwn(ctx)
+		for ctx.Err() == nil {
+			if err := c.readNew(ctx); IsNoGroup(err) {
+				c.log.Warn("consumer group missing; recreating it", "err", err)
+				break
+			}
+		}
+	}
+	return nil
+}
+
+// readNew reads new entries: as many as there are free slots (up to
+// Config.Count) without blocking, and, when there are none, one entry with
+// a blocking read. Waiting for new entries so holds a single slot, and the
+// other free slots stay available to the reclaimer feeding the same Sink.
+func (c *Consumer) readNew(ctx context.Context) error {
+	n, _, err := c.readOnce(ctx, ">", c.cfg.Count, false)
+	if err != nil || n > 0 {
+		return err
+	}
+	_, _, err = c.readOnce(ctx, ">", 1, true)
+	return err
+}
+
+// readOwn hands this consumer's pending entries (left by an earlier run
+// under the same name) to the Sink, in batches, before new ones are read.
+func (c *Consumer) readOwn(ctx context.Context) {
+	last := "0"
+	for ctx.Err() == nil {
+		n, id, err := c.readOnce(ctx, last, c.cfg.Count, false)
+		if err != nil {
+			if IsNoGroup(err) {
+				return // the PEL went with the group
+			}
+			continue
+		}
+		if n == 0 {
+			return
+		}
+		last = id
+	}
+}
+
+// readOnce reserves up to count slots, reads at most that many entries
+// after id (">" for new entries; blocking up to Config.Block if block) and
+// hands them to the Sink. It returns how many entries it read and the last
+// one's id. Failures other than a missing group are logged and followed by
+// Config.ErrorBackoff.
+func (c *Consumer) readOnce(ctx context.Context, id string, count int, block bool) (int, string, error) {
+	n := c.reserve(ctx, count)
+	if n == 0 {
+		return 0, "", ctx.Err()
+	}
+	blockFor := time.Duration(-1) // no BLOCK argument
+	if block {
+		blockFor = c.cfg.Block
+	}
+	// The read is not cut off by ctx: entries it returns are already
+	// delivered (in this consumer's PEL) and must reach the Sink.
+	res, err := c.rdb.XReadGroup(context.WithoutCancel(ctx), &redis.XReadGroupArgs{
+		Group:    c.cfg.Group,
+		Consumer: c.cfg.Consumer,
+		Streams:  []string{c.cfg.Stream, id},
+		Count:    int64(n),
+		Block:    blockFor,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		err, res = nil, nil // BLOCK timed out
+	}
+	if err != nil {
+		c.sink.Process(ctx, nil, n)
+		if IsNoGroup(err) {
+			return 0, "", err
+		}
+		c.log.Warn("read stream failed", "err", err)
+		c.sleep(ctx, c.cfg.ErrorBackoff)
+		return 0, "", fmt.Errorf("xreadgroup %s %s: %w", c.cfg.Stream, id, err)
+	}
+	var msgs []redis.XMessage
+	for _, s := range res {
+		msgs = append(msgs, s.Messages...)
+	}
+	if len(msgs) > n { // cannot happen (COUNT n); never overrun the slots
+		msgs = msgs[:n]
+	}
+	c.sink.Process(ctx, msgs, n)
+	if len(msgs) == 0 {
+		return 0, "", nil
+	}
+	return len(msgs), msgs[len(msgs)-1].ID, nil
+}
+
+// reserve waits until the Sink has at least one free slot and reserves up
+// to count; it returns 0 when ctx is done first.
+func (c *Consumer) reserve(ctx context.Context, count int) int {
+	var freed <-chan struct{}
+	if sn, ok := c.sink.(SlotNotifier); ok {
+		freed = sn.SlotFreed()
+	}
+	t := time.NewTimer(slotPoll)
+	defer t.Stop()
+	for {
+		if n := c.sink.Reserve(count); n > 0 {
+			return n
+		}
+		t.Reset(slotPoll)
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-freed:
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Consumer) sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,28 @@
+// Package stream owns the Redis Stream side of task delivery: the consumer
+// group (creation, acknowledgement, idle-time control), the consumer loop
+// that reads entries into a Sink, and the producer that adds task entries.
+//
+// Entries carry two fields, task_id and kind (DESIGN §4); the payload stays
+// in Postgres. ParseEntry tells a valid entry from a poison one.
+//
+// Guarantees:
+//
+//   - Delivery is at-least-once. The consumer never acknowledges anything:
+//     the Sink decides, and acknowledges an entry only after its outcome is
+//     committed in Postgres. An entry that is not acknowledged stays in the
+//     group's pending entries list (PEL) and is claimed again later.
+//   - The consumer first re-reads its own PEL (XREADGROUP ... 0), then reads
+//     new entries (>). Reads block for a finite time (Config.Block), so a
+//     cancelled context stops the loop within one Block.
+//   - The consumer never reads more entries than the Sink has free slots for
+//     (Sink.Reserve before every read). While entries flow it reads as many
+//     as there are free slots without blocking; when there are none it
+//     blocks for one, so an idle consumer holds one slot and leaves the
+//     rest to the reclaimer feeding the same Sink.
+//   - A missing group (NOGROUP: the stream was deleted, or Redis restarted
+//     empty) is recreated with MKSTREAM and reading continues; an existing
+//     group (BUSYGROUP) is fine.
+//   - Group.Touch and Group.SetIdle re-claim entries to this consumer with
+//     XCLAIM ... JUSTID, which sets the idle time without raising the
+//     delivery counter (on Redis; miniredis raises it).
+package stream

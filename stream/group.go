@@ -1,0 +1,236 @@
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of DESIGN §4 and §5.
+const (
+	DefaultStream = "ingest:tasks"
+	DefaultGroup  = "ingest-workers"
+	// DefaultBlock bounds a blocking read, and so how long a cancelled
+	// consumer takes to stop.
+	DefaultBlock = 2 * time.Second
+	// DefaultCount is the most entries one read asks for (fewer when the
+	// Sink has fewer free slots).
+	DefaultCount = 32
+	// DefaultErrorBackoff is the wait after a failed read.
+	DefaultErrorBackoff = time.Second
+)
+
+// Config names a consumer group member and tunes its reads. Zero fields
+// take the Default* values, except Consumer, which is required.
+type Config struct {
+	// Stream is the task stream key.
+	Stream string
+	// Group is the consumer group.
+	Group string
+	// Consumer is this member's name, unique among live workers.
+	Consumer string
+	// Block is how long one read waits for new entries; it must be finite.
+	Block time.Duration
+	// Count is the most entries one read asks for.
+	Count int
+	// ErrorBackoff is the wait after a failed read or group creation.
+	ErrorBackoff time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.Stream == "" {
+		c.Stream = DefaultStream
+	}
+	if c.Group == "" {
+		c.Group = DefaultGroup
+	}
+	if c.Block == 0 {
+		c.Block = DefaultBlock
+	}
+	if c.Count == 0 {
+		c.Count = DefaultCount
+	}
+	if c.ErrorBackoff == 0 {
+		c.ErrorBackoff = DefaultErrorBackoff
+	}
+}
+
+// Validate checks the configuration and names the bad field.
+func (c Config) Validate() error {
+	switch {
+	case c.Stream == "":
+		return errors.New("invalid Stream: required")
+	case c.Group == "":
+		return errors.New("invalid Group: required")
+	case c.Consumer == "":
+		return errors.New("invalid Consumer: required")
+	case c.Block < time.Millisecond:
+		return fmt.Errorf("invalid Block: must be >= 1ms (a finite blocking read), got %s", c.Block)
+	case c.Count < 1:
+		return fmt.Errorf("invalid Count: must be >= 1, got %d", c.Count)
+	case c.ErrorBackoff < 0:
+		return fmt.Errorf("invalid ErrorBackoff: must be >= 0, got %s", c.ErrorBackoff)
+	}
+	return nil
+}
+
+// Group is this consumer's handle on the consumer group: group creation,
+// acknowledgement, idle-time control and statistics. It is safe for
+// concurrent use.
+type Group struct {
+	cfg Config
+	rdb redis.UniversalClient
+}
+
+// NewGroup returns the group handle of cfg.Consumer.
+func NewGroup(cfg Config, rdb redis.UniversalClient) (*Group, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("stream config: %w", err)
+	}
+	if rdb == nil {
+		return nil, errors.New("stream: nil redis client")
+	}
+	return &Group{cfg: cfg, rdb: rdb}, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (g *Group) Config() Config { return g.cfg }
+
+// IsNoGroup reports whether err says the group (or its stream) is gone:
+// NOGROUP from a command, or UNBLOCKED from a blocked read whose stream or
+// group was deleted meanwhile.
+func IsNoGroup(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "NOGROUP") || strings.HasPrefix(msg, "UNBLOCKED")
+}
+
+// isBusyGroup reports whether err says the group already exists. Matched by
+// prefix: the text after the code differs between Redis versions.
+func isBusyGroup(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "BUSYGROUP")
+}
+
+// EnsureGroup creates the group (and the stream, MKSTREAM) if it does not
+// exist. A new group starts at the beginning of the stream, so entries
+// added before any worker started are delivered too.
+func (g *Group) EnsureGroup(ctx context.Context) error {
+	err := g.rdb.XGroupCreateMkStream(ctx, g.cfg.Stream, g.cfg.Group, "0").Err()
+	if err != nil && !isBusyGroup(err) {
+		return fmt.Errorf("xgroup create %s %s: %w", g.cfg.Stream, g.cfg.Group, err)
+	}
+	return nil
+}
+
+// Ack acknowledges entries (XACK); acknowledging an entry that is not
+// pending is a no-op.
+func (g *Group) Ack(ctx context.Context, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := g.rdb.XAck(ctx, g.cfg.Stream, g.cfg.Group, ids...).Err(); err != nil {
+		return fmt.Errorf("xack %s %d entries: %w", g.cfg.Stream, len(ids), err)
+	}
+	return nil
+}
+
+// Idle is the idle time to give one pending entry.
+type Idle struct {
+	ID   string
+	Idle time.Duration
+}
+
+// xclaimArgs is XCLAIM <stream> <group> <self> 0 <ids...> [IDLE ms] JUSTID.
+// JUSTID keeps the delivery counter; entries that are no longer pending are
+// left alone (no FORCE).
+func (g *Group) xclaimArgs(idle time.Duration, ids []string) []any {
+	args := make([]any, 0, 8+len(ids))
+	args = append(args, "xclaim", g.cfg.Stream, g.cfg.Group, g.cfg.Consumer, 0)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	if idle > 0 {
+		args = append(args, "idle", idle.Milliseconds())
+	}
+	return append(args, "justid")
+}
+
+// Touch resets the idle time of pending entries to zero (the heartbeat of
+// long-running entries) and makes them this consumer's.
+func (g *Group) Touch(ctx context.Context, ids ...string) error {
+	return g.SetIdle(ctx, 0, ids...)
+}
+
+// SetIdle sets the idle time of pending entries and makes them this
+// consumer's. An entry with idle time i becomes claimable by an XAUTOCLAIM
+// with min-idle m after m-i.
+func (g *Group) SetIdle(ctx context.Context, idle time.Duration, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if err := g.rdb.Do(ctx, g.xclaimArgs(idle, ids)...).Err(); err != nil {
+		return fmt.Errorf("xclaim %s %d entries idle %s: %w", g.cfg.Stream, len(ids), idle, err)
+	}
+	return nil
+}
+
+// SetIdles sets a different idle time on each entry, in one pipeline.
+func (g *Group) SetIdles(ctx context.Context, idles ...Idle) error {
+	return g.Apply(ctx, nil, idles)
+}
+
+// Apply acknowledges acks and sets idles, in one pipeline: the form the
+// worker's completer uses after a commit.
+func (g *Group) Apply(ctx context.Context, acks []string, idles []Idle) error {
+	if len(acks) == 0 && len(idles) == 0 {
+		return nil
+	}
+	if len(acks) == 0 && len(idles) == 1 {
+		return g.SetIdle(ctx, idles[0].Idle, idles[0].ID)
+	}
+	pipe := g.rdb.Pipeline()
+	if len(acks) > 0 {
+		pipe.XAck(ctx, g.cfg.Stream, g.cfg.Group, acks...)
+	}
+	for _, i := range idles {
+		pipe.Do(ctx, g.xclaimArgs(i.Idle, []string{i.ID})...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("xack %d / xclaim %d entries of %s: %w", len(acks), len(idles), g.cfg.Stream, err)
+	}
+	return nil
+}
+
+// Stats returns the stream's length and the group's pending count. A
+// missing stream or group counts as empty.
+func (g *Group) Stats(ctx context.Context) (length, pending int64, err error) {
+	pipe := g.rdb.Pipeline()
+	l := pipe.XLen(ctx, g.cfg.Stream)
+	p := pipe.XPending(ctx, g.cfg.Stream, g.cfg.Group)
+	_, _ = pipe.Exec(ctx)
+	if err := l.Err(); err != nil {
+		return 0, 0, fmt.Errorf("xlen %s: %w", g.cfg.Stream, err)
+	}
+	switch err := p.Err(); {
+	case err == nil:
+		pending = p.Val().Count
+	case IsNoGroup(err) || errors.Is(err, redis.Nil):
+	default:
+		return 0, 0, fmt.Errorf("xpending %s %s: %w", g.cfg.Stream, g.cfg.Group, err)
+	}
+	return l.Val(), pending, nil
+}
+
+// PendingCount returns the number of pending entries of the group (0 when
+// the group does not exist).
+func (g *Group) PendingCount(ctx context.Context) (int64, error) {
+	_, p, err := g.Stats(ctx)
+	return p, err
+}
