@@ -1,0 +1,191 @@
+package reclaim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/stream"
+)
+
+// Reclaimer claims idle pending entries of the task stream for this
+// process's consumer and hands them to the Sink; it also republishes the
+// tasks of pending entries that were trimmed or deleted, and removes idle
+// consumers. See the package documentation.
+type Reclaimer struct {
+	cfg     Config
+	rdb     redis.UniversalClient
+	db      *pgxpool.Pool
+	sink    stream.Sink
+	logger  *slog.Logger
+	metrics *metrics
+
+	mu sync.Mutex // serialises rounds; guards the fields below
+	// backlog holds deleted entry ids whose tasks could not be republished
+	// yet (Postgres unavailable); they are retried each round.
+	backlog []string
+	// noGroup is true while the group is missing (logged once).
+	noGroup bool
+	// lastConsumerCheck is when idle consumers were last looked for.
+	lastConsumerCheck time.Time
+}
+
+// maxBacklog bounds Reclaimer.backlog; the outbox rescuer republishes tasks
+// whose ids had to be dropped.
+const maxBacklog = 100_000
+
+// New returns a Reclaimer. sink is the processing path of fresh deliveries;
+// reg receives the metrics (nil: none are registered).
+func New(cfg Config, rdb redis.UniversalClient, db *pgxpool.Pool, sink stream.Sink, logger *slog.Logger, reg prometheus.Registerer) (*Reclaimer, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("reclaim config: %w", err)
+	}
+	switch {
+	case rdb == nil:
+		return nil, errors.New("reclaim: redis client is nil")
+	case db == nil:
+		return nil, errors.New("reclaim: database pool is nil")
+	case sink == nil:
+		return nil, errors.New("reclaim: sink is nil")
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("reclaim: %w", err)
+	}
+	return &Reclaimer{
+		cfg:     cfg,
+		rdb:     rdb,
+		db:      db,
+		sink:    sink,
+		logger:  logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
+		metrics: m,
+	}, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (r *Reclaimer) Config() Config { return r.cfg }
+
+// Run runs a round at once and then every Interval until ctx is done; it
+// returns nil then. A failed round is logged and counted; the next one
+// runs as planned.
+func (r *Reclaimer) Run(ctx context.Context) error {
+	ticker := time.NewTicker(r.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		r.runOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// roundResult is what one round did.
+type roundResult struct {
+	Claimed     int  // entries claimed and handed to the sink
+	Deleted     int  // deleted entry ids XAUTOCLAIM reported
+	Republished int  // tasks republished through a new outbox event
+	Removed     int  // idle consumers removed
+	Skipped     bool // the sink had no free slot: (the rest of) the round was skipped
+}
+
+// runOnce runs one round: republish the backlog, claim idle entries page by
+// page within the sink's free capacity, and (when due) remove idle
+// consumers. Errors are logged and counted here.
+func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var res roundResult
+	if len(r.backlog) > 0 && ctx.Err() == nil {
+		ids := r.backlog
+		r.backlog = nil
+		res.Republished += r.handleDeleted(ctx, ids)
+	}
+	r.claim(ctx, &res)
+	if time.Since(r.lastConsumerCheck) >= r.cfg.ConsumerCheckInterval && ctx.Err() == nil {
+		r.lastConsumerCheck = time.Now()
+		n, err := r.removeIdleConsumers(ctx)
+		res.Removed = n
+		if err != nil {
+			r.metrics.add(resultError, 1)
+			r.logger.Error("remove idle consumers", "err", err)
+		}
+	}
+	if res.Claimed > 0 || res.Deleted > 0 || res.Republished > 0 {
+		r.logger.Info("reclaimed pending entries", "claimed", res.Claimed, "deleted", res.Deleted, "republished", res.Republished)
+	}
+	return res
+}
+
+// claim pages through the PEL with XAUTOCLAIM, from the start, claiming at
+// most as many entries per page as the sink has free slots, until the PEL
+// is scanned or the sink is full.
+func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
+	cursor := "0-0"
+	for ctx.Err() == nil {
+		n := r.sink.Reserve(r.cfg.BatchSize)
+		if n == 0 {
+			res.Skipped = true
+			return
+		}
+		msgs, next, deleted, err := r.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
+			Stream:   r.cfg.Stream,
+			Group:    r.cfg.Group,
+			Consumer: r.cfg.Consumer,
+			MinIdle:  r.cfg.MinIdle,
+			Start:    cursor,
+			Count:    int64(n),
+		}).Result()
+		if err != nil {
+			r.sink.Process(ctx, nil, n) // give the slots back
+			r.claimFailed(ctx, err)
+			return
+		}
+		if r.noGroup {
+			r.noGroup = false
+			r.logger.Info("consumer group is back")
+		}
+		// Hand over first: the slots were reserved for these entries.
+		r.sink.Process(ctx, msgs, n)
+		res.Claimed += len(msgs)
+		r.metrics.add(resultClaimed, len(msgs))
+		if len(deleted) > 0 {
+			res.Deleted += len(deleted)
+			r.metrics.add(resultDeleted, len(deleted))
+			res.Republished += r.handleDeleted(ctx, deleted)
+		}
+		if next == "0-0" || next == "" {
+			return
+		}
+		cursor = next
+	}
+}
+
+func (r *Reclaimer) claimFailed(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return // shutting down
+	}
+	if stream.IsNoGroup(err) {
+		// The consumer recreates the group (MKSTREAM); the outbox rescuer
+		// republishes what was lost with it.
+		if !r.noGroup {
+			r.noGroup = true
+			r.logger.Warn("consumer group missing: skipping reclaim rounds until it is recreated", "err", err)
+		}
+		return
+	}
+	r.metrics.add(resultError, 1)
+	r.logger.Error("claim idle pending entries", "err", fmt.Errorf("xautoclaim %s: %w", r.cfg.Stream, err))
+}
