@@ -1,0 +1,193 @@
+package ingest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// serviceBundle is a Service on a database and a redis-server of its own.
+type serviceBundle struct {
+	t      *testing.T
+	db     *testenv.Database
+	redis  *testenv.RedisServer
+	rdb    *redis.Client
+	store  *task.Store
+	stream string
+	dlq    string
+}
+
+func newServiceBundle(t *testing.T) *serviceBundle {
+	t.Helper()
+	stream, dlq := testenv.Keys(t)
+	b := &serviceBundle{t: t, db: testenv.NewDatabase(t), redis: testenv.NewRedisServer(t), stream: stream, dlq: dlq}
+	b.rdb = testenv.Client(t, b.redis.URL())
+	var err error
+	b.store, err = task.NewStore(task.Config{Stream: stream, Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.1}}, b.db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fastConfig is a ServiceConfig with intervals short enough for tests.
+func (b *serviceBundle) fastConfig(consumer string) ingest.ServiceConfig {
+	return ingest.ServiceConfig{
+		Worker: ingest.Config{
+			Stream: b.stream, DLQ: b.dlq, Consumer: consumer, Concurrency: 32,
+			TaskLease: time.Second, ReclaimIdle: 500 * time.Millisecond, Block: 100 * time.Millisecond,
+			ShutdownTimeout: 5 * time.Second,
+		},
+		Reclaim: reclaim.Config{Interval: 100 * time.Millisecond},
+		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond, BaseBackoff: 20 * time.Millisecond,
+			MaxBackoff: 300 * time.Millisecond, MaxAttempts: 1000, Lease: 2 * time.Second, PublishTimeout: 500 * time.Millisecond},
+		Rescuer:   outbox.RescuerConfig{Interval: 200 * time.Millisecond, Grace: 300 * time.Millisecond},
+		Retention: outbox.RetentionConfig{Interval: 200 * time.Millisecond},
+	}
+}
+
+// start runs a Service with handler h for kind "k" until the test ends.
+func (b *serviceBundle) start(cfg ingest.ServiceConfig, h ingest.Handler) {
+	b.t.Helper()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	svc, err := ingest.NewService(cfg, b.store, b.db.Pool, b.rdb, logger, prometheus.NewRegistry())
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	svc.Handle("k", h)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	b.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.t.Errorf("service: %v", err)
+		}
+	})
+}
+
+func (b *serviceBundle) enqueue(n int) {
+	b.t.Helper()
+	nts := make([]task.NewTask, n)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: "k", Payload: json.RawMessage(`{"n":1}`), MaxAttempts: 50}
+	}
+	if _, err := b.store.CreateBatch(context.Background(), nts); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+func (b *serviceBundle) count(s task.State) int {
+	var n int
+	if err := b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ingest_task WHERE status = $1`, string(s)).Scan(&n); err != nil {
+		b.t.Fatal(err)
+	}
+	return n
+}
+
+// eventually polls cond every 20 ms until it holds or timeout passes.
+func (b *serviceBundle) eventually(timeout time.Duration, what string, cond func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestServiceRunsTasksEndToEnd: tasks created in Postgres reach the
+// handler through the outbox, the stream and the consumer, and end
+// SUCCEEDED with nothing pending.
+func TestServiceRunsTasksEndToEnd(t *testing.T) {
+	t.Parallel()
+	b := newServiceBundle(t)
+	var runs atomic.Int64
+	b.start(b.fastConfig("w1"), func(ctx context.Context, tk ingest.Task) error {
+		runs.Add(1)
+		return nil
+	})
+	b.enqueue(300)
+	b.eventually(30*time.Second, "300 tasks SUCCEEDED", func() bool { return b.count(task.Succeeded) == 300 })
+	b.eventually(5*time.Second, "nothing pending", func() bool {
+		p, err := b.rdb.XPending(context.Background(), b.stream, ingest.DefaultGroup).Result()
+		return err == nil && p.Count == 0
+	})
+	if got := runs.Load(); got != 300 {
+		t.Errorf("handler ran %d times for 300 tasks, want 300", got)
+	}
+}
+
+// TestServiceSurvivesRedisLosingEverything: Redis loses every key mid-run
+// (FLUSHALL, and a SHUTDOWN NOSAVE + restart empty); with the worker
+// running, every one of 2,000 tasks still ends SUCCEEDED: Postgres is the
+// truth and the rescuer makes Redis catch up.
+func TestServiceSurvivesRedisLosingEverything(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		lose func(b *serviceBundle)
+	}{
+		{"FlushAll", func(b *serviceBundle) {
+			if err := b.rdb.FlushAll(context.Background()).Err(); err != nil {
+				b.t.Fatal(err)
+			}
+		}},
+		{"ShutdownNosaveAndRestart", func(b *serviceBundle) {
+			err := b.rdb.Do(context.Background(), "SHUTDOWN", "NOSAVE").Err()
+			if err != nil && !errors.Is(err, redis.ErrClosed) && err.Error() != "EOF" {
+				b.t.Logf("SHUTDOWN NOSAVE: %v", err)
+			}
+			b.redis.Kill()
+			if err := b.redis.Start(); err != nil {
+				b.t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := newServiceBundle(t)
+			var mu sync.Mutex
+			seen := map[string]bool{}
+			b.start(b.fastConfig("w1"), func(ctx context.Context, tk ingest.Task) error {
+				mu.Lock()
+				seen[tk.ID.String()] = true
+				mu.Unlock()
+				time.Sleep(time.Millisecond) // some work in flight when Redis goes
+				return nil
+			})
+			const total = 2000
+			b.enqueue(total / 2)
+			b.eventually(30*time.Second, "some tasks done before the loss", func() bool { return b.count(task.Succeeded) >= total/8 })
+			tc.lose(b)
+			b.enqueue(total / 2)
+			b.eventually(90*time.Second, "all tasks SUCCEEDED after Redis lost everything", func() bool {
+				return b.count(task.Succeeded) == total
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if len(seen) != total {
+				t.Errorf("handler saw %d distinct tasks, want %d", len(seen), total)
+			}
+			if n := b.count(task.Dead); n != 0 {
+				t.Errorf("%d tasks DEAD, want 0", n)
+			}
+		})
+	}
+}
