@@ -107,6 +107,10 @@ func NewService(cfg ServiceConfig, store *task.Store, pool *pgxpool.Pool, rdb re
 // Handle registers the handler of a task kind (see Worker.Handle).
 func (s *Service) Handle(kind string, h Handler) { s.worker.Handle(kind, h) }
 
+// HandleDefault registers the handler of every kind without one of its own
+// (see Worker.HandleDefault).
+func (s *Service) HandleDefault(h Handler) { s.worker.HandleDefault(h) }
+
 // Worker returns the service's worker.
 func (s *Service) Worker() *Worker { return s.worker }
 

@@ -167,6 +167,7 @@ type Worker struct {
 
 	mu       sync.RWMutex
 	handlers map[string]Handler
+	fallback Handler // for kinds without a handler; nil: none
 	ran      atomic.Bool
 }
 
@@ -228,10 +229,25 @@ func (w *Worker) Handle(kind string, h Handler) {
 	w.handlers[kind] = h
 }
 
+// HandleDefault registers h for every kind without a handler of its own
+// (the binary's webhook handler serves all kinds this way). It panics on a
+// nil handler.
+func (w *Worker) HandleDefault(h Handler) {
+	if h == nil {
+		panic("ingest: HandleDefault needs a handler")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fallback = h
+}
+
 func (w *Worker) handler(kind string) Handler {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	return w.handlers[kind]
+	if h, ok := w.handlers[kind]; ok {
+		return h
+	}
+	return w.fallback
 }
 
 // Sink returns the processing path, for the reclaimer to feed claimed
