@@ -1,0 +1,205 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Defaults for Config.
+const (
+	// DefaultEnvelopeBytes is what a create request may carry beyond the
+	// payload limit (kind, idempotency key, JSON syntax).
+	DefaultEnvelopeBytes = 64 << 10
+	DefaultMaxBatchSize  = 1000
+	DefaultMaxBatchBytes = 16 << 20
+	DefaultReadyTimeout  = 5 * time.Second
+	DefaultActor         = "api"
+)
+
+// Config configures a Server. Zero fields take the Default* values.
+type Config struct {
+	// Token, when set, is required as "Authorization: Bearer <Token>" on
+	// the task API (/v1/).
+	Token string
+	// MaxBodyBytes bounds the body of POST /v1/tasks; default: the store's
+	// MaxPayloadBytes plus DefaultEnvelopeBytes.
+	MaxBodyBytes int64
+	// MaxBatchBodyBytes bounds the body of POST /v1/tasks:batch; default:
+	// the larger of MaxBodyBytes and DefaultMaxBatchBytes.
+	MaxBatchBodyBytes int64
+	// MaxBatchSize bounds the number of tasks in one batch.
+	MaxBatchSize int
+	// ReadyTimeout bounds the readiness checks of one /readyz request.
+	ReadyTimeout time.Duration
+	// Actor is recorded as the worker of redrive transitions.
+	Actor string
+	// Logger receives server-side failures (5xx); nil discards them.
+	Logger *slog.Logger
+}
+
+// Check reports whether one dependency is usable: nil when it is.
+type Check func(ctx context.Context) error
+
+// Checks are named readiness checks ("postgres", "redis", "schema"); /readyz
+// runs them all concurrently and is ready when every one returns nil.
+type Checks map[string]Check
+
+// Server serves the routes listed in the package documentation.
+type Server struct {
+	cfg      Config
+	store    *task.Store
+	checks   Checks
+	maxBytes int // the store's payload limit
+	mux      *http.ServeMux
+	log      *slog.Logger
+	token    [sha256.Size]byte
+}
+
+// New returns a Server on store. ready may be nil (always ready); gatherer
+// may be nil (no /metrics).
+func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gatherer) (*Server, error) {
+	if store == nil {
+		return nil, errors.New("api: a task store is required")
+	}
+	switch {
+	case cfg.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("api config: MaxBodyBytes must be >= 0, got %d", cfg.MaxBodyBytes)
+	case cfg.MaxBatchBodyBytes < 0:
+		return nil, fmt.Errorf("api config: MaxBatchBodyBytes must be >= 0, got %d", cfg.MaxBatchBodyBytes)
+	case cfg.MaxBatchSize < 0:
+		return nil, fmt.Errorf("api config: MaxBatchSize must be >= 0, got %d", cfg.MaxBatchSize)
+	case cfg.ReadyTimeout < 0:
+		return nil, fmt.Errorf("api config: ReadyTimeout must be >= 0, got %s", cfg.ReadyTimeout)
+	}
+	s := &Server{cfg: cfg, store: store, checks: ready, maxBytes: store.Config().MaxPayloadBytes, log: cfg.Logger}
+	if s.cfg.MaxBodyBytes == 0 {
+		s.cfg.MaxBodyBytes = int64(s.maxBytes) + DefaultEnvelopeBytes
+	}
+	if s.cfg.MaxBatchBodyBytes == 0 {
+		s.cfg.MaxBatchBodyBytes = max(s.cfg.MaxBodyBytes, DefaultMaxBatchBytes)
+	}
+	if s.cfg.MaxBatchSize == 0 {
+		s.cfg.MaxBatchSize = DefaultMaxBatchSize
+	}
+	if s.cfg.ReadyTimeout == 0 {
+		s.cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if s.cfg.Actor == "" {
+		s.cfg.Actor = DefaultActor
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.token = sha256.Sum256([]byte(cfg.Token))
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	if gatherer != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("POST /v1/tasks", s.auth(s.createTask))
+	mux.HandleFunc("POST /v1/tasks:batch", s.auth(s.createBatch))
+	mux.HandleFunc("GET /v1/tasks", s.auth(s.listTasks))
+	mux.HandleFunc("GET /v1/tasks/{id}", s.auth(s.getTask))
+	mux.HandleFunc("POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask))
+	s.mux = mux
+	return s, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// auth requires the bearer token when one is configured.
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.Token == "" {
+		return next
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ingest-worker"`)
+			writeError(w, http.StatusUnauthorized, "a valid bearer token is required", "Authorization")
+			return
+		}
+		next(w, r)
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyResponse is the body of /readyz.
+type readyResponse struct {
+	Status string            `json:"status"` // "ready" or "not ready"
+	Checks map[string]string `json:"checks"` // "ok" or the error
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.ReadyTimeout)
+	defer cancel()
+	names := make([]string, 0, len(s.checks))
+	for name := range s.checks {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Go(func() { errs[i] = s.checks[name](ctx) })
+	}
+	wg.Wait()
+	res := readyResponse{Status: "ready", Checks: make(map[string]string, len(names))}
+	code := http.StatusOK
+	for i, name := range names {
+		res.Checks[name] = "ok"
+		if errs[i] != nil {
+			res.Checks[name] = errs[i].Error()
+			res.Status = "not ready"
+			code = http.StatusServiceUnavailable
+		}
+	}
+	writeJSON(w, code, res)
+}
+
+// errorResponse is the body of every error.
+type errorResponse struct {
+	Error string `json:"error"`
+	Field string `json:"field,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg, field string) {
+	writeJSON(w, code, errorResponse{Error: msg, Field: field})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// internalError logs err and answers 500 without details.
+func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	s.log.ErrorContext(r.Context(), "api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	writeError(w, http.StatusInternalServerError, "internal error", "")
+}

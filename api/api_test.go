@@ -1,0 +1,441 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+type bundle struct {
+	srv   *httptest.Server
+	store *task.Store
+	token string
+}
+
+type options struct {
+	token      string
+	maxPayload int
+	checks     api.Checks
+	gatherer   prometheus.Gatherer
+}
+
+func setup(t *testing.T, o options) *bundle {
+	t.Helper()
+	db := testenv.NewDatabase(t)
+	store, err := task.NewStore(task.Config{MaxPayloadBytes: o.maxPayload}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := api.New(api.Config{Token: o.token}, store, o.checks, o.gatherer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return &bundle{srv: srv, store: store, token: o.token}
+}
+
+type response struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func (r response) errorBody(t *testing.T) (msg, field string) {
+	t.Helper()
+	var e struct {
+		Error string `json:"error"`
+		Field string `json:"field"`
+	}
+	if err := json.Unmarshal(r.body, &e); err != nil || e.Error == "" {
+		t.Fatalf("body %q is not a JSON error: %v", r.body, err)
+	}
+	return e.Error, e.Field
+}
+
+func (b *bundle) do(t *testing.T, method, path, body string, header ...string) response {
+	t.Helper()
+	req, err := http.NewRequest(method, b.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.token != "" {
+		req.Header.Set("Authorization", "Bearer "+b.token)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return response{resp.StatusCode, resp.Header, data}
+}
+
+func decode[T any](t *testing.T, r response) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(r.body, &v); err != nil {
+		t.Fatalf("decode %q: %v", r.body, err)
+	}
+	return v
+}
+
+func TestCreate(t *testing.T) {
+	t.Parallel()
+
+	t.Run("CreatedThenIdempotent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, options{})
+		body := `{"kind":"email","payload":{"to":"a@example.com"},"idempotency_key":"order-1","max_attempts":3}`
+		r := b.do(t, "POST", "/v1/tasks", body)
+		if r.code != http.StatusCreated {
+			t.Fatalf("first create: %d %s", r.code, r.body)
+		}
+		created := decode[api.CreateResponse](t, r)
+		if created.ID == uuid.Nil || created.Status != task.Queued {
+			t.Fatalf("created = %+v", created)
+		}
+		r = b.do(t, "POST", "/v1/tasks", body)
+		if r.code != http.StatusOK {
+			t.Fatalf("repeat: %d %s, want 200", r.code, r.body)
+		}
+		again := decode[task.Task](t, r)
+		if again.ID != created.ID || again.MaxAttempts != 3 || again.IdempotencyKey != "order-1" {
+			t.Fatalf("repeat returned %+v, want task %s", again, created.ID)
+		}
+		got, err := b.store.Get(context.Background(), created.ID)
+		if canon, _ := task.Canonical(got.Payload); err != nil || got.Kind != "email" || string(canon) != `{"to":"a@example.com"}` {
+			t.Fatalf("stored task %+v, %v", got, err)
+		}
+	})
+
+	t.Run("BadInput", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, options{})
+		tests := []struct {
+			name, body, field, msg string
+		}{
+			{"MalformedJSON", `{"kind": "x", `, "", "malformed JSON"},
+			{"SyntaxError", `{"kind": x}`, "", "malformed JSON"},
+			{"Empty", ``, "", "empty"},
+			{"NotAnObject", `[1,2]`, "", "must be a JSON object"},
+			{"TwoValues", `{"kind":"k","payload":1} {}`, "", "more than one value"},
+			{"MissingKind", `{"payload":{}}`, "kind", "kind is required"},
+			{"BlankKind", `{"kind":"  ","payload":{}}`, "kind", "kind is required"},
+			{"LongKind", `{"kind":"` + strings.Repeat("k", 201) + `","payload":{}}`, "kind", "longer than"},
+			{"KindNotString", `{"kind":7,"payload":{}}`, "kind", "must be a JSON string"},
+			{"MissingPayload", `{"kind":"k"}`, "payload", "payload is required"},
+			{"NullPayload", `{"kind":"k","payload":null}`, "payload", "payload is required"},
+			{"NULInPayload", `{"kind":"k","payload":"a\u0000b"}`, "payload", "\\u0000"},
+			{"ZeroMaxAttempts", `{"kind":"k","payload":1,"max_attempts":0}`, "max_attempts", ">= 1"},
+			{"MaxAttemptsNotInt", `{"kind":"k","payload":1,"max_attempts":"3"}`, "max_attempts", "must be a JSON integer"},
+			{"UnknownField", `{"kind":"k","payload":1,"priority":5}`, "priority", "unknown field"},
+			{"LongIdempotencyKey", `{"kind":"k","payload":1,"idempotency_key":"` + strings.Repeat("i", 1001) + `"}`, "idempotency_key", "longer than"},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				r := b.do(t, "POST", "/v1/tasks", tt.body)
+				if r.code != http.StatusBadRequest {
+					t.Fatalf("%d %s, want 400", r.code, r.body)
+				}
+				msg, field := r.errorBody(t)
+				if field != tt.field || !strings.Contains(msg, tt.msg) {
+					t.Fatalf("error %q field %q, want field %q and %q in the message", msg, field, tt.field, tt.msg)
+				}
+			})
+		}
+		tasks, _, err := b.store.List(context.Background(), task.ListParams{})
+		if err != nil || len(tasks) != 0 {
+			t.Fatalf("bad requests created %d tasks (%v)", len(tasks), err)
+		}
+	})
+
+	t.Run("TooLarge", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, options{maxPayload: 1024})
+		big := `"` + strings.Repeat("x", 1100) + `"`
+		r := b.do(t, "POST", "/v1/tasks", `{"kind":"k","payload":`+big+`}`)
+		if r.code != http.StatusRequestEntityTooLarge {
+			t.Fatalf("payload over the limit: %d %s, want 413", r.code, r.body)
+		}
+		if _, field := r.errorBody(t); field != "payload" {
+			t.Fatalf("field = %q, want payload", field)
+		}
+		huge := `{"kind":"k","payload":"` + strings.Repeat("x", 1024+api.DefaultEnvelopeBytes) + `"}`
+		r = b.do(t, "POST", "/v1/tasks", huge)
+		if r.code != http.StatusRequestEntityTooLarge {
+			t.Fatalf("body over the limit: %d %s, want 413", r.code, r.body)
+		}
+		r = b.do(t, "POST", "/v1/tasks", `{"kind":"k","payload":`+`"`+strings.Repeat("x", 1000)+`"}`)
+		if r.code != http.StatusCreated {
+			t.Fatalf("payload under the limit: %d %s", r.code, r.body)
+		}
+	})
+}
+
+func TestBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	r := b.do(t, "POST", "/v1/tasks:batch", `[{"kind":"a","payload":1},{"kind":"b","payload":{"x":2},"idempotency_key":"k1"},{"kind":"b","payload":3,"idempotency_key":"k1"}]`)
+	if r.code != http.StatusCreated {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	res := decode[api.BatchResponse](t, r)
+	if len(res.Tasks) != 3 || res.Tasks[1].ID != res.Tasks[2].ID || !res.Tasks[2].Existing || res.Tasks[0].Existing {
+		t.Fatalf("batch result %+v", res)
+	}
+
+	// One bad element: 400 naming it, nothing created.
+	r = b.do(t, "POST", "/v1/tasks:batch", `[{"kind":"c","payload":1},{"payload":2}]`)
+	if r.code != http.StatusBadRequest {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	if _, field := r.errorBody(t); field != "[1].kind" {
+		t.Fatalf("field = %q, want [1].kind", field)
+	}
+	r = b.do(t, "POST", "/v1/tasks:batch", `[{"kind":"c","payload":1},{"kind":"c","payload":2,"extra":1}]`)
+	if _, field := r.errorBody(t); r.code != http.StatusBadRequest || field != "[1].extra" {
+		t.Fatalf("%d field %q, want 400 [1].extra", r.code, field)
+	}
+	for _, body := range []string{`[]`, `{"kind":"a","payload":1}`} {
+		if r := b.do(t, "POST", "/v1/tasks:batch", body); r.code != http.StatusBadRequest {
+			t.Fatalf("batch %s: %d %s, want 400", body, r.code, r.body)
+		}
+	}
+	tasks, _, err := b.store.List(context.Background(), task.ListParams{Kind: "c"})
+	if err != nil || len(tasks) != 0 {
+		t.Fatalf("failed batches created %d tasks (%v)", len(tasks), err)
+	}
+}
+
+func TestGetListRedrive(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := context.Background()
+	var ids []uuid.UUID
+	for i := range 5 {
+		c, err := b.store.Create(ctx, task.NewTask{Kind: fmt.Sprintf("k%d", i%2), Payload: json.RawMessage(fmt.Sprint(i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.Task.ID)
+	}
+
+	t.Run("Get", func(t *testing.T) {
+		r := b.do(t, "GET", "/v1/tasks/"+ids[0].String(), "")
+		if r.code != http.StatusOK {
+			t.Fatalf("%d %s", r.code, r.body)
+		}
+		got := decode[api.TaskResponse](t, r)
+		if got.ID != ids[0] || string(got.Payload) != "0" || len(got.Transitions) != 1 || got.Transitions[0].To != "QUEUED" {
+			t.Fatalf("got %+v", got)
+		}
+	})
+	t.Run("GetUnknown", func(t *testing.T) {
+		r := b.do(t, "GET", "/v1/tasks/"+uuid.NewString(), "")
+		if _, field := r.errorBody(t); r.code != http.StatusNotFound || field != "id" {
+			t.Fatalf("%d field %q, want 404 id", r.code, field)
+		}
+	})
+	t.Run("BadUUID", func(t *testing.T) {
+		for _, path := range []string{"/v1/tasks/not-a-uuid", "/v1/tasks/123/redrive"} {
+			method := "GET"
+			if strings.HasSuffix(path, "redrive") {
+				method = "POST"
+			}
+			r := b.do(t, method, path, "")
+			if _, field := r.errorBody(t); r.code != http.StatusBadRequest || field != "id" {
+				t.Fatalf("%s %s: %d field %q, want 400 id", method, path, r.code, field)
+			}
+		}
+	})
+	t.Run("ListPages", func(t *testing.T) {
+		var seen []uuid.UUID
+		cursor := ""
+		for page := 0; ; page++ {
+			r := b.do(t, "GET", "/v1/tasks?limit=2&cursor="+cursor, "")
+			if r.code != http.StatusOK {
+				t.Fatalf("%d %s", r.code, r.body)
+			}
+			l := decode[api.ListResponse](t, r)
+			for _, tk := range l.Tasks {
+				seen = append(seen, tk.ID)
+			}
+			if l.NextCursor == "" {
+				break
+			}
+			cursor = l.NextCursor
+			if page > 5 {
+				t.Fatal("too many pages")
+			}
+		}
+		if len(seen) != 5 || seen[0] != ids[4] || seen[4] != ids[0] {
+			t.Fatalf("listing %v, want %v newest first", seen, ids)
+		}
+	})
+	t.Run("ListFilters", func(t *testing.T) {
+		r := b.do(t, "GET", "/v1/tasks?kind=k1&status=queued", "")
+		l := decode[api.ListResponse](t, r)
+		if r.code != http.StatusOK || len(l.Tasks) != 2 {
+			t.Fatalf("%d %+v", r.code, l)
+		}
+		r = b.do(t, "GET", "/v1/tasks?status=SUCCEEDED", "")
+		if l := decode[api.ListResponse](t, r); l.Tasks == nil || len(l.Tasks) != 0 {
+			t.Fatalf("empty listing %s, want []", r.body)
+		}
+	})
+	t.Run("ListBadQuery", func(t *testing.T) {
+		for q, want := range map[string]string{"status=DONE": "status", "limit=0": "limit", "limit=x": "limit", "limit=1001": "limit", "cursor=zzz": "cursor", "sort=asc": "sort"} {
+			r := b.do(t, "GET", "/v1/tasks?"+q, "")
+			if _, field := r.errorBody(t); r.code != http.StatusBadRequest || field != want {
+				t.Errorf("?%s: %d field %q, want 400 %s", q, r.code, field, want)
+			}
+		}
+	})
+	t.Run("Redrive", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/tasks/"+ids[1].String()+"/redrive", "")
+		if r.code != http.StatusConflict {
+			t.Fatalf("redrive of a QUEUED task: %d %s, want 409", r.code, r.body)
+		}
+		r = b.do(t, "POST", "/v1/tasks/"+uuid.NewString()+"/redrive", "")
+		if r.code != http.StatusNotFound {
+			t.Fatalf("redrive of an unknown task: %d %s, want 404", r.code, r.body)
+		}
+		if _, err := b.store.Start(ctx, "w", time.Minute, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		if res, err := b.store.Fail(ctx, "w", task.Failure{ID: ids[1], Error: "bad", Permanent: true}); err != nil || res[0].Status != task.Dead {
+			t.Fatalf("fail: %+v %v", res, err)
+		}
+		r = b.do(t, "POST", "/v1/tasks/"+ids[1].String()+"/redrive", "")
+		if got := decode[api.RedriveResponse](t, r); r.code != http.StatusOK || got.Status != task.Queued {
+			t.Fatalf("redrive: %d %s", r.code, r.body)
+		}
+	})
+}
+
+func TestAuth(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	b := setup(t, options{token: "s3cret-token", gatherer: reg})
+	for _, tt := range []struct {
+		name, header string
+		want         int
+	}{
+		{"Missing", "", http.StatusUnauthorized},
+		{"Wrong", "Bearer nope", http.StatusUnauthorized},
+		{"WrongScheme", "Basic s3cret-token", http.StatusUnauthorized},
+		{"Prefix", "Bearer s3cret", http.StatusUnauthorized},
+		{"Right", "Bearer s3cret-token", http.StatusOK},
+		{"SchemeCaseInsensitive", "bearer s3cret-token", http.StatusOK},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest("GET", b.srv.URL+"/v1/tasks", nil)
+			if tt.header != "" {
+				req.Header.Set("Authorization", tt.header)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tt.want {
+				t.Fatalf("%d %s, want %d", resp.StatusCode, body, tt.want)
+			}
+			if tt.want == http.StatusUnauthorized {
+				if resp.Header.Get("WWW-Authenticate") == "" || bytes.Contains(body, []byte("s3cret")) {
+					t.Fatalf("401 without WWW-Authenticate or echoing the token: %s", body)
+				}
+			}
+		})
+	}
+	t.Run("ProbesAndMetricsOpen", func(t *testing.T) {
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			resp, err := http.Get(b.srv.URL + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %d without a token, want 200", path, resp.StatusCode)
+			}
+		}
+	})
+	t.Run("EveryTaskRouteProtected", func(t *testing.T) {
+		id := uuid.NewString()
+		for _, rt := range [][2]string{{"POST", "/v1/tasks"}, {"POST", "/v1/tasks:batch"}, {"GET", "/v1/tasks"}, {"GET", "/v1/tasks/" + id}, {"POST", "/v1/tasks/" + id + "/redrive"}} {
+			req, _ := http.NewRequest(rt[0], b.srv.URL+rt[1], strings.NewReader(`{}`))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Fatalf("%s %s without a token: %d, want 401", rt[0], rt[1], resp.StatusCode)
+			}
+		}
+	})
+}
+
+func TestProbesAndMetrics(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "ingest_task_dlq_total", Help: "x"})
+	reg.MustRegister(c)
+	c.Add(3)
+	redisDown := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	var failing atomic.Bool
+	b := setup(t, options{gatherer: reg, checks: api.Checks{
+		"postgres": func(context.Context) error { return nil },
+		"redis": func(context.Context) error {
+			if failing.Load() {
+				return redisDown
+			}
+			return nil
+		},
+	}})
+
+	r := b.do(t, "GET", "/healthz", "")
+	if r.code != http.StatusOK {
+		t.Fatalf("healthz %d", r.code)
+	}
+	r = b.do(t, "GET", "/readyz", "")
+	if r.code != http.StatusOK || !strings.Contains(string(r.body), `"redis":"ok"`) {
+		t.Fatalf("readyz %d %s", r.code, r.body)
+	}
+	failing.Store(true)
+	r = b.do(t, "GET", "/readyz", "")
+	if r.code != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "connection refused") || !strings.Contains(string(r.body), `"postgres":"ok"`) {
+		t.Fatalf("readyz with redis down: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "GET", "/metrics", "")
+	if r.code != http.StatusOK || !strings.Contains(string(r.body), "ingest_task_dlq_total 3") {
+		t.Fatalf("metrics %d %s", r.code, r.body)
+	}
+	if r := b.do(t, "DELETE", "/v1/tasks", ""); r.code != http.StatusMethodNotAllowed {
+		t.Fatalf("DELETE /v1/tasks: %d, want 405", r.code)
+	}
+}

@@ -1,0 +1,25 @@
+// Package api is the HTTP interface of an ingest-worker process: the task
+// API of DESIGN §7 on top of a task.Store, the probes and the Prometheus
+// metrics.
+//
+// Routes:
+//
+//	GET  /healthz                  200 while the process serves requests
+//	GET  /readyz                   200 when every readiness check passes, else 503
+//	GET  /metrics                  Prometheus text format
+//	POST /v1/tasks                 create one task: 201 {id, status}; 200 and the
+//	                               existing task for a repeated idempotency key
+//	POST /v1/tasks:batch           create many tasks in one transaction
+//	GET  /v1/tasks                 list newest first: ?status=&kind=&limit=&cursor=
+//	GET  /v1/tasks/{id}            a task with its transitions
+//	POST /v1/tasks/{id}/redrive    DEAD → QUEUED
+//
+// With Config.Token set, the /v1/ routes require "Authorization: Bearer
+// <token>" (compared in constant time); probes and metrics stay open.
+//
+// Errors are JSON: {"error": "...", "field": "..."} where field names the
+// offending input (a body field such as "kind" or "[3].payload" for a batch,
+// a query parameter, the path's "id") when there is one. Malformed input gets
+// 400, an oversized body or payload 413, a missing or wrong token 401, an
+// unknown id 404, a redrive of a task that is not DEAD 409.
+package api

@@ -1,0 +1,551 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/webhook"
+)
+
+// receiver is a webhook target recording what it was sent.
+type receiver struct {
+	mu   sync.Mutex
+	seen map[uuid.UUID][]webhook.Request // by task id
+	keys map[uuid.UUID][]string          // Idempotency-Key headers by task id
+	// respond decides the answer; nil answers 200.
+	respond func(w http.ResponseWriter, r *http.Request, req webhook.Request)
+}
+
+func newReceiver(t *testing.T, respond func(http.ResponseWriter, *http.Request, webhook.Request)) (*receiver, *httptest.Server) {
+	rc := &receiver{seen: map[uuid.UUID][]webhook.Request{}, keys: map[uuid.UUID][]string{}, respond: respond}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req webhook.Request
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			t.Errorf("webhook body: %v", err)
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		rc.mu.Lock()
+		rc.seen[req.TaskID] = append(rc.seen[req.TaskID], req)
+		rc.keys[req.TaskID] = append(rc.keys[req.TaskID], r.Header.Get("Idempotency-Key"))
+		rc.mu.Unlock()
+		if rc.respond != nil {
+			rc.respond(w, r, req)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(srv.Close)
+	return rc, srv
+}
+
+func (rc *receiver) count(id uuid.UUID) int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return len(rc.seen[id])
+}
+
+func (rc *receiver) total() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n := 0
+	for _, s := range rc.seen {
+		n += len(s)
+	}
+	return n
+}
+
+// statusCounts counts tasks per status in db.
+func statusCounts(t *testing.T, pool *pgxpool.Pool) map[string]int {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT status, count(*) FROM ingest_task GROUP BY status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+func apiCall(t *testing.T, method, url, token, body string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+func TestBinary(t *testing.T) {
+	t.Parallel()
+	bin := buildBinary(t)
+
+	t.Run("Help", func(t *testing.T) {
+		t.Parallel()
+		out := mustRun(t, bin, nil, "", "--help")
+		for _, w := range []string{"demo", "run", "migrate", "enqueue", "task", "dlq", "pending", "--json", "Exit codes"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("--help lacks %q", w)
+			}
+		}
+		if r := runBin(t, bin, nil, "", "nonsense"); r.code != exitUsage {
+			t.Errorf("unknown command: exit %d, want 2", r.code)
+		}
+		if r := runBin(t, bin, nil, "", "task", "show"); r.code != exitUsage {
+			t.Errorf("task show without an id: exit %d, want 2", r.code)
+		}
+		if r := runBin(t, bin, nil, "", "task", "show", "not-a-uuid"); r.code != exitUsage {
+			t.Errorf("task show with a bad id: exit %d, want 2", r.code)
+		}
+		if r := runBin(t, bin, nil, "", "healthcheck", "--http-addr", freeAddr(t)); r.code != exitRuntime {
+			t.Errorf("healthcheck with nothing listening: exit %d, want 1", r.code)
+		}
+		if r := runBin(t, bin, nil, "", "enqueue", "--kind", "k"); r.code != exitUsage || !strings.Contains(r.stderr, "--payload") {
+			t.Errorf("enqueue without a payload: exit %d %s, want 2", r.code, r.stderr)
+		}
+	})
+
+	t.Run("ConfigErrorsExit2", func(t *testing.T) {
+		t.Parallel()
+		const pw = "pw-Secret-42"
+		base := []string{"INGEST_WEBHOOK_URL=http://127.0.0.1:1/hook", "INGEST_DATABASE_URL=postgres://app:" + pw + "@127.0.0.1:1/x"}
+		for _, tt := range []struct {
+			env  string
+			args []string
+			want string
+		}{
+			{env: "INGEST_WORKER_CONCURRENCY=lots", want: "INGEST_WORKER_CONCURRENCY"},
+			{env: "INGEST_REDIS_RECLAIM_IDLE_MS=-1", want: "INGEST_REDIS_RECLAIM_IDLE_MS"},
+			{env: "INGEST_REDIS_RECLAIM_IDLE_MS=1000", want: "INGEST_REDIS_RECLAIM_INTERVAL_MS"},
+			{env: "INGEST_REDIS_URL=localhost:6379", want: "INGEST_REDIS_URL"},
+			{env: "INGEST_TASK_LEASE_MS=abc", want: "INGEST_TASK_LEASE_MS"},
+			{env: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE=0", want: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE"},
+			{env: "INGEST_WEBHOOK_URL=mailto:x@y", want: "INGEST_WEBHOOK_URL"},
+			{env: "INGEST_DATABASE_URL=postgres://app:" + pw + "@db:port/x", want: "INGEST_DATABASE_URL"},
+			{env: "INGEST_LOG_LEVEL=loud", want: "INGEST_LOG_LEVEL"},
+			{args: []string{"--redis-reclaim-interval-ms=soon"}, want: "INGEST_REDIS_RECLAIM_INTERVAL_MS"},
+			{args: []string{"--no-such-flag"}, want: "unknown flag"},
+		} {
+			env := append(append([]string{}, base...), tt.env)
+			r := runBin(t, bin, env, "", append([]string{"run"}, tt.args...)...)
+			if r.code != exitUsage || !strings.Contains(r.stderr, tt.want) {
+				t.Errorf("run with %s %v: exit %d, stderr %q; want 2 naming %s", tt.env, tt.args, r.code, r.stderr, tt.want)
+			}
+			if strings.Contains(r.stdout+r.stderr, pw) {
+				t.Errorf("run with %s: the password appears in the output:\n%s%s", tt.env, r.stdout, r.stderr)
+			}
+		}
+	})
+
+	t.Run("NoHandlerExit2", func(t *testing.T) {
+		t.Parallel()
+		r := runBin(t, bin, nil, "", "run")
+		if r.code != exitUsage || !strings.Contains(r.stderr, "INGEST_WEBHOOK_URL") || !strings.Contains(r.stderr, "demo") {
+			t.Fatalf("run without a handler: exit %d, stderr %q; want 2 explaining the choices", r.code, r.stderr)
+		}
+	})
+
+	t.Run("PasswordNeverShown", func(t *testing.T) {
+		t.Parallel()
+		const pw = "pw-Secret-77"
+		env := []string{"INGEST_DATABASE_URL=postgres://app:" + pw + "@127.0.0.1:1/x?connect_timeout=2", "INGEST_REDIS_URL=redis://:" + pw + "@127.0.0.1:1/0",
+			"INGEST_API_TOKEN=" + pw + "-token", "INGEST_LOG_LEVEL=debug"}
+		for _, args := range [][]string{{"migrate"}, {"task", "list"}, {"pending"}, {"config"}, {"config", "--json"}, {"dlq", "list"},
+			{"run", "--webhook-url", "http://u:" + pw + "@127.0.0.1:1/x"}} {
+			r := runBin(t, bin, env, "", args...)
+			if strings.Contains(r.stdout+r.stderr, pw) {
+				t.Errorf("%v shows the secret:\n%s%s", args, r.stdout, r.stderr)
+			}
+			if args[0] != "config" && r.code != exitRuntime {
+				t.Errorf("%v against unreachable servers: exit %d, want 1\n%s", args, r.code, r.stderr)
+			}
+		}
+	})
+
+	t.Run("MigrateTwiceAndStaleSchema", func(t *testing.T) {
+		t.Parallel()
+		db := testenv.NewEmptyDatabase(t)
+		env := []string{"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_URL=" + testenv.RedisURL(t), "INGEST_WEBHOOK_URL=http://127.0.0.1:1/x", "INGEST_HTTP_ADDR="}
+
+		r := runBin(t, bin, env, "", "run")
+		if r.code == 0 || !strings.Contains(r.stderr, "ingest-worker migrate") {
+			t.Fatalf("run on an empty database: exit %d, stderr %q; want a failure saying to run ingest-worker migrate", r.code, r.stderr)
+		}
+		var st struct {
+			UpToDate bool    `json:"up_to_date"`
+			Pending  []int64 `json:"pending"`
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "migrate", "--status", "--json")), &st); err != nil || st.UpToDate || len(st.Pending) == 0 {
+			t.Fatalf("status of an empty database: %+v %v", st, err)
+		}
+		if out := mustRun(t, bin, env, "", "migrate"); !strings.Contains(out, "applied migration") {
+			t.Fatalf("first migrate: %q", out)
+		}
+		if out := mustRun(t, bin, env, "", "migrate"); !strings.Contains(out, "nothing to apply") {
+			t.Fatalf("second migrate: %q, want a no-op", out)
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "migrate", "--status", "--json")), &st); err != nil || !st.UpToDate {
+			t.Fatalf("status after migrate: %+v %v", st, err)
+		}
+	})
+
+	t.Run("EndToEnd", func(t *testing.T) { t.Parallel(); testEndToEnd(t, bin) })
+	t.Run("SigtermDuringWork", func(t *testing.T) { t.Parallel(); testSigterm(t, bin) })
+	t.Run("Demo", func(t *testing.T) { t.Parallel(); testDemo(t, bin, true) })
+	t.Run("DemoZeroSetup", func(t *testing.T) { t.Parallel(); testDemo(t, bin, false) })
+}
+
+func testEndToEnd(t *testing.T, bin string) {
+	ctx := context.Background()
+	db := testenv.NewEmptyDatabase(t)
+	stream, dlqKey := testenv.Keys(t)
+	rc, hook := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, req webhook.Request) {
+		if req.Kind == "e2e.reject" {
+			http.Error(w, "no such account", http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	addr := freeAddr(t)
+	const token = "e2e-api-token-123"
+	env := []string{
+		"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_URL=" + testenv.RedisURL(t),
+		"INGEST_REDIS_STREAM_KEY=" + stream, "INGEST_REDIS_DLQ_STREAM_KEY=" + dlqKey,
+		"INGEST_WEBHOOK_URL=" + hook.URL + "/hook", "INGEST_API_TOKEN=" + token,
+		"INGEST_CONSUMER_NAME=e2e-" + uuid.NewString()[:8], "INGEST_LOG_LEVEL=debug", "INGEST_WORKER_CONCURRENCY=4",
+	}
+
+	mustRun(t, bin, env, "", "migrate")
+	if out := mustRun(t, bin, env, "", "migrate"); !strings.Contains(out, "nothing to apply") {
+		t.Fatalf("second migrate: %q", out)
+	}
+	worker := start(t, bin, env, "run", "--http-addr", addr)
+	waitReady(t, worker, addr)
+	base := "http://" + addr
+	if out := mustRun(t, bin, env, "", "healthcheck", "--ready", "--http-addr", addr); !strings.Contains(out, "ready") {
+		t.Fatalf("healthcheck --ready: %q", out)
+	}
+
+	var ids []uuid.UUID
+	// Over the HTTP API: single, idempotent repeat, batch.
+	if code, _ := apiCall(t, "POST", base+"/v1/tasks", "", `{"kind":"e2e.api","payload":{}}`); code != http.StatusUnauthorized {
+		t.Fatalf("create without the token: %d, want 401", code)
+	}
+	code, body := apiCall(t, "POST", base+"/v1/tasks", token, `{"kind":"e2e.api","payload":{"n":1},"idempotency_key":"api-1"}`)
+	var created api.CreateResponse
+	if code != http.StatusCreated || json.Unmarshal(body, &created) != nil {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	ids = append(ids, created.ID)
+	code, body = apiCall(t, "POST", base+"/v1/tasks", token, `{"kind":"e2e.api","payload":{"n":1},"idempotency_key":"api-1"}`)
+	if code != http.StatusOK || !strings.Contains(string(body), created.ID.String()) {
+		t.Fatalf("repeated create: %d %s, want 200 with %s", code, body, created.ID)
+	}
+	code, body = apiCall(t, "POST", base+"/v1/tasks:batch", token, `[{"kind":"e2e.batch","payload":1},{"kind":"e2e.batch","payload":2},{"kind":"e2e.batch","payload":3,"max_attempts":2}]`)
+	var batch api.BatchResponse
+	if code != http.StatusCreated || json.Unmarshal(body, &batch) != nil || len(batch.Tasks) != 3 {
+		t.Fatalf("batch: %d %s", code, body)
+	}
+	for _, c := range batch.Tasks {
+		ids = append(ids, c.ID)
+	}
+
+	// Over the CLI: inline, @file, --file.
+	dir := t.TempDir()
+	payloadFile := filepath.Join(dir, "payload.json")
+	os.WriteFile(payloadFile, []byte(`{"from":"file"}`), 0o644)
+	ndjson := filepath.Join(dir, "tasks.ndjson")
+	os.WriteFile(ndjson, []byte("{\"kind\":\"e2e.file\",\"payload\":{\"n\":1}}\n\n{\"kind\":\"e2e.file\",\"payload\":[2],\"idempotency_key\":\"f2\",\"max_attempts\":3}\n{\"kind\":\"e2e.file\",\"payload\":\"three\"}\n"), 0o644)
+	for _, args := range [][]string{
+		{"enqueue", "--kind", "e2e.cli", "--payload", `{"n": 1}`},
+		{"enqueue", "--kind", "e2e.cli", "--payload", "@" + payloadFile, "--idempotency-key", "cli-2", "--max-attempts", "4"},
+		{"enqueue", "--file", ndjson},
+	} {
+		for _, line := range strings.Fields(mustRun(t, bin, env, "", args...)) {
+			id, err := uuid.Parse(line)
+			if err != nil {
+				t.Fatalf("%v printed %q, want task ids", args, line)
+			}
+			ids = append(ids, id)
+		}
+	}
+	stdinID := strings.TrimSpace(mustRun(t, bin, env, `{"from":"stdin"}`, "enqueue", "--kind", "e2e.cli", "--payload", "@-"))
+	ids = append(ids, uuid.MustParse(stdinID))
+	if len(ids) != 10 {
+		t.Fatalf("enqueued %d tasks, want 10", len(ids))
+	}
+	// A bad line rejects the whole file, nothing created.
+	bad := filepath.Join(dir, "bad.ndjson")
+	os.WriteFile(bad, []byte("{\"kind\":\"e2e.bad\",\"payload\":1}\n{\"kind\":\"e2e.bad\"}\n"), 0o644)
+	if r := runBin(t, bin, env, "", "enqueue", "--file", bad); r.code != exitUsage || !strings.Contains(r.stderr, "line 2") {
+		t.Fatalf("bad file: exit %d %q, want 2 naming line 2", r.code, r.stderr)
+	}
+
+	waitUntil(t, 30*time.Second, "every task SUCCEEDED", func() bool {
+		worker.mustBeRunning()
+		var n int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status = 'SUCCEEDED'`, ids).Scan(&n)
+		return n == len(ids)
+	})
+	if c := statusCounts(t, db.Pool); c["SUCCEEDED"] != len(ids) || len(c) != 1 {
+		t.Fatalf("tasks by status %v, want %d SUCCEEDED and nothing else", c, len(ids))
+	}
+	rc.mu.Lock()
+	for _, id := range ids {
+		if len(rc.seen[id]) == 0 {
+			t.Errorf("the webhook never saw task %s", id)
+		}
+		for _, k := range rc.keys[id] {
+			if k != id.String() {
+				t.Errorf("task %s was sent with Idempotency-Key %q", id, k)
+			}
+		}
+	}
+	rc.mu.Unlock()
+
+	// Inspection.
+	var show taskDetail
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "task", "show", ids[0].String(), "--json")), &show); err != nil {
+		t.Fatal(err)
+	}
+	if show.Task.Status != "SUCCEEDED" || len(show.Transitions) < 3 || len(show.Redis.Entries) == 0 || show.Redis.Entries[0].Pending || show.Redis.Error != "" {
+		t.Fatalf("task show: %+v", show)
+	}
+	if out := mustRun(t, bin, env, "", "task", "show", ids[0].String()); !strings.Contains(out, "TRANSITIONS") || !strings.Contains(out, "SUCCEEDED") {
+		t.Fatalf("task show (table):\n%s", out)
+	}
+	if r := runBin(t, bin, env, "", "task", "show", uuid.NewString()); r.code != exitRuntime || !strings.Contains(r.stderr, "not found") {
+		t.Fatalf("task show of an unknown id: exit %d %q", r.code, r.stderr)
+	}
+	var list struct {
+		Tasks []struct{ ID uuid.UUID } `json:"tasks"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "task", "list", "--status", "succeeded", "--kind", "e2e.file", "--json")), &list); err != nil || len(list.Tasks) != 3 {
+		t.Fatalf("task list: %+v %v", list, err)
+	}
+	var pend pendingReport
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "pending", "--json")), &pend); err != nil {
+		t.Fatal(err)
+	}
+	if !pend.GroupExists || pend.Pending != 0 || pend.Outbox.Backlog != 0 || pend.StreamLength < int64(len(ids)) || pend.Tasks["SUCCEEDED"] != int64(len(ids)) {
+		t.Fatalf("pending: %+v", pend)
+	}
+
+	// A 400 from the webhook is permanent: DEAD at once, in the DLQ; replay
+	// redrives it (and it dies again).
+	rejectID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.reject", "--payload", "{}")))
+	dlqHas := func() (string, bool) {
+		var l struct {
+			Entries []struct {
+				ID     string `json:"id"`
+				TaskID string `json:"task_id"`
+			} `json:"entries"`
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "dlq", "list", "--json")), &l); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range l.Entries {
+			if e.TaskID == rejectID.String() {
+				return e.ID, true
+			}
+		}
+		return "", false
+	}
+	var entry string
+	waitUntil(t, 20*time.Second, "the rejected task in the DLQ", func() bool { var ok bool; entry, ok = dlqHas(); return ok })
+	if rc.count(rejectID) != 1 {
+		t.Fatalf("a permanent failure was sent %d times, want once", rc.count(rejectID))
+	}
+	var replay struct {
+		Results []struct{ Outcome string } `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "dlq", "replay", entry, "--json")), &replay); err != nil || len(replay.Results) != 1 || replay.Results[0].Outcome != "replayed" {
+		t.Fatalf("dlq replay: %+v %v", replay, err)
+	}
+	waitUntil(t, 20*time.Second, "the replayed task to run again", func() bool { return rc.count(rejectID) == 2 })
+
+	worker.signal(syscall.SIGTERM)
+	if code := worker.wait(15 * time.Second); code != 0 {
+		t.Fatalf("run exited %d after SIGTERM:\n%s", code, worker.stderr.String())
+	}
+	if strings.Contains(worker.stderr.String()+worker.stdout.String(), token) {
+		t.Fatal("the worker's output shows the API token")
+	}
+}
+
+func testSigterm(t *testing.T, bin string) {
+	ctx := context.Background()
+	db := testenv.NewDatabase(t)
+	stream, dlqKey := testenv.Keys(t)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	rc, hook := newReceiver(t, func(w http.ResponseWriter, r *http.Request, req webhook.Request) {
+		if req.Kind == "slow" {
+			select { // a run that outlasts the shutdown grace period
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		} else {
+			time.Sleep(50 * time.Millisecond) // simulated work
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	const shutdownTimeout = 1500 * time.Millisecond
+	env := []string{
+		"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_URL=" + testenv.RedisURL(t),
+		"INGEST_REDIS_STREAM_KEY=" + stream, "INGEST_REDIS_DLQ_STREAM_KEY=" + dlqKey,
+		"INGEST_WEBHOOK_URL=" + hook.URL, "INGEST_WORKER_CONCURRENCY=4", "INGEST_HTTP_ADDR=",
+		fmt.Sprintf("INGEST_SHUTDOWN_TIMEOUT_MS=%d", shutdownTimeout.Milliseconds()),
+		"INGEST_REDIS_RECLAIM_INTERVAL_MS=200", "INGEST_REDIS_RECLAIM_IDLE_MS=10000", "INGEST_TASK_LEASE_MS=3000",
+	}
+	var lines strings.Builder
+	for i := range 40 {
+		fmt.Fprintf(&lines, "{\"kind\":\"normal\",\"payload\":%d}\n", i)
+	}
+	lines.WriteString("{\"kind\":\"slow\",\"payload\":1}\n{\"kind\":\"slow\",\"payload\":2}\n")
+	var ids []uuid.UUID
+	for _, l := range strings.Fields(mustRun(t, bin, env, lines.String(), "enqueue", "--file", "-")) {
+		ids = append(ids, uuid.MustParse(l))
+	}
+	slow := ids[40:]
+
+	first := start(t, bin, append(env, "INGEST_CONSUMER_NAME=first"), "run")
+	waitUntil(t, 30*time.Second, "work in flight, both slow tasks running", func() bool {
+		first.mustBeRunning()
+		return rc.count(slow[0]) > 0 && rc.count(slow[1]) > 0 && rc.total() >= 6
+	})
+	sent := time.Now()
+	first.signal(syscall.SIGTERM)
+	code := first.wait(shutdownTimeout + 10*time.Second)
+	took := time.Since(sent)
+	if code != 0 {
+		t.Fatalf("exit %d after SIGTERM:\n%s", code, first.stderr.String())
+	}
+	// The grace period, then the cut-off handlers return at once.
+	if took > shutdownTimeout+3*time.Second {
+		t.Fatalf("shutdown took %s, the timeout is %s", took, shutdownTimeout)
+	}
+	var dead, running int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'DEAD'), count(*) FILTER (WHERE status = 'RUNNING') FROM ingest_task`).Scan(&dead, &running); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 0 || running != 0 {
+		t.Fatalf("after a graceful shutdown: %d DEAD, %d RUNNING; want none (the cut-off runs handed back)", dead, running)
+	}
+	var slowAttempts int
+	if err := db.Pool.QueryRow(ctx, `SELECT sum(attempt_count) FROM ingest_task WHERE id = ANY($1)`, slow).Scan(&slowAttempts); err != nil {
+		t.Fatal(err)
+	}
+	if slowAttempts != 0 {
+		t.Fatalf("the runs cut off by shutdown counted %d failed attempts, want 0", slowAttempts)
+	}
+
+	releaseOnce.Do(func() { close(release) })
+	second := start(t, bin, append(env, "INGEST_CONSUMER_NAME=second"), "run")
+	waitUntil(t, 40*time.Second, "every task SUCCEEDED after the second run", func() bool {
+		second.mustBeRunning()
+		var n int
+		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE status = 'SUCCEEDED'`).Scan(&n)
+		return n == len(ids)
+	})
+	second.signal(syscall.SIGTERM)
+	if code := second.wait(shutdownTimeout + 10*time.Second); code != 0 {
+		t.Fatalf("second run: exit %d\n%s", code, second.stderr.String())
+	}
+	for _, id := range ids {
+		if rc.count(id) == 0 {
+			t.Errorf("task %s never reached the webhook", id)
+		}
+	}
+}
+
+func testDemo(t *testing.T, bin string, withDatabase bool) {
+	env := []string{}
+	var db *testenv.Database
+	if withDatabase {
+		db = testenv.NewEmptyDatabase(t)
+		env = append(env, "INGEST_DATABASE_URL="+db.URL)
+	}
+	started := time.Now()
+	r := runBin(t, bin, env, "", "demo", "--json")
+	took := time.Since(started)
+	if r.code != 0 {
+		t.Fatalf("demo: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	if took > 60*time.Second {
+		t.Fatalf("demo took %s, want under 60s", took)
+	}
+	var sum demoSummary
+	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil {
+		t.Fatalf("demo --json output: %v\n%s", err, r.stdout)
+	}
+	wantOK, wantDead := demoOK+demoFlaky, demoBroken+1
+	if sum.Tasks != wantOK+wantDead || sum.ByStatus["SUCCEEDED"] != wantOK || sum.ByStatus["DEAD"] != wantDead || len(sum.DLQ) != wantDead {
+		t.Fatalf("demo summary %+v: want %d SUCCEEDED, %d DEAD and %d DLQ entries", sum, wantOK, wantDead, wantDead)
+	}
+	if sum.FailedAttempts != demoFlaky/2*1+demoFlaky/2*2+demoBroken*3+1 {
+		t.Errorf("failed attempts %d", sum.FailedAttempts)
+	}
+	if len(sum.Commands) == 0 || !strings.Contains(strings.Join(sum.Commands, "\n"), "redis-cli -p ") {
+		t.Errorf("demo commands %q lack redis-cli", sum.Commands)
+	}
+	if !withDatabase {
+		return
+	}
+	// The summary matches the database.
+	rows, err := db.Pool.Query(context.Background(), `SELECT status, count(*) FROM ingest_task WHERE kind LIKE 'demo.%' GROUP BY status`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for rows.Next() {
+		var s string
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		got[s] = n
+	}
+	rows.Close()
+	for s, n := range sum.ByStatus {
+		if got[s] != n {
+			t.Errorf("status %s: summary %d, database %d", s, n, got[s])
+		}
+	}
+	var transitions int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ingest_task_transition`).Scan(&transitions); err != nil || transitions < sum.Tasks*3 {
+		t.Errorf("%d transitions recorded for %d tasks (%v)", transitions, sum.Tasks, err)
+	}
+}

@@ -1,0 +1,525 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/ingest-worker/ingest/internal/redact"
+)
+
+// Config is the resolved configuration of one invocation: every setting of
+// DESIGN §5 plus a few additions, from flags, the environment and defaults
+// (in that order of precedence).
+type Config struct {
+	DatabaseURL string
+	RedisURL    string
+
+	StreamKey    string
+	Group        string
+	DLQStreamKey string // "": no DLQ stream, DEAD state only
+
+	MaxAttempts      int
+	RetryBaseBackoff time.Duration
+	RetryMaxBackoff  time.Duration
+	MaxPayloadBytes  int
+
+	ReclaimEnabled   bool
+	ReclaimInterval  time.Duration
+	ReclaimIdle      time.Duration
+	ReclaimBatchSize int
+
+	OutboxMaxAttempts       int
+	OutboxRetryBaseBackoff  time.Duration
+	OutboxRetryMaxBackoff   time.Duration
+	OutboxPublishBatchSize  int
+	OutboxPublishInterval   time.Duration
+	WorkerConcurrency       int
+	ConsumerName            string
+	TaskLease               time.Duration
+	TaskTimeout             time.Duration
+	ShutdownTimeout         time.Duration
+	HTTPAddr                string // "": no HTTP server
+	APIToken                string
+	WebhookURL              string
+	WebhookTimeout          time.Duration
+	LogLevel                slog.Level
+	LogFormat               string // text or json
+	consumerNameFromDefault bool
+}
+
+// scope says which commands carry a setting's flag. Every setting is read
+// from the environment by every command.
+type scope int
+
+const (
+	// scopeGlobal: a persistent flag of the root command.
+	scopeGlobal scope = iota
+	// scopeWorker: a flag of the commands that run a worker (run, demo).
+	scopeWorker
+)
+
+// setting is one configuration variable with its flag.
+type setting struct {
+	env   string
+	def   string // the default as text
+	typ   string // the value's type as shown in --help
+	usage string
+	scope scope
+	// emptyMeansEmpty: an empty value is a value (not "use the default").
+	emptyMeansEmpty bool
+	// secret: the value is a secret or may contain one (a URL with a
+	// password); it is shown redacted.
+	secret bool
+	set    func(c *Config, v string) error
+}
+
+// flagName derives the flag from the variable: INGEST_REDIS_URL → redis-url.
+func (s setting) flagName() string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.env, "INGEST_")), "_", "-")
+}
+
+// settings lists every setting; the table in docs/README-binary.md follows
+// it.
+var settings = []setting{
+	{env: "INGEST_DATABASE_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
+		usage: "PostgreSQL URL or key=value DSN (empty: the standard PG* variables apply)",
+		set:   func(c *Config, v string) error { c.DatabaseURL = v; return checkDatabaseURL(v) }},
+	{env: "INGEST_REDIS_URL", def: "redis://127.0.0.1:6379/0", typ: "url", scope: scopeGlobal, secret: true,
+		usage: "Redis URL (rediss:// for TLS)",
+		set:   func(c *Config, v string) error { c.RedisURL = v; return checkRedisURL(v) }},
+	{env: "INGEST_REDIS_STREAM_KEY", def: "ingest:tasks", typ: "key", scope: scopeGlobal,
+		usage: "task stream key",
+		set:   setString(func(c *Config) *string { return &c.StreamKey })},
+	{env: "INGEST_REDIS_GROUP", def: "ingest-workers", typ: "name", scope: scopeGlobal,
+		usage: "consumer group of the task stream",
+		set:   setString(func(c *Config) *string { return &c.Group })},
+	{env: "INGEST_REDIS_DLQ_STREAM_KEY", def: "ingest:tasks:dlq", typ: "key", scope: scopeGlobal, emptyMeansEmpty: true,
+		usage: "dead-letter stream key (empty: no DLQ stream, DEAD state only)",
+		set:   func(c *Config, v string) error { c.DLQStreamKey = v; return nil }},
+	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: "10", typ: "int", scope: scopeWorker,
+		usage: "runs a task gets before it is DEAD (tasks created without max_attempts)",
+		set:   setInt(func(c *Config) *int { return &c.MaxAttempts }, 1)},
+	{env: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS", def: "1000", typ: "ms", scope: scopeWorker,
+		usage: "retry delay after the first failure; doubles per failure",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryBaseBackoff }, 1)},
+	{env: "INGEST_REDIS_RETRY_MAX_BACKOFF_MS", def: "600000", typ: "ms", scope: scopeWorker,
+		usage: "longest retry delay",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryMaxBackoff }, 1)},
+	{env: "INGEST_REDIS_RECLAIM_ENABLED", def: "true", typ: "bool", scope: scopeWorker,
+		usage: "run the reclaimer (XAUTOCLAIM of idle pending entries, due retries)",
+		set:   setBool(func(c *Config) *bool { return &c.ReclaimEnabled })},
+	{env: "INGEST_REDIS_RECLAIM_INTERVAL_MS", def: "5000", typ: "ms", scope: scopeWorker,
+		usage: "time between reclaim rounds",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimInterval }, 1)},
+	{env: "INGEST_REDIS_RECLAIM_IDLE_MS", def: "600000", typ: "ms", scope: scopeWorker,
+		usage: "idle time after which a pending entry's worker is taken for dead",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimIdle }, 1)},
+	{env: "INGEST_REDIS_RECLAIM_BATCH_SIZE", def: "20", typ: "int", scope: scopeWorker,
+		usage: "entries claimed per XAUTOCLAIM",
+		set:   setInt(func(c *Config) *int { return &c.ReclaimBatchSize }, 1)},
+	{env: "INGEST_OUTBOX_MAX_ATTEMPTS", def: "10", typ: "int", scope: scopeWorker,
+		usage: "publish attempts of an outbox event before it is DEAD",
+		set:   setInt(func(c *Config) *int { return &c.OutboxMaxAttempts }, 1)},
+	{env: "INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS", def: "1000", typ: "ms", scope: scopeWorker,
+		usage: "outbox publish retry delay after the first failure",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryBaseBackoff }, 1)},
+	{env: "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS", def: "600000", typ: "ms", scope: scopeWorker,
+		usage: "longest outbox publish retry delay",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryMaxBackoff }, 1)},
+	{env: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE", def: "20", typ: "int", scope: scopeWorker,
+		usage: "outbox events published per round",
+		set:   setInt(func(c *Config) *int { return &c.OutboxPublishBatchSize }, 1)},
+	{env: "INGEST_OUTBOX_PUBLISH_INTERVAL_MS", def: "1000", typ: "ms", scope: scopeWorker,
+		usage: "outbox poll interval (commits also wake the relay via NOTIFY)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxPublishInterval }, 1)},
+	{env: "INGEST_WORKER_CONCURRENCY", def: "16", typ: "int", scope: scopeWorker,
+		usage: "tasks run at the same time by this process",
+		set:   setInt(func(c *Config) *int { return &c.WorkerConcurrency }, 1)},
+	{env: "INGEST_CONSUMER_NAME", def: "", typ: "name", scope: scopeWorker,
+		usage: "consumer name in the group (default hostname-pid)",
+		set: func(c *Config, v string) error {
+			if v == "" {
+				c.ConsumerName, c.consumerNameFromDefault = defaultConsumerName(), true
+				return nil
+			}
+			if strings.ContainsAny(v, " \t\r\n") {
+				return fmt.Errorf("%q contains white space", v)
+			}
+			c.ConsumerName = v
+			return nil
+		}},
+	{env: "INGEST_TASK_LEASE_MS", def: "30000", typ: "ms", scope: scopeWorker,
+		usage: "lease of a running task; renewed by the heartbeat",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskLease }, 100)},
+	{env: "INGEST_TASK_TIMEOUT_MS", def: "300000", typ: "ms", scope: scopeWorker,
+		usage: "longest run of one task before its handler's context is cancelled (a failed attempt)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskTimeout }, 1)},
+	{env: "INGEST_SHUTDOWN_TIMEOUT_MS", def: "30000", typ: "ms", scope: scopeWorker,
+		usage: "grace period for running tasks on SIGTERM/SIGINT; later ones are handed back",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, 1)},
+	{env: "INGEST_MAX_PAYLOAD_BYTES", def: "1048576", typ: "bytes", scope: scopeWorker,
+		usage: "largest task payload accepted",
+		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, 2)},
+	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true,
+		usage: "HTTP listen address: /metrics, /healthz, /readyz, task API (empty: no HTTP server)",
+		set: func(c *Config, v string) error {
+			c.HTTPAddr = v
+			if v == "" {
+				return nil
+			}
+			_, port, err := net.SplitHostPort(v)
+			if err != nil {
+				return fmt.Errorf("%q is not host:port", v)
+			}
+			if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+				return fmt.Errorf("%q: port must be a number from 0 to 65535", v)
+			}
+			return nil
+		}},
+	{env: "INGEST_API_TOKEN", typ: "token", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
+		usage: "when set, the task API requires Authorization: Bearer <token>",
+		set:   func(c *Config, v string) error { c.APIToken = v; return nil }},
+	{env: "INGEST_WEBHOOK_URL", typ: "url", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
+		usage: "built-in handler: POST every task to this URL",
+		set: func(c *Config, v string) error {
+			c.WebhookURL = v
+			if v == "" {
+				return nil
+			}
+			return checkHTTPURL(v)
+		}},
+	{env: "INGEST_WEBHOOK_TIMEOUT_MS", def: "30000", typ: "ms", scope: scopeWorker,
+		usage: "timeout of one webhook request",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.WebhookTimeout }, 1)},
+	{env: "INGEST_LOG_LEVEL", def: "info", typ: "level", scope: scopeGlobal,
+		usage: "debug, info, warn or error",
+		set: func(c *Config, v string) error {
+			switch strings.ToLower(v) {
+			case "debug":
+				c.LogLevel = slog.LevelDebug
+			case "info":
+				c.LogLevel = slog.LevelInfo
+			case "warn", "warning":
+				c.LogLevel = slog.LevelWarn
+			case "error":
+				c.LogLevel = slog.LevelError
+			default:
+				return fmt.Errorf("%q is not one of debug, info, warn, error", v)
+			}
+			return nil
+		}},
+	{env: "INGEST_LOG_FORMAT", def: "text", typ: "format", scope: scopeGlobal,
+		usage: "text or json",
+		set: func(c *Config, v string) error {
+			switch strings.ToLower(v) {
+			case "text", "json":
+				c.LogFormat = strings.ToLower(v)
+				return nil
+			}
+			return fmt.Errorf("%q is not one of text, json", v)
+		}},
+}
+
+func setString(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		if strings.TrimSpace(v) == "" {
+			return errors.New("must not be empty")
+		}
+		*field(c) = v
+		return nil
+	}
+}
+
+func setInt(field func(*Config) *int, least int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number", v)
+		}
+		if n < least {
+			return fmt.Errorf("must be >= %d, got %d", least, n)
+		}
+		*field(c) = n
+		return nil
+	}
+}
+
+func setMillis(field func(*Config) *time.Duration, least int64) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number of milliseconds", v)
+		}
+		if n < least {
+			return fmt.Errorf("must be >= %d ms, got %d", least, n)
+		}
+		if n > int64(365*24*time.Hour/time.Millisecond) {
+			return fmt.Errorf("%d ms is more than a year", n)
+		}
+		*field(c) = time.Duration(n) * time.Millisecond
+		return nil
+	}
+}
+
+func setBool(field func(*Config) *bool) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", v)
+		}
+		*field(c) = b
+		return nil
+	}
+}
+
+func checkDatabaseURL(v string) error {
+	if v == "" {
+		return nil
+	}
+	if strings.Contains(v, "://") {
+		u, err := url.Parse(v)
+		if err != nil {
+			return fmt.Errorf("%s is not a valid URL", redact.DSN(v))
+		}
+		if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+			return fmt.Errorf("%s: the scheme must be postgres:// or postgresql://", redact.DSN(v))
+		}
+	}
+	if _, err := pgxpool.ParseConfig(v); err != nil {
+		return fmt.Errorf("%s is not a valid connection string", redact.DSN(v))
+	}
+	return nil
+}
+
+func checkRedisURL(v string) error {
+	u, err := url.Parse(v)
+	if err != nil || !strings.Contains(v, "://") {
+		return fmt.Errorf("%s is not a valid URL (want redis://host:port/db)", redact.DSN(v))
+	}
+	switch u.Scheme {
+	case "redis", "rediss", "unix":
+	default:
+		return fmt.Errorf("%s: the scheme must be redis://, rediss:// or unix://", redact.DSN(v))
+	}
+	if _, err := redis.ParseURL(v); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "redis: ")
+		return fmt.Errorf("%s: %s", redact.DSN(v), redact.NewScrubber(redact.Secrets(v)...).String(msg))
+	}
+	return nil
+}
+
+func checkHTTPURL(v string) error {
+	u, err := url.Parse(v)
+	if err != nil {
+		return fmt.Errorf("%s is not a valid URL", redact.DSN(v))
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%s: the scheme must be http:// or https://", redact.DSN(v))
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%s has no host", redact.DSN(v))
+	}
+	return nil
+}
+
+func defaultConsumerName() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "ingest-worker"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// configError is a bad setting: exit code 2.
+type configError struct {
+	env, flag string
+	err       error
+}
+
+func (e *configError) Error() string {
+	return fmt.Sprintf("%s (--%s): %v", e.env, e.flag, e.err)
+}
+
+// addFlags registers the flags of settings of scope sc on fs.
+func addFlags(fs *pflag.FlagSet, sc scope) {
+	for _, s := range settings {
+		if s.scope == sc {
+			addFlag(fs, s)
+		}
+	}
+}
+
+// addFlag registers the flag of one setting on fs.
+func addFlag(fs *pflag.FlagSet, s setting) {
+	usage := s.usage + " [" + s.env
+	if s.def != "" {
+		usage += ", default " + s.def
+	}
+	usage += "]"
+	f := fs.VarPF(&settingValue{typ: s.typ}, s.flagName(), "", usage)
+	if s.typ == "bool" {
+		f.NoOptDefVal = "true"
+	}
+}
+
+// settingFlag returns the setting of variable env.
+func settingFlag(env string) setting {
+	for _, s := range settings {
+		if s.env == env {
+			return s
+		}
+	}
+	panic("no setting " + env)
+}
+
+// settingValue is a flag holding a setting's raw text; parsing happens in
+// loadConfig, so flags and variables get the same checks and messages.
+type settingValue struct {
+	typ string
+	v   string
+}
+
+func (v *settingValue) String() string     { return v.v }
+func (v *settingValue) Set(s string) error { v.v = s; return nil }
+func (v *settingValue) Type() string       { return v.typ }
+
+// source says where a setting's value came from.
+type source int
+
+const (
+	fromDefault source = iota
+	fromEnv
+	fromFlag
+)
+
+// resolved is one setting's effective raw value.
+type resolved struct {
+	setting
+	value string
+	from  source
+}
+
+// loadConfig resolves every setting for cmd (flag, then environment, then
+// overrides, then the default), parses and validates them. overrides
+// replace defaults (demo uses quicker timings); lookup reads the
+// environment.
+func loadConfig(cmd *cobra.Command, lookup func(string) (string, bool), overrides map[string]string) (*Config, []resolved, error) {
+	c := &Config{}
+	var all []resolved
+	var errs []error
+	for _, s := range settings {
+		r := resolved{setting: s, value: s.def, from: fromDefault}
+		if d, ok := overrides[s.env]; ok {
+			r.value = d
+		}
+		if v, ok := lookup(s.env); ok && (v != "" || s.emptyMeansEmpty) {
+			r.value, r.from = v, fromEnv
+		}
+		if cmd != nil {
+			if f := cmd.Flags().Lookup(s.flagName()); f != nil && f.Changed {
+				r.value, r.from = f.Value.String(), fromFlag
+			}
+		}
+		all = append(all, r)
+		if err := s.set(c, r.value); err != nil {
+			errs = append(errs, &configError{env: s.env, flag: s.flagName(), err: err})
+		}
+	}
+	if len(errs) == 0 {
+		errs = append(errs, c.validate()...)
+	}
+	if len(errs) > 0 {
+		return nil, all, errors.Join(errs...)
+	}
+	return c, all, nil
+}
+
+// validate checks relations between settings.
+func (c *Config) validate() []error {
+	var errs []error
+	bad := func(env, format string, args ...any) {
+		errs = append(errs, &configError{env: env, flag: setting{env: env}.flagName(), err: fmt.Errorf(format, args...)})
+	}
+	if c.RetryMaxBackoff < c.RetryBaseBackoff {
+		bad("INGEST_REDIS_RETRY_MAX_BACKOFF_MS", "(%d) must be >= INGEST_REDIS_RETRY_BASE_BACKOFF_MS (%d)", c.RetryMaxBackoff.Milliseconds(), c.RetryBaseBackoff.Milliseconds())
+	}
+	if c.OutboxRetryMaxBackoff < c.OutboxRetryBaseBackoff {
+		bad("INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS", "(%d) must be >= INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS (%d)", c.OutboxRetryMaxBackoff.Milliseconds(), c.OutboxRetryBaseBackoff.Milliseconds())
+	}
+	if c.ReclaimEnabled {
+		if c.ReclaimIdle < c.ReclaimInterval {
+			bad("INGEST_REDIS_RECLAIM_IDLE_MS", "(%d) must be >= INGEST_REDIS_RECLAIM_INTERVAL_MS (%d): entries would be claimed faster than the reclaimer looks for them",
+				c.ReclaimIdle.Milliseconds(), c.ReclaimInterval.Milliseconds())
+		}
+	}
+	if c.ReclaimIdle <= c.TaskLease/3 {
+		bad("INGEST_REDIS_RECLAIM_IDLE_MS", "(%d) must be greater than the heartbeat interval, INGEST_TASK_LEASE_MS/3 (%d): entries of running tasks would be claimed away from live workers",
+			c.ReclaimIdle.Milliseconds(), (c.TaskLease / 3).Milliseconds())
+	}
+	if c.DLQStreamKey != "" && c.DLQStreamKey == c.StreamKey {
+		bad("INGEST_REDIS_DLQ_STREAM_KEY", "must differ from INGEST_REDIS_STREAM_KEY (%s)", c.StreamKey)
+	}
+	if tag := hashTag(c.StreamKey); c.DLQStreamKey != "" && tag != hashTag(c.DLQStreamKey) {
+		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q must have the same {hash tag} as INGEST_REDIS_STREAM_KEY %q (one Lua script writes both keys; Redis Cluster needs them in one slot)", c.DLQStreamKey, c.StreamKey)
+	}
+	return errs
+}
+
+// hashTag returns the Redis Cluster hash tag of key ("" when none).
+func hashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return ""
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	if end <= 0 {
+		return ""
+	}
+	return key[open+1 : open+1+end]
+}
+
+// secretsOf returns the secret values among resolved settings (whether or
+// not they parsed), for scrubbing output.
+func secretsOf(all []resolved) []string {
+	var out []string
+	for _, r := range all {
+		switch {
+		case !r.secret || r.value == "":
+		case r.env == "INGEST_API_TOKEN":
+			out = append(out, r.value)
+		default:
+			out = append(out, redact.Secrets(r.value)...)
+		}
+	}
+	return out
+}
+
+// newScrubberFor returns a scrubber of the secrets among resolved settings.
+func newScrubberFor(all []resolved) *redact.Scrubber {
+	return redact.NewScrubber(secretsOf(all)...)
+}
+
+// display returns a setting's value as it may be shown.
+func (r resolved) display() string {
+	switch {
+	case r.value == "":
+		return ""
+	case r.env == "INGEST_API_TOKEN":
+		return redact.Mask
+	case r.secret:
+		return redact.DSN(r.value)
+	}
+	return r.value
+}

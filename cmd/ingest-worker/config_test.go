@@ -1,0 +1,232 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+// envOf returns a lookup function over env.
+func envOf(env map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+}
+
+// parse resolves the configuration as `run` would, with env and flags.
+func parse(t *testing.T, env map[string]string, flags ...string) (*Config, []resolved, error) {
+	t.Helper()
+	cmd := &cobra.Command{Use: "run"}
+	addFlags(cmd.Flags(), scopeGlobal)
+	addFlags(cmd.Flags(), scopeWorker)
+	if err := cmd.Flags().Parse(flags); err != nil {
+		t.Fatalf("parse flags %v: %v", flags, err)
+	}
+	return loadConfig(cmd, envOf(env), nil)
+}
+
+func TestConfigDefaults(t *testing.T) {
+	t.Parallel()
+	c, _, err := parse(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		RedisURL: "redis://127.0.0.1:6379/0", StreamKey: "ingest:tasks", Group: "ingest-workers", DLQStreamKey: "ingest:tasks:dlq",
+		MaxAttempts: 10, RetryBaseBackoff: time.Second, RetryMaxBackoff: 600 * time.Second, MaxPayloadBytes: 1 << 20,
+		ReclaimEnabled: true, ReclaimInterval: 5 * time.Second, ReclaimIdle: 600 * time.Second, ReclaimBatchSize: 20,
+		OutboxMaxAttempts: 10, OutboxRetryBaseBackoff: time.Second, OutboxRetryMaxBackoff: 600 * time.Second,
+		OutboxPublishBatchSize: 20, OutboxPublishInterval: time.Second, WorkerConcurrency: 16,
+		ConsumerName: c.ConsumerName, consumerNameFromDefault: true,
+		TaskLease: 30 * time.Second, TaskTimeout: 5 * time.Minute, ShutdownTimeout: 30 * time.Second,
+		HTTPAddr: "127.0.0.1:8080", WebhookTimeout: 30 * time.Second, LogLevel: slog.LevelInfo, LogFormat: "text",
+	}
+	if *c != want {
+		t.Fatalf("defaults:\n got %+v\nwant %+v", *c, want)
+	}
+	if !strings.Contains(c.ConsumerName, "-") {
+		t.Fatalf("default consumer name %q is not hostname-pid", c.ConsumerName)
+	}
+}
+
+func TestConfigSources(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		env   map[string]string
+		flags []string
+		check func(c *Config) bool
+	}{
+		{"EnvSets", map[string]string{"INGEST_WORKER_CONCURRENCY": "4"}, nil, func(c *Config) bool { return c.WorkerConcurrency == 4 }},
+		{"FlagOverridesEnv", map[string]string{"INGEST_WORKER_CONCURRENCY": "4"}, []string{"--worker-concurrency=7"}, func(c *Config) bool { return c.WorkerConcurrency == 7 }},
+		{"FlagWithoutEnv", nil, []string{"--redis-url", "rediss://cache:6380/2"}, func(c *Config) bool { return c.RedisURL == "rediss://cache:6380/2" }},
+		{"Millis", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "60000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "250"}, nil,
+			func(c *Config) bool { return c.ReclaimIdle == time.Minute && c.ReclaimInterval == 250*time.Millisecond }},
+		{"BoolFlagAlone", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "false"}, []string{"--redis-reclaim-enabled"}, func(c *Config) bool { return c.ReclaimEnabled }},
+		{"BoolEnv", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "0"}, nil, func(c *Config) bool { return !c.ReclaimEnabled }},
+		{"EmptyDLQMeansNone", map[string]string{"INGEST_REDIS_DLQ_STREAM_KEY": ""}, nil, func(c *Config) bool { return c.DLQStreamKey == "" }},
+		{"EmptyNumberMeansDefault", map[string]string{"INGEST_WORKER_CONCURRENCY": ""}, nil, func(c *Config) bool { return c.WorkerConcurrency == 16 }},
+		{"EmptyHTTPAddrDisables", map[string]string{"INGEST_HTTP_ADDR": ""}, nil, func(c *Config) bool { return c.HTTPAddr == "" }},
+		{"ConsumerName", map[string]string{"INGEST_CONSUMER_NAME": "worker-a"}, nil, func(c *Config) bool { return c.ConsumerName == "worker-a" }},
+		{"KeyValueDSN", map[string]string{"INGEST_DATABASE_URL": "host=db user=app password=x dbname=ingest"}, nil, func(c *Config) bool { return strings.HasPrefix(c.DatabaseURL, "host=db") }},
+		{"HashTaggedKeys", map[string]string{"INGEST_REDIS_STREAM_KEY": "{ingest}:tasks", "INGEST_REDIS_DLQ_STREAM_KEY": "{ingest}:tasks:dlq"}, nil,
+			func(c *Config) bool { return c.StreamKey == "{ingest}:tasks" }},
+		{"LogSettings", map[string]string{"INGEST_LOG_LEVEL": "DEBUG", "INGEST_LOG_FORMAT": "json"}, nil,
+			func(c *Config) bool { return c.LogLevel == slog.LevelDebug && c.LogFormat == "json" }},
+		{"ReclaimDisabledSkipsIdleCheck", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "false", "INGEST_REDIS_RECLAIM_IDLE_MS": "20000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "60000"}, nil,
+			func(c *Config) bool { return !c.ReclaimEnabled }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c, _, err := parse(t, tt.env, tt.flags...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(c) {
+				t.Fatalf("unexpected config %+v", *c)
+			}
+		})
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	const pw = "hunter2-secret"
+	tests := []struct {
+		name string
+		env  map[string]string
+		// want: the variable (and words) the error must name
+		want []string
+	}{
+		{"NonNumeric", map[string]string{"INGEST_WORKER_CONCURRENCY": "many"}, []string{"INGEST_WORKER_CONCURRENCY", "--worker-concurrency", "not a whole number"}},
+		{"Negative", map[string]string{"INGEST_REDIS_MAX_ATTEMPTS": "-1"}, []string{"INGEST_REDIS_MAX_ATTEMPTS", ">= 1"}},
+		{"Zero", map[string]string{"INGEST_REDIS_RECLAIM_BATCH_SIZE": "0"}, []string{"INGEST_REDIS_RECLAIM_BATCH_SIZE"}},
+		{"NegativeMillis", map[string]string{"INGEST_TASK_LEASE_MS": "-5"}, []string{"INGEST_TASK_LEASE_MS"}},
+		{"FractionalMillis", map[string]string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS": "1.5"}, []string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS", "milliseconds"}},
+		{"DurationSyntax", map[string]string{"INGEST_SHUTDOWN_TIMEOUT_MS": "30s"}, []string{"INGEST_SHUTDOWN_TIMEOUT_MS"}},
+		{"HugeMillis", map[string]string{"INGEST_TASK_TIMEOUT_MS": "99999999999999"}, []string{"INGEST_TASK_TIMEOUT_MS", "more than a year"}},
+		{"Bool", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "yes please"}, []string{"INGEST_REDIS_RECLAIM_ENABLED"}},
+		{"IdleBelowInterval", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "1000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "5000"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", "INGEST_REDIS_RECLAIM_INTERVAL_MS"}},
+		{"IdleBelowHeartbeat", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "8000", "INGEST_TASK_LEASE_MS": "30000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "1000"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", "INGEST_TASK_LEASE_MS"}},
+		{"BackoffOrder", map[string]string{"INGEST_REDIS_RETRY_BASE_BACKOFF_MS": "5000", "INGEST_REDIS_RETRY_MAX_BACKOFF_MS": "1000"}, []string{"INGEST_REDIS_RETRY_MAX_BACKOFF_MS"}},
+		{"OutboxBackoffOrder", map[string]string{"INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS": "5000", "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS": "1000"}, []string{"INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS"}},
+		{"RedisScheme", map[string]string{"INGEST_REDIS_URL": "http://" + "u:" + pw + "@cache:6379"}, []string{"INGEST_REDIS_URL", "scheme"}},
+		{"RedisNotURL", map[string]string{"INGEST_REDIS_URL": "cache:6379"}, []string{"INGEST_REDIS_URL", "not a valid URL"}},
+		{"RedisBadDB", map[string]string{"INGEST_REDIS_URL": "redis://:" + pw + "@cache:6379/x"}, []string{"INGEST_REDIS_URL"}},
+		{"DatabaseScheme", map[string]string{"INGEST_DATABASE_URL": "mysql://app:" + pw + "@db/x"}, []string{"INGEST_DATABASE_URL", "scheme"}},
+		{"DatabaseMalformed", map[string]string{"INGEST_DATABASE_URL": "postgres://app:" + pw + "@db:notaport/x"}, []string{"INGEST_DATABASE_URL"}},
+		{"DatabaseKeyValueMalformed", map[string]string{"INGEST_DATABASE_URL": "host=db password=" + pw + " sslmode=maybe"}, []string{"INGEST_DATABASE_URL"}},
+		{"WebhookScheme", map[string]string{"INGEST_WEBHOOK_URL": "ftp://hooks/x"}, []string{"INGEST_WEBHOOK_URL", "http"}},
+		{"WebhookNoHost", map[string]string{"INGEST_WEBHOOK_URL": "http:///x"}, []string{"INGEST_WEBHOOK_URL", "no host"}},
+		{"HTTPAddr", map[string]string{"INGEST_HTTP_ADDR": "localhost"}, []string{"INGEST_HTTP_ADDR", "host:port"}},
+		{"HTTPAddrPort", map[string]string{"INGEST_HTTP_ADDR": "127.0.0.1:99999"}, []string{"INGEST_HTTP_ADDR", "port"}},
+		{"EmptyGroup", map[string]string{"INGEST_REDIS_GROUP": " "}, []string{"INGEST_REDIS_GROUP", "empty"}},
+		{"ConsumerSpaces", map[string]string{"INGEST_CONSUMER_NAME": "a b"}, []string{"INGEST_CONSUMER_NAME", "white space"}},
+		{"SameStreamAndDLQ", map[string]string{"INGEST_REDIS_DLQ_STREAM_KEY": "ingest:tasks"}, []string{"INGEST_REDIS_DLQ_STREAM_KEY", "differ"}},
+		{"HashTagMismatch", map[string]string{"INGEST_REDIS_STREAM_KEY": "{ingest}:tasks"}, []string{"INGEST_REDIS_DLQ_STREAM_KEY", "hash tag"}},
+		{"LogLevel", map[string]string{"INGEST_LOG_LEVEL": "verbose"}, []string{"INGEST_LOG_LEVEL"}},
+		{"LogFormat", map[string]string{"INGEST_LOG_FORMAT": "xml"}, []string{"INGEST_LOG_FORMAT"}},
+		{"PayloadLimit", map[string]string{"INGEST_MAX_PAYLOAD_BYTES": "1"}, []string{"INGEST_MAX_PAYLOAD_BYTES"}},
+		{"SeveralAtOnce", map[string]string{"INGEST_WORKER_CONCURRENCY": "x", "INGEST_REDIS_GROUP": ""}, []string{"INGEST_WORKER_CONCURRENCY"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, _, err := parse(t, tt.env)
+			if err == nil {
+				t.Fatalf("env %v: no error", tt.env)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), pw) {
+				t.Errorf("error %q shows the password", err)
+			}
+		})
+	}
+}
+
+func TestConfigFlagErrorsNameTheVariable(t *testing.T) {
+	t.Parallel()
+	_, _, err := parse(t, nil, "--redis-reclaim-idle-ms=soon")
+	if err == nil || !strings.Contains(err.Error(), "INGEST_REDIS_RECLAIM_IDLE_MS") || !strings.Contains(err.Error(), "--redis-reclaim-idle-ms") {
+		t.Fatalf("err = %v, want one naming the variable and the flag", err)
+	}
+}
+
+func TestConfigDisplayAndSecrets(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"INGEST_DATABASE_URL": "postgres://app:db-secret-1@db/ingest",
+		"INGEST_REDIS_URL":    "redis://:redis-secret-2@cache:6379/0",
+		"INGEST_API_TOKEN":    "api-token-3",
+		"INGEST_WEBHOOK_URL":  "https://hooks.example/in?token=hook-secret-4",
+	}
+	_, all, err := parse(t, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]bool{}
+	for _, s := range secretsOf(all) {
+		secrets[s] = true
+	}
+	for _, s := range []string{"db-secret-1", "redis-secret-2", "api-token-3", "hook-secret-4"} {
+		if !secrets[s] {
+			t.Errorf("secretsOf misses %q (got %v)", s, secrets)
+		}
+	}
+	for _, r := range all {
+		for s := range secrets {
+			if strings.Contains(r.display(), s) {
+				t.Errorf("%s is displayed as %q, showing a secret", r.env, r.display())
+			}
+		}
+	}
+}
+
+func TestConfigCommandOutputHidesSecrets(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{
+		"INGEST_DATABASE_URL": "postgres://app:db-secret-1@db/ingest",
+		"INGEST_API_TOKEN":    "api-token-3",
+		"INGEST_LOG_LEVEL":    "debug",
+	}
+	var stdout, stderr bytes.Buffer
+	code := execute(context.Background(), []string{"config"}, strings.NewReader(""), &stdout, &stderr, envOf(env))
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String() + stderr.String()
+	if strings.Contains(out, "db-secret-1") || strings.Contains(out, "api-token-3") {
+		t.Fatalf("config output shows a secret:\n%s", out)
+	}
+	if !strings.Contains(out, "INGEST_DATABASE_URL") || !strings.Contains(out, "postgres://app:xxxxx@db/ingest") {
+		t.Fatalf("config output lacks the redacted database URL:\n%s", out)
+	}
+}
+
+func TestLoggerScrubsSecrets(t *testing.T) {
+	t.Parallel()
+	for _, format := range []string{"text", "json"} {
+		var buf bytes.Buffer
+		_, all, err := parse(t, map[string]string{"INGEST_DATABASE_URL": "postgres://app:db-secret-1@db/x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		log := newLogger(&buf, slog.LevelInfo, format, newScrubberFor(all))
+		log.Info("connecting to postgres://app:db-secret-1@db/x", "dsn", "postgres://app:db-secret-1@db/x", "err", errString("auth db-secret-1 failed"))
+		if strings.Contains(buf.String(), "db-secret-1") {
+			t.Fatalf("%s log shows the secret: %s", format, buf.String())
+		}
+	}
+}
+
+type errString string
+
+func (e errString) Error() string { return string(e) }

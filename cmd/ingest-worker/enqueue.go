@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// ndjsonTask is one line of an enqueue --file.
+type ndjsonTask struct {
+	Kind           string          `json:"kind"`
+	Payload        json.RawMessage `json:"payload"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	MaxAttempts    *int            `json:"max_attempts"`
+}
+
+// enqueued is the JSON output of enqueue, one per task.
+type enqueued struct {
+	ID       uuid.UUID  `json:"id"`
+	Status   task.State `json:"status"`
+	Existing bool       `json:"existing,omitempty"`
+}
+
+func (a *app) enqueueCommand() *cobra.Command {
+	var (
+		kind, payload, key, file string
+		maxAttempts              int
+	)
+	cmd := &cobra.Command{
+		Use:   "enqueue (--kind K --payload JSON|@file | --file tasks.ndjson)",
+		Short: "Create tasks and print their ids",
+		Long: `Create a task (or many, from a file) and print its id.
+
+The task is written to PostgreSQL together with its outbox event in one
+transaction; a running worker publishes it to the stream and runs it.
+
+--payload is a JSON value, @path to read it from a file, or @- for stdin.
+A repeated --idempotency-key (per kind) returns the existing task instead
+of creating a second one.
+
+--file reads newline-delimited JSON, one task per line:
+  {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5}
+(idempotency_key and max_attempts are optional) and creates all of them in
+one transaction: all or none. Use --file - for stdin.`,
+		Example: `  ingest-worker enqueue --kind email --payload '{"to":"a@example.com"}'
+  ingest-worker enqueue --kind report --payload @report.json --idempotency-key report-2024-06 --max-attempts 3
+  ingest-worker enqueue --file tasks.ndjson --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			var nts []task.NewTask
+			var err error
+			switch {
+			case file != "":
+				if kind != "" || payload != "" || key != "" || cmd.Flags().Changed("max-attempts") {
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key or --max-attempts (put them in the file's lines)")
+				}
+				nts, err = a.readNDJSON(file)
+			case kind == "":
+				return usagef("--kind is required (or --file)")
+			case payload == "":
+				return usagef("--payload is required: a JSON value, @file or @-")
+			default:
+				var p []byte
+				p, err = a.readPayload(payload)
+				if cmd.Flags().Changed("max-attempts") && maxAttempts < 1 {
+					return usagef("--max-attempts must be >= 1, got %d", maxAttempts)
+				}
+				nts = []task.NewTask{{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts}}
+			}
+			if err != nil {
+				return err
+			}
+			if len(nts) == 0 {
+				return usagef("%s holds no tasks", file)
+			}
+			store, pool, err := a.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			res, err := store.CreateBatch(cmd.Context(), nts)
+			if errors.Is(err, task.ErrInvalidTask) || errors.Is(err, task.ErrPayloadTooLarge) {
+				return usageErr(err)
+			}
+			if err != nil {
+				return err
+			}
+			out := make([]enqueued, len(res))
+			existing := 0
+			for i, r := range res {
+				out[i] = enqueued{ID: r.Task.ID, Status: r.Task.Status, Existing: r.Existing}
+				if r.Existing {
+					existing++
+				}
+			}
+			if a.json {
+				if file == "" {
+					return a.printJSON(out[0])
+				}
+				return a.printJSON(map[string]any{"tasks": out})
+			}
+			for _, e := range out {
+				a.printf("%s\n", e.ID)
+			}
+			switch {
+			case file == "" && existing == 1:
+				a.notef("(an existing task: the idempotency key %q of kind %s was used before)\n", key, kind)
+			case file != "":
+				a.notef("%d task(s) in one transaction: %d created, %d existing (idempotency key)\n", len(out), len(out)-existing, existing)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&kind, "kind", "k", "", "task kind (selects the handler)")
+	f.StringVarP(&payload, "payload", "p", "", "JSON payload, @file, or @- for stdin")
+	f.StringVar(&key, "idempotency-key", "", "a repeat with the same kind and key returns the existing task")
+	f.IntVar(&maxAttempts, "max-attempts", 0, "runs before the task is DEAD (default INGEST_REDIS_MAX_ATTEMPTS)")
+	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
+	return cmd
+}
+
+// readPayload returns --payload's JSON: inline, @file or @-.
+func (a *app) readPayload(v string) ([]byte, error) {
+	var b []byte
+	if name, ok := strings.CutPrefix(v, "@"); ok {
+		var err error
+		if name == "-" {
+			b, err = io.ReadAll(io.LimitReader(a.stdin, int64(a.cfg.MaxPayloadBytes)+1))
+		} else {
+			b, err = os.ReadFile(name)
+		}
+		if err != nil {
+			return nil, usagef("--payload: %v", err)
+		}
+	} else {
+		b = []byte(v)
+	}
+	if len(b) > a.cfg.MaxPayloadBytes {
+		return nil, usagef("--payload is larger than INGEST_MAX_PAYLOAD_BYTES (%d bytes)", a.cfg.MaxPayloadBytes)
+	}
+	if _, err := task.Canonical(b); err != nil {
+		return nil, usagef("--payload %v", err)
+	}
+	return bytes.TrimSpace(b), nil
+}
+
+// readNDJSON reads tasks, one JSON object per line.
+func (a *app) readNDJSON(name string) ([]task.NewTask, error) {
+	var r io.Reader = a.stdin
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, usagef("--file: %v", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), a.cfg.MaxPayloadBytes+64<<10)
+	var nts []task.NewTask
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var t ndjsonTask
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&t); err != nil {
+			return nil, usagef("%s line %d: %v", name, line, err)
+		}
+		if dec.More() {
+			return nil, usagef("%s line %d: more than one JSON value on the line", name, line)
+		}
+		switch {
+		case strings.TrimSpace(t.Kind) == "":
+			return nil, usagef("%s line %d: kind is required", name, line)
+		case len(t.Payload) == 0 || string(t.Payload) == "null":
+			return nil, usagef("%s line %d: payload is required", name, line)
+		case len(strings.TrimSpace(t.Kind)) > task.MaxKindLength:
+			return nil, usagef("%s line %d: kind is longer than %d bytes", name, line, task.MaxKindLength)
+		case len(t.Payload) > a.cfg.MaxPayloadBytes:
+			return nil, usagef("%s line %d: payload is %d bytes, INGEST_MAX_PAYLOAD_BYTES is %d", name, line, len(t.Payload), a.cfg.MaxPayloadBytes)
+		case t.MaxAttempts != nil && *t.MaxAttempts < 1:
+			return nil, usagef("%s line %d: max_attempts must be >= 1, got %d", name, line, *t.MaxAttempts)
+		}
+		if _, err := task.Canonical(t.Payload); err != nil {
+			return nil, usagef("%s line %d: payload %v", name, line, err)
+		}
+		nt := task.NewTask{Kind: t.Kind, Payload: t.Payload, IdempotencyKey: t.IdempotencyKey}
+		if t.MaxAttempts != nil {
+			nt.MaxAttempts = *t.MaxAttempts
+		}
+		nts = append(nts, nt)
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, usagef("%s: a line is longer than INGEST_MAX_PAYLOAD_BYTES plus 64 KiB", name)
+		}
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	return nts, nil
+}

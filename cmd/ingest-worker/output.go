@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// printJSON writes v as indented JSON to stdout.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// table writes a table with a header row to stdout.
+func (a *app) table(header []string, rows [][]string) {
+	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	tw.Flush()
+}
+
+// printf writes human output to stdout.
+func (a *app) printf(format string, args ...any) { fmt.Fprintf(a.stdout, format, args...) }
+
+// notef writes a note for people to stderr (kept out of stdout, which
+// scripts read).
+func (a *app) notef(format string, args ...any) { fmt.Fprintf(a.stderr, format, args...) }
+
+// clip shortens s to n runes on one line.
+func clip(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	r := []rune(s)
+	return string(r[:n-1]) + "…"
+}
+
+// ago formats the time since t ("" for the zero time).
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return age(time.Since(t)) + " ago"
+}
+
+// age formats a duration for people: 850ms, 12.3s, 4m05s, 3h02m, 2d04h.
+func age(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "-" + age(-d)
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+func timeOrEmpty(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return t.Local().Format(time.DateTime)
+}
+
+// openDB connects to PostgreSQL and checks the connection.
+func (a *app) openDB(ctx context.Context) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(a.cfg.DatabaseURL)
+	if err != nil {
+		return nil, usagef("INGEST_DATABASE_URL: %s is not a valid connection string", redact.DSN(a.cfg.DatabaseURL))
+	}
+	if pc.ConnConfig.RuntimeParams["application_name"] == "" {
+		pc.ConnConfig.RuntimeParams["application_name"] = "ingest-worker"
+	}
+	pc.MaxConns = max(pc.MaxConns, int32(min(a.cfg.WorkerConcurrency/2+4, 64)))
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", a.dbShown(), err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", a.dbShown(), err)
+	}
+	return pool, nil
+}
+
+// dbShown names the database for messages, without its password.
+func (a *app) dbShown() string {
+	if a.cfg.DatabaseURL == "" {
+		return "(from the PG* environment variables)"
+	}
+	return redact.DSN(a.cfg.DatabaseURL)
+}
+
+// openRedis connects to Redis and checks the connection.
+func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
+	opt, err := redis.ParseURL(a.cfg.RedisURL)
+	if err != nil {
+		return nil, usagef("INGEST_REDIS_URL: %s is not a valid Redis URL", redact.DSN(a.cfg.RedisURL))
+	}
+	opt.PoolSize = max(opt.PoolSize, a.cfg.WorkerConcurrency+8)
+	rdb := redis.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("connect to Redis %s: %w", redact.DSN(a.cfg.RedisURL), err)
+	}
+	return rdb, nil
+}
+
+// storeConfig is the task store's configuration.
+func (a *app) storeConfig() task.Config {
+	return task.Config{
+		Stream:          a.cfg.StreamKey,
+		MaxAttempts:     a.cfg.MaxAttempts,
+		MaxPayloadBytes: a.cfg.MaxPayloadBytes,
+		Backoff:         task.Backoff{Base: a.cfg.RetryBaseBackoff, Max: a.cfg.RetryMaxBackoff, Jitter: task.DefaultBackoffJitter},
+	}
+}
+
+// openStore connects to PostgreSQL and returns the task store on it.
+func (a *app) openStore(ctx context.Context) (*task.Store, *pgxpool.Pool, error) {
+	pool, err := a.openDB(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := task.NewStore(a.storeConfig(), pool)
+	if err != nil {
+		pool.Close()
+		return nil, nil, usageErr(err)
+	}
+	return store, pool, nil
+}

@@ -1,0 +1,364 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/transition"
+)
+
+func (a *app) taskCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "task",
+		Short: "Show one task (state, history, Redis state) or list tasks",
+		Long:  "Inspect tasks: 'task show ID' for one task in depth, 'task list' for many.",
+	}
+	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand())
+	return cmd
+}
+
+// outboxRow is one outbox_event of a task.
+type outboxRow struct {
+	ID           int64      `json:"id"`
+	Stream       string     `json:"stream"`
+	Status       string     `json:"status"`
+	AttemptCount int        `json:"attempt_count"`
+	StreamID     string     `json:"stream_id,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	SentAt       *time.Time `json:"sent_at,omitempty"`
+}
+
+// entryState is what Redis holds about one stream entry of a task.
+type entryState struct {
+	ID       string `json:"id"`
+	Stream   string `json:"stream"`
+	InStream bool   `json:"in_stream"`
+	// Pending: delivered to a consumer of the group and not acknowledged.
+	Pending    bool   `json:"pending"`
+	Consumer   string `json:"consumer,omitempty"`
+	IdleMS     int64  `json:"idle_ms,omitempty"`
+	Deliveries int64  `json:"deliveries,omitempty"`
+}
+
+// taskDetail is the JSON output of task show.
+type taskDetail struct {
+	Task        task.Task           `json:"task"`
+	Transitions []transition.Record `json:"transitions"`
+	Outbox      []outboxRow         `json:"outbox_events"`
+	Redis       struct {
+		Stream  string       `json:"stream"`
+		Group   string       `json:"group"`
+		Entries []entryState `json:"entries"`
+		DLQ     []dlq.Entry  `json:"dlq_entries"`
+		// DLQScanned is how many DLQ entries were searched (newest first).
+		DLQScanned int    `json:"dlq_scanned"`
+		Error      string `json:"error,omitempty"`
+	} `json:"redis"`
+}
+
+func (a *app) taskShowCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "show ID",
+		Short: "Show a task: its row, transitions, outbox events and Redis state",
+		Long: `Show everything known about one task: its row in ingest_task (payload
+included), every transition in its audit trail, its outbox events, and for each
+stream entry whether it is in the stream, pending (and with which consumer, idle
+for how long, delivered how many times), and the task's DLQ entries.`,
+		Example: `  ingest-worker task show 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f
+  ingest-worker task show 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f --json | jq .transitions`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			id, err := uuid.Parse(args[0])
+			if err != nil {
+				return usagef("%q is not a task id (a UUID)", args[0])
+			}
+			ctx := cmd.Context()
+			store, pool, err := a.openStore(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			var d taskDetail
+			d.Task, d.Transitions, err = store.GetWithTransitions(ctx, id)
+			if err != nil {
+				return err
+			}
+			if d.Outbox, err = outboxOf(ctx, pool, id); err != nil {
+				return err
+			}
+			d.Redis.Stream, d.Redis.Group = a.cfg.StreamKey, a.cfg.Group
+			d.Redis.Entries, d.Redis.DLQ = []entryState{}, []dlq.Entry{}
+			if rdb, err := a.openRedis(ctx); err != nil {
+				d.Redis.Error = a.scrub.String(err.Error())
+			} else {
+				defer rdb.Close()
+				if err := a.redisStateOf(ctx, rdb, &d); err != nil {
+					d.Redis.Error = a.scrub.String(err.Error())
+				}
+			}
+			if a.json {
+				return a.printJSON(d)
+			}
+			a.printTask(d)
+			return nil
+		},
+	}
+}
+
+const outboxOfSQL = `
+SELECT id, stream, status, attempt_count, coalesce(stream_id, ''), coalesce(last_error, ''), created_at, sent_at
+FROM outbox_event WHERE task_id = $1 ORDER BY id`
+
+func outboxOf(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) ([]outboxRow, error) {
+	rows, err := pool.Query(ctx, outboxOfSQL, id)
+	if err != nil {
+		return nil, fmt.Errorf("read outbox events of %s: %w", id, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
+		var o outboxRow
+		err := r.Scan(&o.ID, &o.Stream, &o.Status, &o.AttemptCount, &o.StreamID, &o.LastError, &o.CreatedAt, &o.SentAt)
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read outbox events of %s: %w", id, err)
+	}
+	return orEmpty(out), nil
+}
+
+// redisStateOf fills in the Redis state of the task's stream entries and
+// its DLQ entries.
+func (a *app) redisStateOf(ctx context.Context, rdb *redis.Client, d *taskDetail) error {
+	for _, o := range d.Outbox {
+		if o.StreamID == "" {
+			continue
+		}
+		e := entryState{ID: o.StreamID, Stream: o.Stream}
+		msgs, err := rdb.XRangeN(ctx, o.Stream, o.StreamID, o.StreamID, 1).Result()
+		if err != nil {
+			return fmt.Errorf("xrange %s: %w", o.Stream, err)
+		}
+		e.InStream = len(msgs) > 0
+		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: o.Stream, Group: a.cfg.Group, Start: o.StreamID, End: o.StreamID, Count: 1}).Result()
+		if err != nil && !isNoGroup(err) {
+			return fmt.Errorf("xpending %s %s: %w", o.Stream, a.cfg.Group, err)
+		}
+		if len(pend) > 0 {
+			e.Pending, e.Consumer, e.IdleMS, e.Deliveries = true, pend[0].Consumer, pend[0].Idle.Milliseconds(), pend[0].RetryCount
+		}
+		d.Redis.Entries = append(d.Redis.Entries, e)
+	}
+	if a.cfg.DLQStreamKey == "" {
+		return nil
+	}
+	found, scanned, err := findDLQ(ctx, rdb, a.cfg.DLQStreamKey, d.Task.ID.String(), dlqScanLimit)
+	d.Redis.DLQ, d.Redis.DLQScanned = orEmpty(found), scanned
+	return err
+}
+
+// dlqScanLimit bounds the DLQ entries task show searches.
+const dlqScanLimit = 100000
+
+// findDLQ returns the DLQ entries of taskID among the newest limit entries.
+func findDLQ(ctx context.Context, rdb redis.UniversalClient, key, taskID string, limit int) ([]dlq.Entry, int, error) {
+	var found []dlq.Entry
+	scanned, after := 0, ""
+	for scanned < limit {
+		page, err := dlq.List(ctx, rdb, key, dlq.ListParams{Count: 1000, Newest: true, After: after})
+		if err != nil {
+			return found, scanned, err
+		}
+		for _, e := range page {
+			if e.TaskID == taskID {
+				found = append(found, e)
+			}
+		}
+		scanned += len(page)
+		if len(page) < 1000 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	return found, scanned, nil
+}
+
+func isNoGroup(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
+}
+
+func (a *app) printTask(d taskDetail) {
+	t := d.Task
+	kv := [][]string{
+		{"id", t.ID.String()},
+		{"kind", t.Kind},
+		{"status", string(t.Status)},
+		{"attempts", fmt.Sprintf("%d failed of %d allowed", t.AttemptCount, t.MaxAttempts)},
+	}
+	if t.NextRetryAt != nil {
+		kv = append(kv, []string{"next retry", fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
+	}
+	if t.LeaseOwner != "" {
+		kv = append(kv, []string{"lease", fmt.Sprintf("%s until %s", t.LeaseOwner, timeOrEmpty(t.LeaseUntil))})
+	}
+	if t.LastError != "" {
+		kv = append(kv, []string{"last error", clip(t.LastError, 200)})
+	}
+	if t.IdempotencyKey != "" {
+		kv = append(kv, []string{"idempotency key", t.IdempotencyKey})
+	}
+	kv = append(kv,
+		[]string{"created", timeOrEmpty(&t.CreatedAt)},
+		[]string{"updated", timeOrEmpty(&t.UpdatedAt)},
+	)
+	if t.FinishedAt != nil {
+		kv = append(kv, []string{"finished", timeOrEmpty(t.FinishedAt)})
+	}
+	kv = append(kv, []string{"payload", clip(string(t.Payload), 200)})
+	a.table([]string{"TASK", ""}, kv)
+
+	a.printf("\nTRANSITIONS (ingest_task_transition)\n")
+	rows := make([][]string, len(d.Transitions))
+	for i, r := range d.Transitions {
+		from := r.From
+		if from == "" {
+			from = "-"
+		}
+		rows[i] = []string{r.CreatedAt.Local().Format("2006-01-02 15:04:05.000"), from, r.To, fmt.Sprint(r.AttemptCount), r.Worker, clip(r.Message, 80)}
+	}
+	a.table([]string{"AT", "FROM", "TO", "ATTEMPTS", "WORKER", "MESSAGE"}, rows)
+
+	a.printf("\nOUTBOX EVENTS (outbox_event)\n")
+	rows = rows[:0]
+	for _, o := range d.Outbox {
+		rows = append(rows, []string{fmt.Sprint(o.ID), o.Status, fmt.Sprint(o.AttemptCount), o.StreamID, timeOrEmpty(&o.CreatedAt), timeOrEmpty(o.SentAt), clip(o.LastError, 60)})
+	}
+	a.table([]string{"ID", "STATUS", "ATTEMPTS", "STREAM ENTRY", "CREATED", "SENT", "LAST ERROR"}, rows)
+
+	a.printf("\nREDIS (stream %s, group %s)\n", d.Redis.Stream, d.Redis.Group)
+	if d.Redis.Error != "" {
+		a.printf("  could not read Redis: %s\n", d.Redis.Error)
+		return
+	}
+	rows = rows[:0]
+	for _, e := range d.Redis.Entries {
+		r := []string{e.ID, yesNo(e.InStream), yesNo(e.Pending), "", "", ""}
+		if e.Pending {
+			r[3], r[4], r[5] = e.Consumer, age(time.Duration(e.IdleMS)*time.Millisecond), fmt.Sprint(e.Deliveries)
+		}
+		rows = append(rows, r)
+	}
+	if len(rows) == 0 {
+		a.printf("  no stream entry yet (the outbox event is not published)\n")
+	} else {
+		a.table([]string{"ENTRY", "IN STREAM", "PENDING", "CONSUMER", "IDLE", "DELIVERIES"}, rows)
+	}
+	if a.cfg.DLQStreamKey == "" {
+		a.printf("\nDLQ: none configured (INGEST_REDIS_DLQ_STREAM_KEY is empty)\n")
+		return
+	}
+	a.printf("\nDLQ (%s, searched the newest %d entries)\n", a.cfg.DLQStreamKey, d.Redis.DLQScanned)
+	if len(d.Redis.DLQ) == 0 {
+		a.printf("  no entry for this task\n")
+		return
+	}
+	rows = rows[:0]
+	for _, e := range d.Redis.DLQ {
+		rows = append(rows, []string{e.ID, e.DeadAt.Local().Format(time.DateTime), fmt.Sprint(e.AttemptCount), e.SourceID, clip(e.LastError, 80)})
+	}
+	a.table([]string{"ENTRY", "DEAD AT", "ATTEMPTS", "SOURCE ENTRY", "LAST ERROR"}, rows)
+	a.printf("  replay with: ingest-worker dlq replay %s\n", d.Redis.DLQ[0].ID)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// relative says how far t is from now: "in 3.0s" or "2m05s ago".
+func relative(t time.Time) string {
+	d := time.Until(t)
+	if d >= 0 {
+		return "in " + age(d)
+	}
+	return age(-d) + " ago"
+}
+
+func (a *app) taskListCommand() *cobra.Command {
+	var p task.ListParams
+	var status string
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List tasks, newest first",
+		Example: `  ingest-worker task list
+  ingest-worker task list --status DEAD --kind email --limit 20
+  ingest-worker task list --json | jq -r '.tasks[].id'`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			if status != "" {
+				p.Status = task.State(strings.ToUpper(status))
+				if !p.Status.Valid() {
+					return usagef("--status %q is not one of %v", status, task.States)
+				}
+			}
+			if p.Limit < 1 || p.Limit > task.MaxListLimit {
+				return usagef("--limit must be from 1 to %d, got %d", task.MaxListLimit, p.Limit)
+			}
+			store, pool, err := a.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			tasks, next, err := store.List(cmd.Context(), p)
+			if errors.Is(err, task.ErrInvalidTask) {
+				return usageErr(err)
+			}
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(map[string]any{"tasks": orEmpty(tasks), "next_cursor": next})
+			}
+			rows := make([][]string, len(tasks))
+			for i, t := range tasks {
+				rows[i] = []string{t.ID.String(), t.Kind, string(t.Status), fmt.Sprintf("%d/%d", t.AttemptCount, t.MaxAttempts), ago(t.CreatedAt), ago(t.UpdatedAt), clip(t.LastError, 60)}
+			}
+			a.table([]string{"ID", "KIND", "STATUS", "FAILED/MAX", "CREATED", "UPDATED", "LAST ERROR"}, rows)
+			if next != "" {
+				a.notef("more: ingest-worker task list --cursor %s", next)
+				if status != "" {
+					a.notef(" --status %s", status)
+				}
+				if p.Kind != "" {
+					a.notef(" --kind %s", p.Kind)
+				}
+				a.notef(" --limit %d\n", p.Limit)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&status, "status", "s", "", "only tasks in this state: QUEUED, RUNNING, RETRYING, SUCCEEDED or DEAD")
+	f.StringVarP(&p.Kind, "kind", "k", "", "only tasks of this kind")
+	f.IntVarP(&p.Limit, "limit", "n", 50, fmt.Sprintf("most tasks shown (1..%d)", task.MaxListLimit))
+	f.StringVar(&p.Cursor, "cursor", "", "continue a listing (the cursor printed after a full page)")
+	return cmd
+}

@@ -1,0 +1,19 @@
+// Package webhook is the built-in task handler of the ingest-worker binary:
+// it delivers each task run as an HTTP POST to one URL.
+//
+// The request body is {"task_id", "kind", "payload", "attempt"} and the
+// Idempotency-Key header is the task id, so the receiver can drop repeats:
+// delivery is at-least-once, like every handler's.
+//
+// The response decides the outcome:
+//
+//   - 2xx: success;
+//   - 408, 429, 5xx, timeouts, refused or broken connections, unexpected
+//     1xx/3xx: a retryable error (a Retry-After header, in seconds or as an
+//     HTTP date, sets the delay through ingest.RetryAfter);
+//   - any other 4xx: ingest.Permanent, the task goes DEAD at once.
+//
+// Redirects are not followed (a followed 301/302 would turn the POST into a
+// GET). The URL's password and secret-looking query parameters never appear
+// in errors.
+package webhook

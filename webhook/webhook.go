@@ -1,0 +1,207 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/google/uuid"
+
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/redact"
+)
+
+// Defaults for Config.
+const (
+	DefaultTimeout       = 30 * time.Second
+	DefaultMaxRetryAfter = time.Hour
+	DefaultUserAgent     = "ingest-worker"
+)
+
+// Config configures the webhook handler. Zero fields take the Default*
+// values.
+type Config struct {
+	// URL receives one POST per task run; required, http or https.
+	URL string
+	// Timeout bounds one request, from connecting to reading the response;
+	// the task's context may end it sooner.
+	Timeout time.Duration
+	// MaxRetryAfter caps the delay a Retry-After header can ask for.
+	MaxRetryAfter time.Duration
+	// UserAgent is sent with every request.
+	UserAgent string
+	// Client sends the requests; nil means a client of its own. Its
+	// redirect policy is replaced: redirects are never followed.
+	Client *http.Client
+}
+
+// Request is the JSON body POSTed for each task run.
+type Request struct {
+	TaskID  uuid.UUID       `json:"task_id"`
+	Kind    string          `json:"kind"`
+	Payload json.RawMessage `json:"payload"`
+	Attempt int             `json:"attempt"`
+}
+
+// IdempotencyKeyHeader carries the task id.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// Validate checks the configuration and names the bad field.
+func (c Config) Validate() error {
+	if c.URL == "" {
+		return errors.New("the URL is required")
+	}
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		return fmt.Errorf("URL %s is not a valid URL", redact.DSN(c.URL))
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("URL %s: scheme must be http or https", redact.DSN(c.URL))
+	}
+	if u.Host == "" {
+		return fmt.Errorf("URL %s has no host", redact.DSN(c.URL))
+	}
+	if c.Timeout < 0 {
+		return fmt.Errorf("the Timeout must be >= 0, got %s", c.Timeout)
+	}
+	if c.MaxRetryAfter < 0 {
+		return fmt.Errorf("MaxRetryAfter must be >= 0, got %s", c.MaxRetryAfter)
+	}
+	return nil
+}
+
+type handler struct {
+	cfg    Config
+	url    string // for requests
+	shown  string // for errors: redacted
+	client *http.Client
+}
+
+// New returns a handler that POSTs each task run to cfg.URL.
+func New(cfg Config) (ingest.Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("webhook config: %w", err)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxRetryAfter == 0 {
+		cfg.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = DefaultUserAgent
+	}
+	client := &http.Client{}
+	if cfg.Client != nil {
+		c := *cfg.Client
+		client = &c
+	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	h := &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}
+	return h.handle, nil
+}
+
+// maxErrorBody is how much of a failed response's body goes into the error.
+const maxErrorBody = 256
+
+func (h *handler) handle(ctx context.Context, t ingest.Task) error {
+	body, err := json.Marshal(Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt})
+	if err != nil {
+		return ingest.Permanent(fmt.Errorf("webhook: encode task %s: %w", t.ID, err))
+	}
+	rctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return ingest.Permanent(fmt.Errorf("webhook: POST %s: %v", h.shown, err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", h.cfg.UserAgent)
+	req.Header.Set(IdempotencyKeyHeader, t.ID.String())
+
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return h.transportError(ctx, rctx, err)
+	}
+	defer resp.Body.Close()
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
+
+	code := resp.StatusCode
+	if code >= 200 && code <= 299 {
+		return nil
+	}
+	err = fmt.Errorf("webhook: POST %s: %s%s", h.shown, resp.Status, bodySuffix(snippet))
+	switch {
+	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
+		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+			return ingest.RetryAfter(min(d, h.cfg.MaxRetryAfter), err)
+		}
+		return err
+	case code >= 400:
+		return ingest.Permanent(err)
+	default: // 1xx, 3xx: not what a webhook should answer; maybe transient
+		return err
+	}
+}
+
+// transportError describes a failed request without the URL's secrets.
+func (h *handler) transportError(parent, rctx context.Context, err error) error {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		err = uerr.Err
+	}
+	switch {
+	case parent.Err() != nil:
+		// The worker is shutting down or the task's own timeout passed.
+		return fmt.Errorf("webhook: POST %s: %w", h.shown, context.Cause(parent))
+	case errors.Is(rctx.Err(), context.DeadlineExceeded):
+		return fmt.Errorf("webhook: POST %s: no response within %s", h.shown, h.cfg.Timeout)
+	}
+	return fmt.Errorf("webhook: POST %s: %v", h.shown, err)
+}
+
+// retryAfter parses a Retry-After header: delay-seconds or an HTTP date.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0, false
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0, false
+		}
+		if secs > int64(365*24*time.Hour/time.Second) {
+			secs = int64(365 * 24 * time.Hour / time.Second)
+		}
+		return time.Duration(secs) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		if d := at.Sub(now); d > 0 {
+			return d, true
+		}
+	}
+	return 0, false
+}
+
+func bodySuffix(b []byte) string {
+	s := strings.TrimSpace(strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, string(bytes.ToValidUTF8(b, []byte("?")))))
+	if s == "" {
+		return ""
+	}
+	return ": " + s
+}

@@ -1,0 +1,264 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/webhook"
+)
+
+// recorder is a webhook receiver answering with a scripted response and
+// keeping the requests it saw.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []seen
+}
+
+type seen struct {
+	method, key, contentType string
+	body                     webhook.Request
+}
+
+func (r *recorder) serve(t *testing.T, respond func(w http.ResponseWriter, req *http.Request)) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		b, _ := io.ReadAll(req.Body)
+		var body webhook.Request
+		if err := json.Unmarshal(b, &body); err != nil {
+			t.Errorf("request body %q: %v", b, err)
+		}
+		r.mu.Lock()
+		r.reqs = append(r.reqs, seen{req.Method, req.Header.Get("Idempotency-Key"), req.Header.Get("Content-Type"), body})
+		r.mu.Unlock()
+		respond(w, req)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func newHandler(t *testing.T, cfg webhook.Config) ingest.Handler {
+	t.Helper()
+	h, err := webhook.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func testTask() ingest.Task {
+	return ingest.Task{ID: uuid.New(), Kind: "send", Payload: json.RawMessage(`{"to":"a@example.com"}`), Attempt: 2, MaxAttempts: 5}
+}
+
+func status(code int, header ...string) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		for i := 0; i+1 < len(header); i += 2 {
+			w.Header().Set(header[i], header[i+1])
+		}
+		w.WriteHeader(code)
+		_, _ = w.Write([]byte("answer body"))
+	}
+}
+
+func TestStatusClassification(t *testing.T) {
+	t.Parallel()
+	date := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	tests := []struct {
+		name      string
+		respond   func(http.ResponseWriter, *http.Request)
+		ok        bool
+		permanent bool
+		delay     time.Duration // expected Retry-After delay, 0: none
+		slack     time.Duration
+	}{
+		{name: "OK200", respond: status(200), ok: true},
+		{name: "Accepted202", respond: status(202), ok: true},
+		{name: "NoContent204", respond: status(204), ok: true},
+		{name: "ServerError500", respond: status(500)},
+		{name: "BadGateway502", respond: status(502)},
+		{name: "RequestTimeout408", respond: status(408)},
+		{name: "TooManyRequests429", respond: status(429)},
+		{name: "TooManyRequests429RetryAfterSeconds", respond: status(429, "Retry-After", "7"), delay: 7 * time.Second},
+		{name: "Unavailable503RetryAfterDate", respond: status(503, "Retry-After", date), delay: 90 * time.Second, slack: 3 * time.Second},
+		{name: "RetryAfterGarbageIgnored", respond: status(503, "Retry-After", "soon")},
+		{name: "RetryAfterCapped", respond: status(429, "Retry-After", "86400"), delay: time.Hour},
+		{name: "BadRequest400", respond: status(400), permanent: true},
+		{name: "NotFound404", respond: status(404), permanent: true},
+		{name: "Conflict409", respond: status(409), permanent: true},
+		{name: "BadRequestRetryAfterStillPermanent", respond: status(400, "Retry-After", "5"), permanent: true},
+		{name: "RedirectNotFollowed", respond: status(302, "Location", "/elsewhere")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var rec recorder
+			srv := rec.serve(t, tt.respond)
+			h := newHandler(t, webhook.Config{URL: srv.URL + "/hook"})
+			task := testTask()
+			err := h(context.Background(), task)
+
+			if len(rec.reqs) != 1 {
+				t.Fatalf("server saw %d requests, want 1", len(rec.reqs))
+			}
+			got := rec.reqs[0]
+			if got.method != http.MethodPost || got.key != task.ID.String() || got.contentType != "application/json" {
+				t.Errorf("request: method %s, Idempotency-Key %q, Content-Type %q", got.method, got.key, got.contentType)
+			}
+			if got.body.TaskID != task.ID || got.body.Kind != task.Kind || got.body.Attempt != task.Attempt || string(got.body.Payload) != string(task.Payload) {
+				t.Errorf("body = %+v, want the task %+v", got.body, task)
+			}
+
+			if tt.ok {
+				if err != nil {
+					t.Fatalf("err = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("err = nil, want an error")
+			}
+			if ingest.IsPermanent(err) != tt.permanent {
+				t.Errorf("IsPermanent(%v) = %v, want %v", err, !tt.permanent, tt.permanent)
+			}
+			d, ok := ingest.RetryDelay(err)
+			if ok != (tt.delay > 0) {
+				t.Fatalf("RetryDelay(%v) = %v, %v; want a delay: %v", err, d, ok, tt.delay > 0)
+			}
+			if ok && (d < tt.delay-tt.slack || d > tt.delay+tt.slack) {
+				t.Errorf("delay = %s, want %s ± %s", d, tt.delay, tt.slack)
+			}
+			if !strings.Contains(err.Error(), "answer body") {
+				t.Errorf("error %q does not show the response body", err)
+			}
+		})
+	}
+}
+
+func TestConnectionRefusedIsRetried(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	h := newHandler(t, webhook.Config{URL: "http://" + addr + "/hook"})
+	err = h(context.Background(), testTask())
+	if err == nil || ingest.IsPermanent(err) {
+		t.Fatalf("err = %v, want a retryable error", err)
+	}
+	if _, ok := ingest.RetryDelay(err); ok {
+		t.Fatalf("err = %v carries a delay; want the normal backoff", err)
+	}
+}
+
+func TestTimeoutIsRetried(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var rec recorder
+	srv := rec.serve(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	defer close(release) // before srv.Close (cleanup), which waits for the handler
+	h := newHandler(t, webhook.Config{URL: srv.URL, Timeout: 100 * time.Millisecond})
+	start := time.Now()
+	err := h(context.Background(), testTask())
+	if err == nil || ingest.IsPermanent(err) {
+		t.Fatalf("err = %v, want a retryable error", err)
+	}
+	if !strings.Contains(err.Error(), "no response within 100ms") {
+		t.Errorf("err = %v, want it to say it timed out", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("took %s, the timeout was 100ms", el)
+	}
+}
+
+func TestCancelledContextEndsRequest(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	arrived := make(chan struct{})
+	var once sync.Once
+	var rec recorder
+	srv := rec.serve(t, func(w http.ResponseWriter, r *http.Request) {
+		once.Do(func() { close(arrived) })
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	defer close(release)
+	h := newHandler(t, webhook.Config{URL: srv.URL})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-arrived // cancel once the request is in flight
+		cancel()
+	}()
+	err := h(ctx, testTask())
+	if !errors.Is(err, context.Canceled) || ingest.IsPermanent(err) {
+		t.Fatalf("err = %v, want it to wrap context.Canceled and not be permanent", err)
+	}
+}
+
+func TestSecretsStayOutOfErrors(t *testing.T) {
+	t.Parallel()
+	var rec recorder
+	srv := rec.serve(t, status(500))
+	u := strings.Replace(srv.URL, "http://", "http://user:hunter2pw@", 1) + "/hook?token=tok-secret-1"
+	h := newHandler(t, webhook.Config{URL: u})
+	err := h(context.Background(), testTask())
+	if err == nil {
+		t.Fatal("want an error")
+	}
+	for _, s := range []string{"hunter2pw", "tok-secret-1"} {
+		if strings.Contains(err.Error(), s) {
+			t.Fatalf("error %q shows the secret %q", err, s)
+		}
+	}
+
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := l.Addr().String()
+	l.Close()
+	h = newHandler(t, webhook.Config{URL: "http://user:hunter2pw@" + addr + "/?token=tok-secret-1"})
+	err = h(context.Background(), testTask())
+	if err == nil || strings.Contains(err.Error(), "hunter2pw") || strings.Contains(err.Error(), "tok-secret-1") {
+		t.Fatalf("error %v: want one without secrets", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		cfg  webhook.Config
+		want string
+	}{
+		{"Missing", webhook.Config{}, "URL is required"},
+		{"Scheme", webhook.Config{URL: "ftp://x/y"}, "scheme must be http or https"},
+		{"NoHost", webhook.Config{URL: "http:///path"}, "has no host"},
+		{"Garbage", webhook.Config{URL: "http://a b:pw@x/%zz"}, "not a valid URL"},
+		{"NegativeTimeout", webhook.Config{URL: "http://x", Timeout: -1}, "Timeout"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := webhook.New(tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New(%+v) = %v, want an error containing %q", tt.cfg, err, tt.want)
+			}
+		})
+	}
+}
