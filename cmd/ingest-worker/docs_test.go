@@ -6,11 +6,11 @@ import (
 	"testing"
 )
 
-// The configuration table of docs/README-binary.md lists every setting with
+// The configuration table of README.md lists every setting with
 // its flag and default.
 func TestDocsListEverySetting(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../docs/README-binary.md")
+	b, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,7 +19,7 @@ func TestDocsListEverySetting(t *testing.T) {
 		row := "| `" + s.env + "` | `--" + s.flagName() + "` | "
 		i := strings.Index(doc, row)
 		if i < 0 {
-			t.Errorf("docs/README-binary.md has no row %q", row)
+			t.Errorf("README.md has no row %q", row)
 			continue
 		}
 		line, _, _ := strings.Cut(doc[i+len(row):], "\n")
