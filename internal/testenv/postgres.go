@@ -76,6 +76,18 @@ func adminURL(tb testing.TB) string {
 // has every migration applied, and drops it when the test ends.
 func NewDatabase(tb testing.TB) *Database {
 	tb.Helper()
+	return newDatabase(tb, true)
+}
+
+// NewEmptyDatabase creates an empty database (no migrations applied) for
+// this test and drops it when the test ends.
+func NewEmptyDatabase(tb testing.TB) *Database {
+	tb.Helper()
+	return newDatabase(tb, false)
+}
+
+func newDatabase(tb testing.TB, migrated bool) *Database {
+	tb.Helper()
 	admin := adminURL(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -84,12 +96,16 @@ func NewDatabase(tb testing.TB) *Database {
 		tb.Fatalf("connect to test PostgreSQL: %v", err)
 	}
 	defer conn.Close(ctx)
-	tmpl, err := ensureTemplate(ctx, conn, admin)
-	if err != nil {
-		tb.Fatalf("test database template: %v", err)
-	}
 	name := "ingest_test_" + randomHex(6)
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s TEMPLATE %s", name, tmpl)); err != nil {
+	create := "CREATE DATABASE " + name
+	if migrated {
+		tmpl, err := ensureTemplate(ctx, conn, admin)
+		if err != nil {
+			tb.Fatalf("test database template: %v", err)
+		}
+		create += " TEMPLATE " + tmpl
+	}
+	if _, err := conn.Exec(ctx, create); err != nil {
 		tb.Fatalf("create test database: %v", err)
 	}
 	url, err := withDatabase(admin, name)
@@ -190,42 +206,4 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// NewEmptyDatabase creates an empty database (no migrations applied) for
-// this test and drops it when the test ends.
-func NewEmptyDatabase(tb testing.TB) *Database {
-	tb.Helper()
-	admin := adminURL(tb)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		tb.Fatalf("connect to test PostgreSQL: %v", err)
-	}
-	defer conn.Close(ctx)
-	name := "ingest_test_" + randomHex(6)
-	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE DATABASE %s", name)); err != nil {
-		tb.Fatalf("create test database: %v", err)
-	}
-	url, err := withDatabase(admin, name)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		tb.Fatalf("connect to %s: %v", name, err)
-	}
-	tb.Cleanup(func() {
-		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			return
-		}
-		defer c.Close(ctx)
-		_, _ = c.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", name))
-	})
-	return &Database{Name: name, URL: url, Pool: pool}
 }
