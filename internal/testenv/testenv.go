@@ -30,8 +30,15 @@ func register(f func()) {
 
 // Main runs the tests and then stops the servers this process started. Call
 // it from TestMain: func TestMain(m *testing.M) { testenv.Main(m) }.
-func Main(m *testing.M) {
+func Main(m *testing.M) { MainWith(m, nil) }
+
+// MainWith is Main with after run once the tests have finished, before the
+// servers stop (for example to print a report).
+func MainWith(m *testing.M, after func()) {
 	code := m.Run()
+	if after != nil {
+		after()
+	}
 	cleanup.mu.Lock()
 	for i := len(cleanup.fns) - 1; i >= 0; i-- {
 		cleanup.fns[i]()

@@ -1,0 +1,5 @@
+//go:build reliability && !race
+
+package chaos
+
+const raceEnabled = false

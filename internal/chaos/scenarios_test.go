@@ -1,0 +1,447 @@
+//go:build reliability
+
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// notTerminal counts tasks that are not SUCCEEDED or DEAD.
+func (c *cluster) notTerminal() int {
+	return c.query(`SELECT count(*) FROM ingest_task WHERE status IN ('QUEUED', 'RUNNING', 'RETRYING')`)
+}
+
+// TestKillWorkers: a random worker of four is SIGKILLed every 2 s while
+// the tasks run, and restarted (scenario 1).
+func TestKillWorkers(t *testing.T) {
+	c := newCluster(t, clusterOptions{})
+	start := time.Now()
+	ws := c.spawn("w", 4)
+	total, seconds := size(2000, 20000), size(10, 60)
+	// The producer spreads the tasks evenly over the run (a batch every
+	// 100 ms), so that kills land while work is in flight.
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		batch := total / (10 * seconds)
+		for n := 0; n < total; n += batch {
+			c.enqueue("ok", min(batch, total-n), 20, 50)
+			<-tick.C
+		}
+	}()
+	producing := func() bool {
+		select {
+		case <-produced:
+			return false
+		default:
+			return true
+		}
+	}
+	var mu sync.Mutex
+	var recovery time.Duration
+	var wg sync.WaitGroup
+	for producing() || c.notTerminal() != 0 {
+		// Every 2 s on average, at a random phase: a fixed period would
+		// line up with the producer's and always hit idle workers.
+		time.Sleep(1500*time.Millisecond + rand.N(time.Second))
+		if !producing() && c.notTerminal() == 0 {
+			break
+		}
+		killed := time.Now()
+		old := ws[rand.IntN(len(ws))].kill()
+		// Recovery: until no task is RUNNING under the dead consumer
+		// (its tasks were taken over and finished elsewhere).
+		wg.Go(func() {
+			deadline := time.Now().Add(time.Minute)
+			for c.runningUnder(old) != 0 && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			mu.Lock()
+			recovery = max(recovery, time.Since(killed))
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if n := c.faults.Load(); n < int64(seconds/2-1) {
+		t.Errorf("only %d kills during the run", n)
+	}
+	r := c.finish(row{Scenario: "1. SIGKILL a worker every 2 s (4 workers)", Recovery: recovery,
+		Notes: "recovery: longest time until a killed worker's tasks were taken over"}, expect{}, start)
+	if r.DupBound == 0 {
+		t.Errorf("no kill caught a worker running tasks: the scenario tested nothing")
+	}
+}
+
+// TestRedisDataLoss: Redis loses everything mid-run, by SHUTDOWN NOSAVE and
+// a restart, and by FLUSHALL (scenario 2).
+func TestRedisDataLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(c *cluster)
+	}{
+		{"ShutdownNosave", func(c *cluster) {
+			opt := *c.admin.Options()
+			opt.MaxRetries = -1 // one SHUTDOWN, not a retry against the stopped server
+			once := redis.NewClient(&opt)
+			defer once.Close()
+			err := once.Do(context.Background(), "SHUTDOWN", "NOSAVE").Err()
+			if err != nil && !errors.Is(err, redis.ErrClosed) && !strings.Contains(err.Error(), "EOF") {
+				c.t.Logf("SHUTDOWN NOSAVE: %v", err)
+			}
+			c.redis.Kill() // reaps the process, frees the port
+			if err := c.redis.Start(); err != nil {
+				c.t.Fatal(err)
+			}
+		}},
+		{"FlushAll", func(c *cluster) {
+			if err := c.admin.FlushAll(context.Background()).Err(); err != nil {
+				c.t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, clusterOptions{})
+			start := time.Now()
+			c.spawn("w", 4)
+			total := size(1000, 10000)
+			c.enqueue("ok", total/2, 5, 50)
+			c.eventually(time.Minute, "a quarter of the tasks done", func() bool { return c.count(task.Succeeded) >= total/4 })
+			c.fault(c.running())
+			tc.lose(c)
+			lost := time.Now()
+			c.enqueue("ok", total/2, 5, 50)
+			rec := c.settledBefore(lost, time.Minute)
+			c.finish(row{Scenario: "2. Redis " + tc.name + " mid-run", Recovery: rec,
+				Notes: "recovery: until every task enqueued before the loss finished"}, expect{}, start)
+		})
+	}
+}
+
+// TestPostgresRestart: pg_ctl restart -m fast mid-run; the workers
+// reconnect and carry on, none exits (scenario 3).
+func TestPostgresRestart(t *testing.T) {
+	c := newCluster(t, clusterOptions{ownPostgres: true})
+	start := time.Now()
+	c.spawn("w", 4)
+	total := size(1500, 10000)
+	restarts := size(1, 3)
+	c.enqueue("ok", total, 10, 50)
+	var recovery time.Duration
+	for i := 1; i <= restarts; i++ {
+		c.eventually(2*time.Minute, "progress before the restart", func() bool {
+			return c.count(task.Succeeded) >= total*i/(restarts+2)
+		})
+		c.fault(c.running())
+		if err := c.pg.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		recovery = max(recovery, c.resumed(time.Now(), 30*time.Second))
+	}
+	c.finish(row{Scenario: "3. PostgreSQL restart (-m fast)", Recovery: recovery,
+		Notes: fmt.Sprintf("%d restarts; recovery: restart done until a task started afterwards succeeded", restarts)}, expect{}, start)
+}
+
+// TestRedisFrozen: Redis stopped with SIGSTOP for 10 s, then SIGCONT: no
+// worker exits and work resumes within 5 s (scenario 4).
+func TestRedisFrozen(t *testing.T) {
+	c := newCluster(t, clusterOptions{})
+	start := time.Now()
+	c.spawn("w", 4)
+	total := size(1500, 10000)
+	c.enqueue("ok", total, 10, 50)
+	c.eventually(time.Minute, "a quarter of the tasks done", func() bool { return c.count(task.Succeeded) >= total/4 })
+	c.fault(c.running())
+	c.redis.Pause()
+	time.Sleep(10 * time.Second) // the fault's duration, not a synchronisation
+	c.redis.Resume()
+	rec := c.resumed(time.Now(), 30*time.Second)
+	if rec > 5*time.Second {
+		t.Errorf("work resumed %s after SIGCONT, want within 5s", rec)
+	}
+	c.finish(row{Scenario: "4. Redis SIGSTOP 10 s", Recovery: rec,
+		Notes: "recovery: SIGCONT until a task started afterwards succeeded"}, expect{}, start)
+}
+
+// TestRelayFrozen: a relay-only process is frozen with SIGSTOP, while it
+// holds claimed outbox rows, past its claim lease while the workers' relays
+// carry on (scenario 5). Its Redis connection goes through a proxy adding
+// 100 ms of latency, so that its passes hold claims long enough to be
+// caught.
+func TestRelayFrozen(t *testing.T) {
+	c := newCluster(t, clusterOptions{})
+	start := time.Now()
+	c.spawn("w", 3)
+	proxy := slowProxy(t, c.redis.Addr(), 100*time.Millisecond)
+	relay := c.spawn("relay", 1, "CHAOS_ROLE=relay", "CHAOS_RELAY_LEASE_MS=1500", "CHAOS_RELAY_BATCH=10",
+		"CHAOS_RELAY_PUBLISH_TIMEOUT_MS=700", "CHAOS_REDIS_URL="+fmt.Sprintf("redis://:%s@%s/0", c.secret, proxy))[0]
+	freezes := size(3, 8)
+
+	// A steady producer keeps the relays busy until the freezes are done.
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		for ctx.Err() == nil {
+			c.enqueue("ok", 10, 2, 50)
+			time.Sleep(20 * time.Millisecond) // pacing, not synchronisation
+		}
+	}()
+	held := func() int {
+		return c.query(`SELECT count(*) FROM outbox_event WHERE claimed_by = $1 AND status IN ('NEW', 'RETRYING')`, relay.Consumer())
+	}
+	heldRows, tries := 0, 0
+	for caught := 0; caught < freezes; {
+		if tries++; tries > 20000 {
+			t.Fatalf("caught the relay holding claims in only %d of %d freezes", caught, freezes)
+		}
+		if held() == 0 {
+			time.Sleep(time.Millisecond) // polling for a pass in progress
+			continue
+		}
+		relay.signal(syscall.SIGSTOP)
+		n := held()
+		if n == 0 { // the pass ended in between
+			relay.signal(syscall.SIGCONT)
+			continue
+		}
+		caught++
+		heldRows += n
+		c.fault(0)                  // the relay runs no tasks
+		time.Sleep(3 * time.Second) // frozen past its 1.5 s lease
+		relay.signal(syscall.SIGCONT)
+	}
+	stop()
+	<-produced
+	stale := strings.Count(tail(relay.log, 1000), "lost its lease")
+	c.finish(row{Scenario: "5. outbox relay SIGSTOP past its lease", Notes: fmt.Sprintf(
+		"%d freezes, each holding claims (%d rows in all), taken over by the other relays; the frozen relay reported a lost lease %d times", freezes, heldRows, stale)},
+		expect{noDuplicates: true}, start)
+}
+
+// TestPoison: 1% of the tasks panic and 1% malformed entries are added;
+// they end DEAD / in the DLQ, and the healthy throughput stays >= 90% of a
+// clean run (scenario 6).
+func TestPoison(t *testing.T) {
+	c := newCluster(t, clusterOptions{})
+	start := time.Now()
+	c.spawn("w", 4)
+	n := size(1000, 5000)
+	okDone := func(want int) func() bool {
+		return func() bool {
+			return c.query(`SELECT count(*) FROM ingest_task WHERE kind = 'ok' AND status = 'SUCCEEDED'`) >= want
+		}
+	}
+	c.enqueue("ok", 200, 5, 50) // warm-up
+	c.eventually(time.Minute, "warm-up", okDone(200))
+	done, poison := 200, 0
+	// phase runs n healthy tasks, with 1% poison tasks and 1% malformed
+	// entries when poisoned, and returns how long the healthy ones took.
+	phase := func(poisoned bool) time.Duration {
+		t0 := time.Now()
+		if poisoned {
+			c.enqueue("panic", n/100, 0, 3)
+		}
+		c.enqueue("ok", n, 5, 50)
+		if poisoned {
+			poison += c.injectPoison(n / 100)
+		}
+		done += n
+		c.eventually(2*time.Minute, "a run's healthy tasks", okDone(done))
+		return time.Since(t0)
+	}
+	// Clean, poisoned, poisoned, clean: the order cancels a linear drift
+	// (tables growing) between the two kinds of run.
+	clean := phase(false)
+	poisoned := phase(true)
+	poisoned += phase(true)
+	clean += phase(false)
+	ratio := clean.Seconds() / poisoned.Seconds()
+	if ratio < 0.9 {
+		t.Errorf("healthy throughput with poison is %.0f%% of the clean runs (%s vs %s), want >= 90%%", 100*ratio, poisoned, clean)
+	}
+	c.finish(row{Scenario: "6. 1% poison (panicking tasks + malformed entries)", Notes: fmt.Sprintf(
+		"healthy throughput %.0f/s clean, %.0f/s with poison (%.0f%%)", float64(2*n)/clean.Seconds(), float64(2*n)/poisoned.Seconds(), 100*ratio)},
+		expect{deadKinds: []string{"panic"}, poison: poison}, start)
+}
+
+// injectPoison XADDs n malformed entries of several shapes to the task
+// stream and returns how many it added.
+func (c *cluster) injectPoison(n int) int {
+	c.t.Helper()
+	shapes := []func(i int) []any{
+		func(i int) []any { return []any{"task_id", "not-a-uuid", "kind", "ok"} },
+		func(i int) []any { return []any{"kind", "ok", "n", i} },
+		func(i int) []any { return []any{"task_id", uuid.Nil.String(), "kind", "ok"} },
+		func(i int) []any { return []any{"task_id", uuid.NewString(), "kind", "ok"} }, // no such task
+		func(i int) []any { return []any{"task_id", "{" + uuid.NewString() + "}"} },
+		func(i int) []any {
+			var v []any
+			for f := range 20 {
+				v = append(v, fmt.Sprintf("f%d", f), "x")
+			}
+			return v
+		},
+		func(i int) []any { return []any{"task_id", "\xff\xfe" + strings.Repeat("A", 2000)} },
+	}
+	ctx := context.Background()
+	for i := range n {
+		if err := c.admin.XAdd(ctx, &redis.XAddArgs{Stream: c.stream, Values: shapes[i%len(shapes)](i)}).Err(); err != nil {
+			c.t.Fatalf("XADD poison: %v", err)
+		}
+	}
+	return n
+}
+
+// TestLongTasks: tasks that run 5× the reclaim idle time under an
+// aggressive reclaimer are never executed twice (scenario 7).
+func TestLongTasks(t *testing.T) {
+	c := newCluster(t, clusterOptions{env: []string{
+		"CHAOS_TASK_LEASE_MS=600", "CHAOS_RECLAIM_IDLE_MS=400", "CHAOS_RECLAIM_INTERVAL_MS=50", "CHAOS_LONG_MS=2000",
+	}})
+	start := time.Now()
+	c.spawn("w", 4)
+	c.enqueue("long", size(48, 200), 0, 50)
+	c.finish(row{Scenario: "7. long tasks (2 s = 5× reclaim idle 400 ms, reclaim every 50 ms)"},
+		expect{noDuplicates: true}, start)
+}
+
+// TestHeldTransaction: a transaction stays open (holding back the xmin
+// horizon) for the whole run; the claim queries stay index-driven and fast
+// (scenario 8).
+func TestHeldTransaction(t *testing.T) {
+	c := newCluster(t, clusterOptions{})
+	start := time.Now()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, c.db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT txid_current(), count(*) FROM ingest_task`); err != nil {
+		t.Fatal(err)
+	}
+
+	c.spawn("w", 4)
+	total := size(3000, 20000)
+	pctx, stopProbe := context.WithCancel(ctx)
+	probed := make(chan map[string][]time.Duration)
+	go func() { probed <- c.probeClaims(pctx) }()
+	for n := 0; n < total; n += 500 {
+		c.enqueue("ok", min(500, total-n), 2, 50)
+	}
+	c.eventually(5*time.Minute, "all tasks done", func() bool { return c.notTerminal() == 0 })
+	stopProbe()
+	lat := <-probed
+
+	var notes []string
+	for _, p := range claimProbes {
+		d := lat[p.name]
+		plan := c.plan(p.sql)
+		notes = append(notes, fmt.Sprintf("%s p50 %s p99 %s max %s (%d runs; %s)", p.name,
+			pct(d, 0.50), pct(d, 0.99), pct(d, 1), len(d), plan))
+		if strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s is not index-driven with a transaction held open: %s", p.name, plan)
+		}
+		if p99 := pct(d, 0.99); p99 > 250*time.Millisecond {
+			t.Errorf("%s p99 %s with a transaction held open, want < 250ms", p.name, p99)
+		}
+	}
+	var dead int
+	_ = c.db.Pool.QueryRow(ctx, `SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname IN ('ingest_task', 'outbox_event')`).Scan(&dead)
+	notes = append(notes, fmt.Sprintf("%d dead tuples kept by the open transaction", dead))
+	_ = tx.Rollback(ctx)
+	c.finish(row{Scenario: "8. transaction held open for the whole run", Notes: strings.Join(notes, "; ")}, expect{}, start)
+}
+
+// claimProbes are read-only copies of the hot claim scans: the relay's
+// claim of due outbox rows and the rescuer's pages of QUEUED tasks and of
+// RUNNING tasks whose lease expired.
+var claimProbes = []struct{ name, sql string }{
+	{"outbox claim", `SELECT id FROM outbox_event
+		WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
+		ORDER BY next_retry_at, id LIMIT 50`},
+	{"rescuer QUEUED page", `SELECT id FROM ingest_task
+		WHERE status = 'QUEUED' AND (created_at, id) > ('-infinity'::timestamptz, '00000000-0000-0000-0000-000000000000'::uuid)
+		ORDER BY created_at, id LIMIT 100`},
+	{"rescuer expired-lease page", `SELECT id FROM ingest_task
+		WHERE status = 'RUNNING' AND lease_until < now() ORDER BY lease_until, id LIMIT 100`},
+}
+
+// probeClaims runs every claim probe every 20 ms until ctx is done and
+// returns their latencies.
+func (c *cluster) probeClaims(ctx context.Context) map[string][]time.Duration {
+	lat := map[string][]time.Duration{}
+	for ctx.Err() == nil {
+		for _, p := range claimProbes {
+			t0 := time.Now()
+			rows, err := c.db.Pool.Query(ctx, p.sql)
+			if err == nil {
+				for rows.Next() {
+				}
+				err = rows.Err()
+				rows.Close()
+			}
+			if err == nil {
+				lat[p.name] = append(lat[p.name], time.Since(t0))
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return lat
+}
+
+// plan returns the scan nodes of the query's plan, e.g. "Index Scan using
+// outbox_event_claim_idx".
+func (c *cluster) plan(sql string) string {
+	rows, err := c.db.Pool.Query(context.Background(), "EXPLAIN "+sql)
+	if err != nil {
+		return "explain: " + err.Error()
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "explain: " + err.Error()
+	}
+	var scans []string
+	for _, l := range lines {
+		l = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(l), "->"))
+		if strings.Contains(l, "Scan") {
+			scans = append(scans, strings.TrimSpace(strings.SplitN(l, "  (", 2)[0]))
+		}
+	}
+	return strings.Join(scans, ", ")
+}
+
+func pct(d []time.Duration, p float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p*float64(len(s))) - 1
+	return s[max(0, min(i, len(s)-1))].Round(10 * time.Microsecond)
+}
