@@ -7,10 +7,12 @@ import (
 	"github.com/google/uuid"
 )
 
-// runHeartbeat runs heartbeatOnce every TaskLease/3 until stop is closed.
+// runHeartbeat runs heartbeatOnce every TaskLease/3 until stop is closed,
+// then waits for a refresh of idle times still under way.
 func (p *processor) runHeartbeat(stop <-chan struct{}) {
 	t := time.NewTicker(p.w.cfg.TaskLease / 3)
 	defer t.Stop()
+	defer p.touches.Wait()
 	for {
 		select {
 		case <-stop:
@@ -25,10 +27,12 @@ func (p *processor) runHeartbeat(stop <-chan struct{}) {
 // cancels the handlers whose lease was lost, and resets the idle time of
 // their entries (and of entries held for a DLQ retry) with one XCLAIM
 // JUSTID, so no reclaimer takes them.
+//
+// The lease renewal (Postgres) does not wait for Redis: a frozen or slow
+// Redis must not let the leases of running tasks expire, which would hand
+// them to another worker and run them twice.
 func (p *processor) heartbeatOnce(ctx context.Context) {
 	w := p.w
-	p.settleMu.Lock()
-	defer p.settleMu.Unlock()
 	p.mu.Lock()
 	ids := make([]uuid.UUID, 0, len(p.running))
 	for _, r := range p.running {
@@ -70,7 +74,40 @@ func (p *processor) heartbeatOnce(ctx context.Context) {
 		}
 		p.mu.Unlock()
 	}
-	if err := w.group.Touch(ctx, touch...); err != nil {
-		w.log.Warn("refresh idle time of running entries failed", "count", len(touch), "err", err)
+	// The idle-time refresh runs on its own goroutine (one at a time): a
+	// Redis that hangs, even past the call's deadline, must not delay the
+	// next lease renewal.
+	if p.touching.CompareAndSwap(false, true) {
+		p.touches.Add(1)
+		go func() {
+			defer p.touches.Done()
+			defer p.touching.Store(false)
+			p.touch(ctx, touch)
+		}()
+	}
+}
+
+// touch resets the idle time of entries still handled here. It holds
+// settleMu, so it never overwrites the idle time an entry was settled with
+// (entries settled since the caller listed them are skipped), and gives up
+// after a third of the lease so the next renewal is not delayed by Redis.
+func (p *processor) touch(ctx context.Context, ids []string) {
+	p.settleMu.Lock()
+	defer p.settleMu.Unlock()
+	p.mu.Lock()
+	live := ids[:0]
+	for _, id := range ids {
+		if p.inflight[id] {
+			live = append(live, id)
+		}
+	}
+	p.mu.Unlock()
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.w.cfg.TaskLease/3)
+	defer cancel()
+	if err := p.w.group.Touch(ctx, live...); err != nil {
+		p.w.log.Warn("refresh idle time of running entries failed", "count", len(live), "err", err)
 	}
 }

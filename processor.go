@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -85,6 +86,10 @@ type processor struct {
 	// settling of entries (ack, idle time set, leaving the in-flight set),
 	// so a refresh never overwrites the idle time an entry was settled with.
 	settleMu sync.Mutex
+	// touching is set while a heartbeat's idle-time refresh runs (touches
+	// tracks it for shutdown).
+	touching atomic.Bool
+	touches  sync.WaitGroup
 
 	freed    chan struct{} // signalled when slots are released
 	outcomes chan outcome  // handlers → completer; capacity = Concurrency
