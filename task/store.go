@@ -172,10 +172,16 @@ func containsNUL(s string) bool {
 // inTx runs f in a transaction of s.db, retrying on deadlock or
 // serialization failure (f must be safe to run again).
 func (s *Store) inTx(ctx context.Context, f func(pgx.Tx) error) error {
+	return s.retry(ctx, func() error { return pgx.BeginFunc(ctx, s.db, f) })
+}
+
+// retry runs f (a transaction or a single statement, which is one), again
+// on deadlock or serialization failure, up to 5 times.
+func (s *Store) retry(ctx context.Context, f func() error) error {
 	for attempt := 1; ; attempt++ {
-		err := pgx.BeginFunc(ctx, s.db, f)
+		err := f()
 		var pgErr *pgconn.PgError
-		if err != nil && attempt < 5 && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
+		if err != nil && attempt < 5 && ctx.Err() == nil && errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001") {
 			continue
 		}
 		return err

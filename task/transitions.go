@@ -28,18 +28,23 @@ type StartResult struct {
 	Died bool
 }
 
-// startSQL starts every due task of $1 under lease owner $2 for $3 ms.
+// startSQL starts every due task of $1 under lease owner $2 for $3 ms, and
+// writes the audit row of each change, in one statement (one round trip,
+// one implicit transaction).
 //
 // locked takes the row locks in id order and, being FOR NO KEY UPDATE,
-// reads the latest committed version of each row; the UPDATE's WHERE is the
-// guard of DESIGN §2 (due QUEUED/RETRYING, or RUNNING with an expired lease:
-// a takeover, which counts the abandoned run as a failure and goes DEAD when
-// it was the last attempt). Rows the guard refuses come back unchanged with
-// started = false.
+// reads the latest committed version of each row (the ids are joined from
+// unnest, so the rows are found through the primary key alone, whatever
+// the other indexes hold). The UPDATE's WHERE is the guard of DESIGN §2,
+// on locked's columns (see lockRunning)
+// (due QUEUED/RETRYING, or RUNNING with an expired lease: a takeover, which
+// counts the abandoned run as a failure and goes DEAD when it was the last
+// attempt). audit inserts one transition row per changed row. Rows the
+// guard refuses come back unchanged with started = false.
 const startSQL = `
 WITH locked AS (
-    SELECT * FROM ingest_task
-    WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE
+    SELECT t.* FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
+    ORDER BY t.id FOR NO KEY UPDATE OF t
 ), upd AS (
     UPDATE ingest_task t SET
         status        = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RUNNING' END,
@@ -54,9 +59,14 @@ WITH locked AS (
         updated_at    = now()
     FROM locked l
     WHERE t.id = l.id AND (
-           (t.status IN ('QUEUED', 'RETRYING') AND (t.next_retry_at IS NULL OR t.next_retry_at <= now()))
-        OR (t.status = 'RUNNING' AND t.lease_until < now()))
+           (l.status IN ('QUEUED', 'RETRYING') AND (l.next_retry_at IS NULL OR l.next_retry_at <= now()))
+        OR (l.status = 'RUNNING' AND l.lease_until < now()))
     RETURNING t.*, l.status AS from_status, coalesce(l.lease_owner, '') AS prev_owner
+), audit AS (
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+    SELECT id, from_status, status, attempt_count,
+           CASE WHEN from_status = 'RUNNING' THEN NULLIF(last_error, '') ELSE 'attempt ' || (attempt_count + 1) END, $2
+    FROM upd
 )
 SELECT ` + taskColumns + `, from_status, prev_owner, true FROM upd
 UNION ALL
@@ -64,27 +74,27 @@ SELECT ` + taskColumns + `, status, '', false
 FROM locked WHERE id NOT IN (SELECT id FROM upd)`
 
 // Start moves each due task of ids to RUNNING under owner's lease and
-// returns one result per distinct id, in the order given.
+// returns one result per distinct id, in the order given. All ids are
+// started, and their audit rows written, by one statement.
 func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) ([]StartResult, error) {
 	ids = distinct(ids)
 	if len(ids) == 0 {
 		return nil, nil
 	}
 	byID := make(map[uuid.UUID]StartResult, len(ids))
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
+	err := s.retry(ctx, func() error {
 		clear(byID)
-		rows, err := tx.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4)
+		rows, err := s.db.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4)
 		if err != nil {
 			return err
 		}
-		var recs []transition.Record
+		defer rows.Close()
 		for rows.Next() {
 			var from State
 			var prevOwner string
 			var started bool
 			t, err := scanTask(rows, &from, &prevOwner, &started)
 			if err != nil {
-				rows.Close()
 				return err
 			}
 			r := StartResult{ID: t.ID, Task: &t}
@@ -96,12 +106,8 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 				if r.Died {
 					r.Outcome = Skipped
 				}
-				recs = append(recs, transition.Record{TaskID: t.ID, From: string(Running), To: string(t.Status),
-					AttemptCount: t.AttemptCount, Worker: owner, Message: t.LastError})
 			case started:
 				r.Outcome = Started
-				recs = append(recs, transition.Record{TaskID: t.ID, From: string(from), To: string(Running),
-					AttemptCount: t.AttemptCount, Worker: owner, Message: fmt.Sprintf("attempt %d", t.AttemptCount+1)})
 			case from == Queued || from == Retrying:
 				r.Outcome = NotDue
 			default:
@@ -112,10 +118,9 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 			}
 			byID[t.ID] = r
 		}
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		return transition.Insert(ctx, tx, recs...)
+		// The statement's implicit transaction has committed once the
+		// rows are read without error.
+		return rows.Err()
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start %d tasks: %w", len(ids), err)
@@ -152,10 +157,10 @@ type Result struct {
 }
 
 const renewSQL = `
+WITH l AS (` + lockRunning + `
+)
 UPDATE ingest_task t SET lease_until = now() + $3 * interval '1 millisecond', updated_at = now()
-FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
-      ORDER BY id FOR NO KEY UPDATE) l
-WHERE t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
+FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
 RETURNING t.id`
 
 // Renew extends owner's lease on the RUNNING tasks of ids and returns the
@@ -177,22 +182,52 @@ func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, id
 	return renewed, nil
 }
 
+// The completion statements below each change the rows of $1 that owner
+// $2 holds RUNNING and write one audit row per change: one statement, one
+// round trip, one implicit transaction. The rows are locked in id order
+// and found through the primary key alone.
+
+// guardedTail returns the rows cte u changed. The current state of the
+// others is read afterwards, by a statement of its own (see
+// guardedStatement): the rows this one found locked are read in the
+// version that the lock holder committed.
+const guardedTail = `
+SELECT id, status, attempt_count, next_retry_at, last_error FROM u`
+
+// currentSQL reads the current state of tasks a guard refused.
+const currentSQL = `
+SELECT t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), coalesce(t.lease_owner, '')
+FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id`
+
+// lockRunning locks the rows of $1 in id order, found through the primary
+// key alone, and reads their latest committed version; the UPDATE that
+// follows guards on these columns (status, lease_owner), not on
+// indexable ones of its own target, so that no plan scans an index of
+// status (whose statistics a queue makes stale) instead of the key. A
+// locked row cannot change until the statement commits.
+const lockRunning = `
+    SELECT t.id, t.status, t.lease_owner FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
+    ORDER BY t.id FOR NO KEY UPDATE OF t`
+
+// guardedReturning is the RETURNING list of u.
+const guardedReturning = `RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, '') AS last_error`
+
 const succeedSQL = `
-UPDATE ingest_task t SET status = 'SUCCEEDED', lease_owner = NULL, lease_until = NULL, next_retry_at = NULL,
-    finished_at = now(), updated_at = now()
-FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
-      ORDER BY id FOR NO KEY UPDATE) l
-WHERE t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
-RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+WITH l AS (` + lockRunning + `
+), u AS (
+    UPDATE ingest_task t SET status = 'SUCCEEDED', lease_owner = NULL, lease_until = NULL, next_retry_at = NULL,
+        finished_at = now(), updated_at = now()
+    FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+    ` + guardedReturning + `
+), audit AS (
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, worker)
+    SELECT id, 'RUNNING', 'SUCCEEDED', attempt_count, $2 FROM u
+)` + guardedTail
 
 // Succeed moves the tasks of ids that owner holds RUNNING to SUCCEEDED.
 func (s *Store) Succeed(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
-	return s.guarded(ctx, "succeed", ids, func(tx pgx.Tx) (pgx.Rows, error) {
-		return tx.Query(ctx, succeedSQL, ids, owner)
-	}, func(r Result) transition.Record {
-		return transition.Record{TaskID: r.ID, From: string(Running), To: string(Succeeded), AttemptCount: r.AttemptCount, Worker: owner}
-	})
+	return s.guardedStatement(ctx, "succeed", ids, succeedSQL, ids, owner)
 }
 
 // Failure describes one failed run.
@@ -206,32 +241,34 @@ type Failure struct {
 }
 
 // failSQL records failed runs. Inputs are parallel arrays: id, error,
-// permanent, retry-after µs (0: use the backoff). RETRYING or DEAD is
-// decided here from the row's attempt_count; the backoff is
+// permanent, retry-after µs (0: use the backoff), audit message. RETRYING
+// or DEAD is decided here from the row's attempt_count; the backoff is
 // min($3 * 2^(attempt-1), $4) * (1 ± $5), in (fractional) ms.
 const failSQL = `
 WITH f AS (
-    SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[]) AS f(id, err, permanent, retry_after_us)
-), l AS (
-    SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
-    ORDER BY id FOR NO KEY UPDATE
-)
-UPDATE ingest_task t SET
-    attempt_count = t.attempt_count + 1,
-    status        = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RETRYING' END,
-    next_retry_at = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN NULL
-                         WHEN f.retry_after_us > 0 THEN now() + f.retry_after_us * interval '1 microsecond'
-                         ELSE now() + least($3::float8 * power(2::float8, least(t.attempt_count, 62)), $4::float8)
-                                      * (1 + $5::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
-    finished_at   = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN now() END,
-    last_error    = f.err,
-    error_message = f.err,
-    lease_owner   = NULL,
-    lease_until   = NULL,
-    updated_at    = now()
-FROM f, l
-WHERE t.id = f.id AND t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
-RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+    SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[], $9::text[]) AS f(id, err, permanent, retry_after_us, msg)
+), l AS (` + lockRunning + `
+), u AS (
+    UPDATE ingest_task t SET
+        attempt_count = t.attempt_count + 1,
+        status        = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RETRYING' END,
+        next_retry_at = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN NULL
+                             WHEN f.retry_after_us > 0 THEN now() + f.retry_after_us * interval '1 microsecond'
+                             ELSE now() + least($3::float8 * power(2::float8, least(t.attempt_count, 62)), $4::float8)
+                                          * (1 + $5::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
+        finished_at   = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN now() END,
+        last_error    = f.err,
+        error_message = f.err,
+        lease_owner   = NULL,
+        lease_until   = NULL,
+        updated_at    = now()
+    FROM f, l
+    WHERE t.id = f.id AND t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+    ` + guardedReturning + `
+), audit AS (
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+    SELECT u.id, 'RUNNING', u.status, u.attempt_count, NULLIF(f.msg, ''), $2 FROM u JOIN f ON f.id = u.id
+)` + guardedTail
 
 // Fail records failed runs of tasks that owner holds RUNNING: each goes
 // RETRYING (due after the backoff, or RetryAfter) while attempts remain, and
@@ -239,32 +276,27 @@ RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_erro
 func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Result, error) {
 	seen := map[uuid.UUID]bool{}
 	var ids []uuid.UUID
-	var errs []string
+	var errs, msgs []string
 	var perm []bool
 	var after []int64
-	byID := map[uuid.UUID]Failure{}
 	for _, f := range fails {
 		if seen[f.ID] {
 			continue
 		}
 		seen[f.ID] = true
 		f.Error = truncateError(f.Error)
-		byID[f.ID] = f
+		msg := f.Error
+		if f.Permanent {
+			msg = truncateError("permanent: " + msg)
+		}
 		ids = append(ids, f.ID)
 		errs = append(errs, f.Error)
+		msgs = append(msgs, msg)
 		perm = append(perm, f.Permanent)
 		after = append(after, f.RetryAfter.Microseconds())
 	}
 	b := s.cfg.Backoff
-	return s.guarded(ctx, "fail", ids, func(tx pgx.Tx) (pgx.Rows, error) {
-		return tx.Query(ctx, failSQL, ids, owner, ms(b.Base), ms(b.Max), b.Jitter, errs, perm, after)
-	}, func(r Result) transition.Record {
-		msg := byID[r.ID].Error
-		if byID[r.ID].Permanent {
-			msg = "permanent: " + msg
-		}
-		return transition.Record{TaskID: r.ID, From: string(Running), To: string(r.Status), AttemptCount: r.AttemptCount, Worker: owner, Message: truncateError(msg)}
-	})
+	return s.guardedStatement(ctx, "fail", ids, failSQL, ids, owner, ms(b.Base), ms(b.Max), b.Jitter, errs, perm, after, msgs)
 }
 
 // ms is d in fractional milliseconds: a policy such as 1.5 ms keeps its
@@ -272,21 +304,21 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 const releaseSQL = `
-UPDATE ingest_task t SET status = 'RETRYING', next_retry_at = now(), lease_owner = NULL, lease_until = NULL, updated_at = now()
-FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'RUNNING' AND lease_owner = $2
-      ORDER BY id FOR NO KEY UPDATE) l
-WHERE t.id = l.id AND t.status = 'RUNNING' AND t.lease_owner = $2
-RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+WITH l AS (` + lockRunning + `
+), u AS (
+    UPDATE ingest_task t SET status = 'RETRYING', next_retry_at = now(), lease_owner = NULL, lease_until = NULL, updated_at = now()
+    FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+    ` + guardedReturning + `
+), audit AS (
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+    SELECT id, 'RUNNING', 'RETRYING', attempt_count, 'released at shutdown', $2 FROM u
+)` + guardedTail
 
 // Release hands back tasks that owner holds RUNNING without counting a
 // failure (graceful shutdown): they go RETRYING, due at once.
 func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
-	return s.guarded(ctx, "release", ids, func(tx pgx.Tx) (pgx.Rows, error) {
-		return tx.Query(ctx, releaseSQL, ids, owner)
-	}, func(r Result) transition.Record {
-		return transition.Record{TaskID: r.ID, From: string(Running), To: string(Retrying), AttemptCount: r.AttemptCount, Worker: owner, Message: "released at shutdown"}
-	})
+	return s.guardedStatement(ctx, "release", ids, releaseSQL, ids, owner)
 }
 
 const redriveSQL = `
@@ -332,22 +364,62 @@ func (s *Store) RedriveTx(ctx context.Context, tx pgx.Tx, actor string, ids ...u
 	return res, nil
 }
 
-// guarded runs one guarded UPDATE (query) and the audit rows of the rows it
-// changed in one transaction, and reports the current state of the rest.
-func (s *Store) guarded(ctx context.Context, op string, ids []uuid.UUID, query func(pgx.Tx) (pgx.Rows, error), rec func(Result) transition.Record) ([]Result, error) {
+// guardedStatement runs one of the completion statements above and
+// returns one Result per id, in order.
+func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID, sql string, args ...any) ([]Result, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	var res []Result
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var err error
-		res, err = s.guardedTx(ctx, tx, ids, query, rec)
-		return err
+	byID := make(map[uuid.UUID]Result, len(ids))
+	err := s.retry(ctx, func() error {
+		clear(byID)
+		rows, err := s.db.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			r := Result{Applied: true}
+			if err := rows.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError); err != nil {
+				return err
+			}
+			byID[r.ID] = r
+		}
+		// The statement's implicit transaction has committed once the
+		// rows are read without error.
+		return rows.Err()
 	})
+	if err == nil && len(byID) < len(ids) {
+		// The guard refused some (rare: a lost lease, a race): report their
+		// current state, read with a fresh snapshot.
+		var missing []uuid.UUID
+		for _, id := range ids {
+			if _, ok := byID[id]; !ok {
+				missing = append(missing, id)
+			}
+		}
+		var rows pgx.Rows
+		if rows, err = s.db.Query(ctx, currentSQL, missing); err == nil {
+			var current []Result
+			if current, err = pgx.CollectRows(rows, scanResult); err == nil {
+				for _, r := range current {
+					byID[r.ID] = r
+				}
+			}
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", op, len(ids), err)
 	}
-	return res, nil
+	out := make([]Result, len(ids))
+	for i, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			r = Result{ID: id}
+		}
+		out[i] = r
+	}
+	return out, nil
 }
 
 func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query func(pgx.Tx) (pgx.Rows, error), rec func(Result) transition.Record) ([]Result, error) {
