@@ -31,6 +31,7 @@ const (
 	DefaultPublishTimeout  = 5 * time.Second
 	DefaultListenRetryMin  = 100 * time.Millisecond
 	DefaultListenRetryMax  = 5 * time.Second
+	DefaultParallel        = 2
 
 	listenerApplicationName = "ingest-outbox-listener"
 )
@@ -69,6 +70,10 @@ type RelayConfig struct {
 	// LISTEN connection; the relay keeps polling while it is down.
 	ListenRetryMin time.Duration
 	ListenRetryMax time.Duration
+	// Parallel is how many passes run at once while there is a backlog
+	// (passes that claim full batches): while one waits for Postgres to
+	// mark its rows, another claims and publishes the next rows.
+	Parallel int
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -84,6 +89,7 @@ func (c *RelayConfig) setDefaults() {
 	setDefault(&c.MaxBackoff, DefaultMaxBackoff)
 	setDefault(&c.ListenRetryMin, DefaultListenRetryMin)
 	setDefault(&c.ListenRetryMax, DefaultListenRetryMax)
+	setDefault(&c.Parallel, DefaultParallel)
 	switch {
 	case c.BackoffJitter == 0:
 		c.BackoffJitter = DefaultBackoffJitter
@@ -118,6 +124,8 @@ func (c RelayConfig) Validate() error {
 		return bad("BackoffJitter must be in [0, 1), got %v", c.BackoffJitter)
 	case c.ListenRetryMin <= 0:
 		return bad("ListenRetryMin must be > 0, got %s", c.ListenRetryMin)
+	case c.Parallel < 1 || c.Parallel > 64:
+		return bad("Parallel must be in [1, 64], got %d", c.Parallel)
 	case c.ListenRetryMax < c.ListenRetryMin:
 		return bad("ListenRetryMax (%s) must be >= ListenRetryMin (%s)", c.ListenRetryMax, c.ListenRetryMin)
 	}
@@ -224,20 +232,38 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// drain runs passes while they claim full batches.
+// drain runs passes while they claim full batches: one, and once it has
+// claimed a full batch, Parallel at a time.
 func (r *Relay) drain(ctx context.Context) {
-	for ctx.Err() == nil {
-		res, err := r.DrainOnce(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				r.logger.Error("outbox relay pass failed", "err", err)
-			}
-			return
-		}
-		if res.Claimed < r.cfg.BatchSize {
-			return
-		}
+	if !r.pass(ctx) {
+		return
 	}
+	var wg sync.WaitGroup
+	for range r.cfg.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r.pass(ctx) {
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// pass runs one pass and reports whether it claimed a full batch (so
+// there may be more).
+func (r *Relay) pass(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	res, err := r.DrainOnce(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.Error("outbox relay pass failed", "err", err)
+		}
+		return false
+	}
+	return res.Claimed >= r.cfg.BatchSize
 }
 
 // DrainOnce runs one pass: it claims up to BatchSize due rows, publishes
@@ -392,13 +418,26 @@ func (r *Relay) publish(ctx context.Context, rows []row) ([]string, []error) {
 	return ids, errs
 }
 
-// markSentSQL marks published rows SENT. The guard is the claim: rows
-// whose claim was taken over (claimed_by or claimed_until changed) are left
-// alone.
+// lockClaimedSQL locks the rows of ids $3 (each with a value of $4) in id
+// order, found through the primary key alone, and reads their latest
+// committed version. The marking UPDATEs guard on these columns (status, claimed_by, claimed_until) rather
+// than on indexable ones of their target, so no plan scans the claim index
+// (the whole backlog) instead of the key; a locked row cannot change until
+// the statement commits.
+const lockClaimedSQL = `
+    SELECT e.id, e.status, e.claimed_by, e.claimed_until, s.val
+    FROM unnest($3::bigint[], $4::text[]) AS s(id, val) JOIN outbox_event e ON e.id = s.id
+    ORDER BY e.id FOR NO KEY UPDATE OF e`
+
+// markSentSQL marks published rows SENT ($4: their entry ids). The guard is
+// the claim: rows whose claim was taken over (claimed_by or claimed_until
+// changed) are left alone.
 const markSentSQL = `
-UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = s.stream_id
-FROM unnest($3::bigint[], $4::text[]) AS s(id, stream_id)
-WHERE o.id = s.id AND o.claimed_by = $1 AND o.claimed_until = $2 AND o.status IN ('NEW', 'RETRYING')
+WITH c AS (` + lockClaimedSQL + `
+)
+UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val
+FROM c
+WHERE o.id = c.id AND c.claimed_by = $1 AND c.claimed_until = $2 AND c.status IN ('NEW', 'RETRYING')
 RETURNING extract(epoch FROM o.sent_at - o.created_at)::float8`
 
 func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs []string) (int, error) {
@@ -421,23 +460,25 @@ func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs [
 	return len(delays), nil
 }
 
-// markFailedSQL records a failed publish of rows claimed by ($1, $2):
-// attempt_count + 1, then DEAD when that reaches $3 (max attempts), else
-// RETRYING due after min($4 × 2^(attempts-1), $5) ms × (1 ± $6). The claim
-// is released. The decision is made here against the row's current
+// markFailedSQL records a failed publish of rows $3 (errors $4) claimed by
+// ($1, $2): attempt_count + 1, then DEAD when that reaches $5 (max
+// attempts), else RETRYING due after min($6 × 2^(attempts-1), $7) ms ×
+// (1 ± $8). The claim is released. The decision is made here against the row's current
 // attempt_count.
 const markFailedSQL = `
+WITH c AS (` + lockClaimedSQL + `
+)
 UPDATE outbox_event o SET
     attempt_count = o.attempt_count + 1,
-    status        = CASE WHEN o.attempt_count + 1 >= $3 THEN 'DEAD' ELSE 'RETRYING' END,
-    next_retry_at = CASE WHEN o.attempt_count + 1 >= $3 THEN o.next_retry_at
-                         ELSE now() + least($4::float8 * power(2, least(o.attempt_count, 40)), $5::float8)
-                                      * (1 + $6::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
-    last_error    = f.err,
+    status        = CASE WHEN o.attempt_count + 1 >= $5 THEN 'DEAD' ELSE 'RETRYING' END,
+    next_retry_at = CASE WHEN o.attempt_count + 1 >= $5 THEN o.next_retry_at
+                         ELSE now() + least($6::float8 * power(2, least(o.attempt_count, 40)), $7::float8)
+                                      * (1 + $8::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
+    last_error    = c.val,
     claimed_by    = NULL,
     claimed_until = NULL
-FROM unnest($7::bigint[], $8::text[]) AS f(id, err)
-WHERE o.id = f.id AND o.claimed_by = $1 AND o.claimed_until = $2 AND o.status IN ('NEW', 'RETRYING')
+FROM c
+WHERE o.id = c.id AND c.claimed_by = $1 AND c.claimed_until = $2 AND c.status IN ('NEW', 'RETRYING')
 RETURNING o.status`
 
 func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []string) (retried, dead, applied int, err error) {
@@ -445,8 +486,8 @@ func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []st
 	for i, rw := range rows {
 		ids[i] = rw.id
 	}
-	dbRows, err := r.pool.Query(ctx, markFailedSQL, r.cfg.ID, c.until, r.cfg.MaxAttempts,
-		float64(r.cfg.BaseBackoff.Milliseconds()), float64(r.cfg.MaxBackoff.Milliseconds()), r.cfg.BackoffJitter, ids, msgs)
+	dbRows, err := r.pool.Query(ctx, markFailedSQL, r.cfg.ID, c.until, ids, msgs, r.cfg.MaxAttempts,
+		float64(r.cfg.BaseBackoff.Milliseconds()), float64(r.cfg.MaxBackoff.Milliseconds()), r.cfg.BackoffJitter)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("mark %d outbox rows failed: %w", len(rows), err)
 	}
