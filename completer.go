@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,19 +12,36 @@ import (
 )
 
 // runCompleter records handler outcomes in batches: it gathers outcomes
-// for at most Config.CompleteWindow or Config.CompleteBatch of them, makes
-// one store call per kind of outcome (succeed, fail, release), and then
-// acknowledges, sets idle times and dead-letters in Redis. It returns when
-// stop is closed, after recording what is queued.
+// for at most Config.CompleteWindow or Config.CompleteBatch of them, and
+// hands each batch to one of Config.CompleteParallel flushers, which make
+// one store call per kind of outcome (succeed, fail, release) and then
+// acknowledge, set idle times and dead-letter in Redis. While a flusher
+// waits for its commit, the next batch is gathered and flushed. It returns
+// when stop is closed, after recording what is queued.
 func (p *processor) runCompleter(stop <-chan struct{}) {
 	max, window := p.w.cfg.CompleteBatch, p.w.cfg.CompleteWindow
-	batch := make([]outcome, 0, max)
+	flush := make(chan []outcome)
+	var flushers sync.WaitGroup
+	for range p.w.cfg.CompleteParallel {
+		flushers.Add(1)
+		go func() {
+			defer flushers.Done()
+			for batch := range flush {
+				p.complete(batch)
+			}
+		}()
+	}
+	defer func() {
+		close(flush)
+		flushers.Wait()
+	}()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
 		select {
 		case o := <-p.outcomes:
-			batch = append(batch[:0], o)
+			batch := make([]outcome, 1, max)
+			batch[0] = o
 			timer.Reset(window)
 		gather:
 			for len(batch) < max {
@@ -35,10 +53,10 @@ func (p *processor) runCompleter(stop <-chan struct{}) {
 				}
 			}
 			timer.Stop()
-			p.complete(batch)
+			flush <- batch
 		case <-stop:
 			for {
-				batch = batch[:0]
+				batch := make([]outcome, 0, max)
 			drain:
 				for len(batch) < max {
 					select {
@@ -51,7 +69,7 @@ func (p *processor) runCompleter(stop <-chan struct{}) {
 				if len(batch) == 0 {
 					return
 				}
-				p.complete(batch)
+				flush <- batch
 			}
 		}
 	}
@@ -82,6 +100,15 @@ func (p *processor) complete(batch []outcome) {
 	results = append(results, p.storeCall("succeed", len(succ), func(ctx context.Context) ([]task.Result, error) {
 		return w.store.Succeed(ctx, me, succ...)
 	})...)
+	if hook := w.cfg.OnSucceeded; hook != nil && len(results) > 0 {
+		done := make([]uuid.UUID, 0, len(results))
+		for _, r := range results {
+			if r.Applied {
+				done = append(done, r.ID)
+			}
+		}
+		hook(done)
+	}
 	results = append(results, p.storeCall("fail", len(fails), func(ctx context.Context) ([]task.Result, error) {
 		return w.store.Fail(ctx, me, fails...)
 	})...)

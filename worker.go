@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -34,6 +35,9 @@ const (
 	// outcomes the completer gathers into one store call, and for how long.
 	DefaultCompleteBatch  = 64
 	DefaultCompleteWindow = 2 * time.Millisecond
+	// DefaultCompleteParallel is how many completer batches may be
+	// committing at once.
+	DefaultCompleteParallel = 4
 )
 
 // Config configures a Worker. Zero fields take the Default* values.
@@ -68,9 +72,22 @@ type Config struct {
 	ReclaimIdle time.Duration
 	// Block bounds one blocking stream read (and so shutdown latency).
 	Block time.Duration
-	// CompleteBatch and CompleteWindow bound the completer's batches.
-	CompleteBatch  int
-	CompleteWindow time.Duration
+	// CompleteBatch and CompleteWindow bound the completer's batches;
+	// CompleteParallel is how many batches may be committing at once.
+	CompleteBatch    int
+	CompleteWindow   time.Duration
+	CompleteParallel int
+	// ReadCount is the most entries one stream read asks for (fewer when
+	// fewer handler slots are free); all of them are started in one
+	// statement. Default stream.DefaultCount.
+	ReadCount int
+
+	// OnSucceeded, when set, is called by the completer right after the
+	// transaction that made ids SUCCEEDED committed (before their entries
+	// are acknowledged). It is for benchmarks and tests measuring
+	// completion latency; it must return quickly and may be called from
+	// several goroutines at once.
+	OnSucceeded func(ids []uuid.UUID)
 }
 
 // DefaultConsumer returns hostname-pid.
@@ -109,6 +126,12 @@ func (c *Config) setDefaults() {
 	if c.CompleteBatch == 0 {
 		c.CompleteBatch = DefaultCompleteBatch
 	}
+	if c.CompleteParallel == 0 {
+		c.CompleteParallel = DefaultCompleteParallel
+	}
+	if c.ReadCount == 0 {
+		c.ReadCount = stream.DefaultCount
+	}
 	set(&c.TaskLease, DefaultTaskLease)
 	set(&c.TaskTimeout, DefaultTaskTimeout)
 	set(&c.ShutdownTimeout, DefaultShutdownTimeout)
@@ -132,6 +155,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("invalid ReclaimIdle (%s): must be greater than the heartbeat interval TaskLease/3 (%s)", c.ReclaimIdle, c.TaskLease/3)
 	case c.CompleteBatch < 1:
 		return fmt.Errorf("invalid CompleteBatch: must be >= 1, got %d", c.CompleteBatch)
+	case c.CompleteParallel < 1 || c.CompleteParallel > 64:
+		return fmt.Errorf("invalid CompleteParallel: must be between 1 and 64, got %d", c.CompleteParallel)
+	case c.ReadCount < 1:
+		return fmt.Errorf("invalid ReadCount: must be >= 1, got %d", c.ReadCount)
 	case c.CompleteWindow < 0:
 		return fmt.Errorf("invalid CompleteWindow: must be >= 0, got %s", c.CompleteWindow)
 	case c.DLQ != "" && c.DLQ == c.Stream:
@@ -196,7 +223,7 @@ func New(cfg Config, store *task.Store, rdb redis.UniversalClient, logger *slog.
 		log:      logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
 		handlers: map[string]Handler{},
 	}
-	scfg := stream.Config{Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, Block: cfg.Block}
+	scfg := stream.Config{Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, Block: cfg.Block, Count: cfg.ReadCount}
 	var err error
 	if w.group, err = stream.NewGroup(scfg, rdb); err != nil {
 		return nil, err
