@@ -3,8 +3,10 @@
 //
 // A cluster lives in a temporary directory, listens on 127.0.0.1 on a free
 // port with trust authentication for the user postgres, and is tuned for
-// speed, not durability (fsync off). When the process runs as root, the
-// cluster runs as the user nobody, because PostgreSQL refuses to run as root.
+// speed, not durability (fsync off), unless started with Options.Durable
+// (fsync, synchronous_commit and full_page_writes on, as in production:
+// for honest benchmarks). When the process runs as root, the cluster runs
+// as the user nobody, because PostgreSQL refuses to run as root.
 package pgtemp
 
 import (
@@ -29,8 +31,21 @@ var ErrNoBinaries = errors.New("no PostgreSQL server binaries (initdb, pg_ctl) o
 type Server struct {
 	Dir  string // cluster root: data/, the socket and the log
 	Port int
+	opts Options
 	bin  string
 	cred *syscall.Credential
+}
+
+// Options configures a cluster started by StartWith.
+type Options struct {
+	// Durable runs with fsync, synchronous_commit and full_page_writes on
+	// (PostgreSQL's defaults); otherwise all three are off.
+	Durable bool
+	// SharedBuffers is shared_buffers (default "32MB"; "128MB" when
+	// Durable).
+	SharedBuffers string
+	// Settings are extra -c name=value server settings.
+	Settings []string
 }
 
 // URL returns the URL of database name on the server.
@@ -63,7 +78,19 @@ func (s *Server) Close() error {
 func (s *Server) pgctl(args ...string) error {
 	all := append([]string{"-D", filepath.Join(s.Dir, "data"), "-l", s.LogFile()}, args...)
 	if args[len(args)-1] != "stop" {
-		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400 -c shared_buffers=32MB", s.Port, s.Dir)
+		durability := "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+		buffers := "32MB"
+		if s.opts.Durable {
+			durability = "-c fsync=on -c synchronous_commit=on -c full_page_writes=on"
+			buffers = "128MB"
+		}
+		if s.opts.SharedBuffers != "" {
+			buffers = s.opts.SharedBuffers
+		}
+		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s -c max_connections=400 -c shared_buffers=%s", s.Port, s.Dir, durability, buffers)
+		for _, kv := range s.opts.Settings {
+			opts += " -c " + kv
+		}
 		all = append(all, "-o", opts)
 	}
 	return s.run("pg_ctl", all...)
@@ -83,8 +110,13 @@ func (s *Server) run(name string, args ...string) error {
 	return nil
 }
 
-// Start initialises and starts a new cluster; the caller stops it (Close).
-func Start() (*Server, error) {
+// Start initialises and starts a new cluster tuned for speed (fsync off);
+// the caller stops it (Close).
+func Start() (*Server, error) { return StartWith(Options{}) }
+
+// StartWith initialises and starts a new cluster with opts; the caller
+// stops it (Close).
+func StartWith(opts Options) (*Server, error) {
 	bin, err := BinDir()
 	if err != nil {
 		return nil, err
@@ -93,7 +125,7 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Dir: dir, bin: bin}
+	s := &Server{Dir: dir, bin: bin, opts: opts}
 	fail := func(err error) (*Server, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err

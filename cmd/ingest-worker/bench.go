@@ -1,0 +1,127 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ingest-worker/ingest/internal/bench"
+	"github.com/ingest-worker/ingest/internal/pgtemp"
+	"github.com/ingest-worker/ingest/migrations"
+)
+
+const benchLong = `Measure the full production path: tasks are created in PostgreSQL (task,
+audit row and outbox row per task, in batches), published by the outbox relay
+to a Redis stream, read by the consumer group, started (RUNNING + audit row),
+handled by a no-op (or --handler-sleep) handler and completed (SUCCEEDED +
+audit row, XACK), by the same components 'run' starts.
+
+Modes: --preload inserts all tasks first, then times the worker working them
+off; without it, tasks are inserted and worked at the same time, as fast as
+possible or at --rate tasks/s.
+
+Without INGEST_DATABASE_URL / INGEST_REDIS_URL the bench starts its own
+servers: a throwaway PostgreSQL with fsync and synchronous_commit ON (as in
+production, so the numbers are honest) and a redis-server on a free port (an
+in-process Redis if there is no redis-server). Against configured servers it
+uses keys and a task kind unique to the run, deletes its tasks and stream at
+the end (unless --keep), and needs a migrated schema.
+
+Progress is printed every 2 s; the result is a table (or --json): tasks/s
+worked and inserted, latency percentiles of commit→handler start and
+commit→SUCCEEDED, SQL statements and Redis round trips per task (counted on
+the clients, BEGIN/COMMIT included) and peak RSS of the process.`
+
+func (a *app) benchCommand() *cobra.Command {
+	var opts bench.Options
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure throughput and latency of the full path (PostgreSQL, outbox, Redis, worker)",
+		Long:  benchLong,
+		Example: `  ingest-worker bench --preload --tasks 200000
+  ingest-worker bench --tasks 200000
+  ingest-worker bench --tasks 60000 --rate 2000
+  ingest-worker bench --tasks 2000 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.load(cmd, map[string]string{"INGEST_LOG_LEVEL": "warn"}); err != nil {
+				return err
+			}
+			if err := opts.Validate(); err != nil {
+				return usageErr(err)
+			}
+			return a.bench(cmd, opts)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&opts.Tasks, "tasks", bench.DefaultTasks, "tasks to create and work")
+	f.BoolVar(&opts.Preload, "preload", false, "insert all tasks first, then work them (default: insert and work at once)")
+	f.Float64Var(&opts.Rate, "rate", 0, "continuous mode: offered load in tasks/s (0: as fast as possible)")
+	f.DurationVar(&opts.HandlerSleep, "handler-sleep", 0, "the handler's fixed work time (0: no-op)")
+	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "handler slots of the worker")
+	f.IntVar(&opts.ReadCount, "read-count", bench.DefaultReadCount, "most entries per stream read (all started in one statement)")
+	f.IntVar(&opts.CompleteBatch, "complete-batch", bench.DefaultCompleteBatch, "most outcomes per completion statement")
+	f.DurationVar(&opts.CompleteWindow, "complete-window", bench.DefaultCompleteWindow, "longest wait gathering outcomes")
+	f.IntVar(&opts.RelayBatch, "relay-batch", bench.DefaultRelayBatch, "outbox rows per relay pass")
+	f.IntVar(&opts.InsertBatch, "insert-batch", bench.DefaultInsertBatch, "tasks per insert transaction")
+	f.IntVar(&opts.Producers, "producers", bench.DefaultProducers, "concurrent inserters")
+	f.IntVar(&opts.PoolConns, "pool-conns", bench.DefaultPoolConns, "PostgreSQL connections of the path")
+	f.DurationVar(&opts.Timeout, "timeout", bench.DefaultTimeout, "give up after this long")
+	f.BoolVar(&opts.Keep, "keep", false, "keep the run's tasks and stream (configured servers)")
+	return cmd
+}
+
+func (a *app) bench(cmd *cobra.Command, opts bench.Options) error {
+	ctx := cmd.Context()
+	out := a.progressOut()
+	ownPG, ownRedis := !a.setByUser("INGEST_DATABASE_URL"), !a.setByUser("INGEST_REDIS_URL")
+	srv, err := bench.StartServers(ctx, ownPG, ownRedis)
+	if errors.Is(err, pgtemp.ErrNoBinaries) {
+		return usagef("the bench needs PostgreSQL: install the server binaries or set INGEST_DATABASE_URL (%v)", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	if ownPG {
+		a.cfg.DatabaseURL = srv.DatabaseURL
+		fmt.Fprintf(out, "PostgreSQL: %s\n", srv.Postgres)
+	} else {
+		fmt.Fprintf(out, "PostgreSQL: %s\n", a.dbShown())
+	}
+	if ownRedis {
+		a.cfg.RedisURL = srv.RedisURL
+		fmt.Fprintf(out, "Redis:      %s\n", srv.Redis)
+	}
+	pool, err := a.openDB(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if ownPG {
+		if _, err := migrations.Up(ctx, pool); err != nil {
+			return err
+		}
+	} else if err := migrations.Check(ctx, pool); err != nil {
+		return fmt.Errorf("schema check: %w", err)
+	}
+	rdb, err := a.openRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+
+	opts.Logger = a.log
+	opts.Progress = 2 * time.Second
+	rep, err := bench.Run(ctx, opts, pool, rdb, out)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(rep)
+	}
+	bench.Print(a.stdout, rep)
+	return nil
+}

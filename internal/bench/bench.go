@@ -1,0 +1,554 @@
+// Package bench measures ingest-worker's full production path: tasks are
+// created in Postgres (task row, QUEUED audit row and outbox row in one
+// transaction per batch), published by the outbox relay to a Redis stream,
+// read by the consumer, started (RUNNING + audit), handled by a no-op or
+// fixed-sleep handler, and completed (SUCCEEDED + audit, XACK), by one
+// ingest.Service, exactly as `ingest-worker run` does.
+//
+// It reports tasks worked and inserted per second, latency percentiles of
+// commit→handler start and commit→SUCCEEDED, SQL statements and Redis round
+// trips per task (counted by a pgx tracer and a go-redis hook on the
+// clients the path uses) and the peak resident memory of the process.
+// `ingest-worker bench` wraps it.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Defaults of Options.
+const (
+	DefaultTasks          = 2000
+	DefaultConcurrency    = 1000
+	DefaultReadCount      = 500
+	DefaultCompleteBatch  = 1000
+	DefaultCompleteWindow = 2 * time.Millisecond
+	DefaultRelayBatch     = 1000
+	DefaultInsertBatch    = 1000
+	DefaultProducers      = 2
+	DefaultProgress       = 2 * time.Second
+	DefaultTimeout        = 30 * time.Minute
+	DefaultPoolConns      = 16
+)
+
+// Options configures a run. Zero fields take the Default* values.
+type Options struct {
+	// Tasks is how many tasks are created and worked.
+	Tasks int
+	// Preload inserts every task first, then starts the worker and times
+	// it working them off. Otherwise (continuous) tasks are inserted and
+	// worked at the same time.
+	Preload bool
+	// Rate, in continuous mode, is the offered load in tasks/s (0: insert
+	// as fast as the producers can).
+	Rate float64
+	// InsertBatch is the number of tasks per CreateBatch transaction (in
+	// continuous mode with a Rate, smaller batches are used so that a
+	// batch goes in every 5 ms).
+	InsertBatch int
+	// Producers is the number of concurrent inserting goroutines.
+	Producers int
+	// HandlerSleep is the handler's fixed work time (0: no-op).
+	HandlerSleep time.Duration
+	// Worker tuning: handler slots, entries per stream read, completer
+	// batch and window, outbox relay batch.
+	Concurrency    int
+	ReadCount      int
+	CompleteBatch  int
+	CompleteWindow time.Duration
+	RelayBatch     int
+	// PoolConns is the maximum size of the (traced) connection pool of the
+	// path.
+	PoolConns int
+	// Progress is the period of progress lines (negative: none).
+	Progress time.Duration
+	// Timeout bounds the run.
+	Timeout time.Duration
+	// Keep leaves the run's tasks in Postgres and its stream in Redis
+	// (otherwise they are deleted at the end).
+	Keep bool
+	// Logger receives the worker's logs (nil: none).
+	Logger *slog.Logger
+}
+
+func (o *Options) setDefaults() {
+	def := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	def(&o.Tasks, DefaultTasks)
+	def(&o.Concurrency, DefaultConcurrency)
+	def(&o.ReadCount, DefaultReadCount)
+	def(&o.CompleteBatch, DefaultCompleteBatch)
+	def(&o.RelayBatch, DefaultRelayBatch)
+	def(&o.InsertBatch, DefaultInsertBatch)
+	def(&o.Producers, DefaultProducers)
+	def(&o.PoolConns, DefaultPoolConns)
+	if o.CompleteWindow == 0 {
+		o.CompleteWindow = DefaultCompleteWindow
+	}
+	if o.Progress == 0 {
+		o.Progress = DefaultProgress
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+}
+
+// Validate names the first bad option.
+func (o Options) Validate() error {
+	o.setDefaults()
+	switch {
+	case o.Tasks < 1:
+		return fmt.Errorf("tasks must be >= 1, got %d", o.Tasks)
+	case o.Rate < 0:
+		return fmt.Errorf("rate must be >= 0, got %v", o.Rate)
+	case o.Preload && o.Rate > 0:
+		return errors.New("rate applies to continuous mode only, not with preload")
+	case o.InsertBatch < 1 || o.InsertBatch > 10000:
+		return fmt.Errorf("insert batch must be in [1, 10000], got %d", o.InsertBatch)
+	case o.Producers < 1 || o.Producers > 64:
+		return fmt.Errorf("producers must be in [1, 64], got %d", o.Producers)
+	case o.HandlerSleep < 0:
+		return fmt.Errorf("handler sleep must be >= 0, got %s", o.HandlerSleep)
+	case o.PoolConns < 4:
+		return fmt.Errorf("pool conns must be >= 4, got %d", o.PoolConns)
+	}
+	return nil
+}
+
+// Report is the result of a run.
+type Report struct {
+	Mode         string  `json:"mode"` // preload or continuous
+	Tasks        int     `json:"tasks"`
+	Succeeded    int     `json:"succeeded"`
+	OfferedRate  float64 `json:"offered_rate,omitempty"`
+	HandlerSleep string  `json:"handler_sleep"`
+	Concurrency  int     `json:"concurrency"`
+
+	// TasksPerSecond is tasks SUCCEEDED per second of the work phase
+	// (preload: from the worker's start to the last completion;
+	// continuous: from the first insert to the last completion).
+	TasksPerSecond float64 `json:"tasks_per_second"`
+	// InsertPerSecond is tasks committed per second of the insert phase.
+	InsertPerSecond float64 `json:"insert_per_second"`
+	WorkSeconds     float64 `json:"work_seconds"`
+	InsertSeconds   float64 `json:"insert_seconds"`
+
+	LatencyMS struct {
+		Start Percentiles `json:"start"` // commit → handler start
+		Done  Percentiles `json:"done"`  // commit → SUCCEEDED committed
+	} `json:"latency_ms"`
+
+	// SQLStatements and RedisRoundTrips count the whole run (inserts
+	// included); the per-task figures divide them by Tasks.
+	SQLStatements      int64            `json:"sql_statements"`
+	SQLPerTask         float64          `json:"sql_statements_per_task"`
+	RedisRoundTrips    int64            `json:"redis_round_trips"`
+	RedisPerTask       float64          `json:"redis_round_trips_per_task"`
+	StatementCounts    map[string]int64 `json:"statement_counts"`
+	RedisCommandCounts map[string]int64 `json:"redis_command_counts"`
+
+	// PeakRSSMiB is this process's peak resident set (VmHWM): the worker,
+	// the producers and the bench's bookkeeping together.
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// MaxInFlight is the most tasks started and not yet SUCCEEDED at once.
+	MaxInFlight int64 `json:"max_in_flight"`
+}
+
+// Run runs one benchmark on the database of pool (migrated) and the Redis
+// of rdb, writing progress lines to out, and returns the report. The path
+// runs on a pool of its own, built from pool's configuration with a
+// statement counter; rdb gets a round-trip counting hook. Keys and task
+// kinds are unique to the run, so it may share servers with real workers.
+func Run(ctx context.Context, opts Options, pool *pgxpool.Pool, rdb redis.UniversalClient, out io.Writer) (Report, error) {
+	opts.setDefaults()
+	if err := opts.Validate(); err != nil {
+		return Report{}, err
+	}
+	if out == nil {
+		out = io.Discard
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
+	defer cancel()
+
+	counters := &Counters{}
+	pc := pool.Config()
+	pc.ConnConfig.Tracer = counters
+	pc.MaxConns = int32(opts.PoolConns)
+	pc.MinConns = int32(min(opts.PoolConns, 8))
+	traced, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return Report{}, fmt.Errorf("connect the traced pool: %w", err)
+	}
+	defer traced.Close()
+	rdb.AddHook(counters.RedisHook())
+
+	b := &run{opts: opts, pool: pool, traced: traced, rdb: rdb, out: out, counters: counters, track: newTracker()}
+	b.id = randomID()
+	b.kind = "bench." + b.id
+	b.stream = "ingest-bench:{" + b.id + "}:tasks"
+	b.dlq = "ingest-bench:{" + b.id + "}:dlq"
+	defer b.cleanup()
+	return b.run(ctx)
+}
+
+type run struct {
+	opts     Options
+	pool     *pgxpool.Pool // untraced: the bench's own queries
+	traced   *pgxpool.Pool // the path's
+	rdb      redis.UniversalClient
+	out      io.Writer
+	counters *Counters
+	track    *tracker
+
+	id, kind, stream, dlq string
+
+	inserted  atomic.Int64
+	started   atomic.Int64
+	succeeded atomic.Int64
+	maxFlight atomic.Int64
+	allDone   chan struct{}
+	doneOnce  sync.Once
+}
+
+func randomID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (b *run) serviceConfig() ingest.ServiceConfig {
+	o := b.opts
+	return ingest.ServiceConfig{
+		Worker: ingest.Config{
+			Stream: b.stream, DLQ: b.dlq, Consumer: "bench-" + b.id, Group: "bench",
+			Concurrency: o.Concurrency, ReadCount: o.ReadCount,
+			CompleteBatch: o.CompleteBatch, CompleteWindow: o.CompleteWindow,
+			Block: 200 * time.Millisecond, ShutdownTimeout: 10 * time.Second,
+			OnSucceeded: b.onSucceeded,
+		},
+		Reclaim:   reclaim.Config{BatchSize: 1000},
+		Relay:     outbox.RelayConfig{BatchSize: o.RelayBatch},
+		Retention: outbox.RetentionConfig{DisableTrim: true},
+	}
+}
+
+func (b *run) onSucceeded(ids []uuid.UUID) {
+	b.track.succeeded(ids, time.Now())
+	if n := b.succeeded.Add(int64(len(ids))); n >= int64(b.opts.Tasks) {
+		b.doneOnce.Do(func() { close(b.allDone) })
+	}
+}
+
+func (b *run) handler(ctx context.Context, t ingest.Task) error {
+	b.track.started(t.ID, time.Now())
+	flight := b.started.Add(1) - b.succeeded.Load()
+	for {
+		m := b.maxFlight.Load()
+		if flight <= m || b.maxFlight.CompareAndSwap(m, flight) {
+			break
+		}
+	}
+	if d := b.opts.HandlerSleep; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (b *run) run(ctx context.Context) (Report, error) {
+	o := b.opts
+	b.allDone = make(chan struct{})
+	rep := Report{Mode: "continuous", Tasks: o.Tasks, OfferedRate: o.Rate, Concurrency: o.Concurrency, HandlerSleep: "none"}
+	if o.Preload {
+		rep.Mode = "preload"
+	}
+	if o.HandlerSleep > 0 {
+		rep.HandlerSleep = o.HandlerSleep.String()
+	}
+	store, err := task.NewStore(task.Config{Stream: b.stream}, b.traced)
+	if err != nil {
+		return rep, err
+	}
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	svc, err := ingest.NewService(b.serviceConfig(), store, b.traced, b.rdb, logger, prometheus.NewRegistry())
+	if err != nil {
+		return rep, err
+	}
+	svc.Handle(b.kind, b.handler)
+
+	fmt.Fprintf(b.out, "bench %s: %d tasks, %s mode", b.id, o.Tasks, rep.Mode)
+	if o.Rate > 0 {
+		fmt.Fprintf(b.out, " at %.0f tasks/s offered", o.Rate)
+	}
+	fmt.Fprintf(b.out, ", handler %s, concurrency %d, read count %d, complete batch %d/%s, relay batch %d\n",
+		rep.HandlerSleep, o.Concurrency, o.ReadCount, o.CompleteBatch, o.CompleteWindow, o.RelayBatch)
+
+	before := b.counters.Snapshot()
+	runStart := time.Now()
+	stopProgress := b.progress(runStart)
+	defer stopProgress()
+
+	var insertStart, insertEnd time.Time
+	svcCtx, stopSvc := context.WithCancel(ctx)
+	svcDone := make(chan error, 1)
+	startService := func() { go func() { svcDone <- svc.Run(svcCtx) }() }
+	stopService := func() error {
+		stopSvc()
+		return <-svcDone
+	}
+
+	var workStart time.Time
+	if o.Preload {
+		insertStart = time.Now()
+		if err := b.insert(ctx, store, 0); err != nil {
+			return rep, err
+		}
+		insertEnd = time.Now()
+		workStart = time.Now()
+		startService()
+	} else {
+		startService()
+		insertStart = time.Now()
+		workStart = insertStart
+		errc := make(chan error, 1)
+		go func() {
+			err := b.insert(ctx, store, o.Rate)
+			insertEnd = time.Now()
+			errc <- err
+		}()
+		select {
+		case err := <-errc:
+			if err != nil {
+				_ = stopService()
+				return rep, err
+			}
+		case err := <-svcDone:
+			return rep, fmt.Errorf("worker stopped: %v", err)
+		}
+	}
+	select {
+	case <-b.allDone:
+	case err := <-svcDone:
+		return rep, fmt.Errorf("worker stopped: %v", err)
+	case <-ctx.Done():
+		_ = stopService()
+		return rep, fmt.Errorf("timed out or interrupted with %d of %d tasks SUCCEEDED: %w", b.succeeded.Load(), o.Tasks, ctx.Err())
+	}
+	workEnd := time.Now()
+	after := b.counters.Snapshot()
+	stopProgress()
+	if err := stopService(); err != nil {
+		return rep, fmt.Errorf("worker: %w", err)
+	}
+
+	// Verify in SQL what the hook reported.
+	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer vcancel()
+	if err := b.pool.QueryRow(vctx, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND status = 'SUCCEEDED'`, b.kind).Scan(&rep.Succeeded); err != nil {
+		return rep, fmt.Errorf("count SUCCEEDED tasks: %w", err)
+	}
+	if rep.Succeeded != o.Tasks {
+		return rep, fmt.Errorf("%d of %d tasks are SUCCEEDED in Postgres", rep.Succeeded, o.Tasks)
+	}
+
+	rep.InsertSeconds = insertEnd.Sub(insertStart).Seconds()
+	rep.WorkSeconds = workEnd.Sub(workStart).Seconds()
+	rep.InsertPerSecond = float64(o.Tasks) / rep.InsertSeconds
+	rep.TasksPerSecond = float64(o.Tasks) / rep.WorkSeconds
+	rep.LatencyMS.Start = b.track.start.percentiles()
+	rep.LatencyMS.Done = b.track.done.percentiles()
+	d := after.Sub(before)
+	rep.SQLStatements, rep.RedisRoundTrips = d.SQL, d.Redis
+	rep.SQLPerTask = float64(d.SQL) / float64(o.Tasks)
+	rep.RedisPerTask = float64(d.Redis) / float64(o.Tasks)
+	rep.StatementCounts, rep.RedisCommandCounts = d.ByStatement, d.ByCommand
+	rep.PeakRSSMiB = float64(PeakRSS()) / (1 << 20)
+	rep.MaxInFlight = b.maxFlight.Load()
+	return rep, nil
+}
+
+// insert creates opts.Tasks tasks with the producers, at rate tasks/s in
+// total (0: as fast as they can).
+func (b *run) insert(ctx context.Context, store *task.Store, rate float64) error {
+	o := b.opts
+	batch := o.InsertBatch
+	var every time.Duration
+	if rate > 0 {
+		// A batch every 5 ms in total, spread over the producers.
+		batch = max(1, min(batch, int(rate*0.005+0.5)))
+		every = time.Duration(float64(time.Second) * float64(batch) * float64(o.Producers) / rate)
+	}
+	payload := json.RawMessage(`{"bench":true}`)
+	var next atomic.Int64 // tasks handed out
+	g, ctx := errgroup.WithContext(ctx)
+	for p := 0; p < o.Producers; p++ {
+		g.Go(func() error {
+			nts := make([]task.NewTask, 0, batch)
+			ids := make([]uuid.UUID, 0, batch)
+			tick := time.Now()
+			for {
+				first := next.Add(int64(batch)) - int64(batch)
+				if first >= int64(o.Tasks) {
+					return nil
+				}
+				n := int(min(int64(batch), int64(o.Tasks)-first))
+				if every > 0 {
+					if d := time.Until(tick); d > 0 {
+						t := time.NewTimer(d)
+						select {
+						case <-ctx.Done():
+							t.Stop()
+							return ctx.Err()
+						case <-t.C:
+						}
+					}
+					tick = tick.Add(every)
+				}
+				nts = nts[:0]
+				for range n {
+					nts = append(nts, task.NewTask{Kind: b.kind, Payload: payload, MaxAttempts: 3})
+				}
+				res, err := store.CreateBatch(ctx, nts)
+				if err != nil {
+					return fmt.Errorf("insert %d tasks: %w", n, err)
+				}
+				now := time.Now()
+				ids = ids[:0]
+				for _, r := range res {
+					ids = append(ids, r.Task.ID)
+				}
+				b.track.committed(ids, now)
+				b.inserted.Add(int64(n))
+			}
+		})
+	}
+	return g.Wait()
+}
+
+// progress prints a line every opts.Progress until the returned function
+// is called.
+func (b *run) progress(start time.Time) func() {
+	if b.opts.Progress < 0 {
+		return func() {}
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(b.opts.Progress)
+		defer t.Stop()
+		var lastIns, lastOK int64
+		last := start
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				ins, ok := b.inserted.Load(), b.succeeded.Load()
+				dt := now.Sub(last).Seconds()
+				fmt.Fprintf(b.out, "%6.1fs  inserted %8d (%7.0f/s)  succeeded %8d (%7.0f/s)  in flight %6d  rss %5.0f MiB\n",
+					now.Sub(start).Seconds(), ins, float64(ins-lastIns)/dt, ok, float64(ok-lastOK)/dt,
+					b.started.Load()-ok, float64(CurrentRSS())/(1<<20))
+				lastIns, lastOK, last = ins, ok, now
+			}
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(stop)
+			<-done
+		})
+	}
+}
+
+// cleanup deletes the run's tasks (their audit and outbox rows cascade)
+// and streams, unless opts.Keep.
+func (b *run) cleanup() {
+	if b.opts.Keep {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_ = b.rdb.Del(ctx, b.stream, b.dlq).Err()
+	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_task WHERE kind = $1`, b.kind)
+}
+
+// Print writes the report as a table.
+func Print(w io.Writer, r Report) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nRESULT\t%s, %d tasks, handler %s, concurrency %d\n", r.Mode, r.Tasks, r.HandlerSleep, r.Concurrency)
+	if r.OfferedRate > 0 {
+		fmt.Fprintf(tw, "offered load\t%.0f tasks/s\n", r.OfferedRate)
+	}
+	fmt.Fprintf(tw, "tasks/s worked\t%.0f\t(%d SUCCEEDED in %.2fs)\n", r.TasksPerSecond, r.Succeeded, r.WorkSeconds)
+	fmt.Fprintf(tw, "tasks/s inserted\t%.0f\t(%.2fs)\n", r.InsertPerSecond, r.InsertSeconds)
+	fmt.Fprintf(tw, "latency ms\tp50\tp95\tp99\tmax\n")
+	p := r.LatencyMS.Start
+	fmt.Fprintf(tw, "  commit→handler start\t%.2f\t%.2f\t%.2f\t%.2f\n", p.P50, p.P95, p.P99, p.Max)
+	p = r.LatencyMS.Done
+	fmt.Fprintf(tw, "  commit→SUCCEEDED\t%.2f\t%.2f\t%.2f\t%.2f\n", p.P50, p.P95, p.P99, p.Max)
+	fmt.Fprintf(tw, "SQL statements/task\t%.2f\t(%d, BEGIN/COMMIT included)\n", r.SQLPerTask, r.SQLStatements)
+	fmt.Fprintf(tw, "Redis round trips/task\t%.3f\t(%d)\n", r.RedisPerTask, r.RedisRoundTrips)
+	fmt.Fprintf(tw, "peak RSS\t%.0f MiB\t(max %d tasks in flight)\n", r.PeakRSSMiB, r.MaxInFlight)
+	_ = tw.Flush()
+	printCounts(w, "SQL statements", r.StatementCounts, r.Tasks)
+	printCounts(w, "Redis round trips", r.RedisCommandCounts, r.Tasks)
+}
+
+func printCounts(w io.Writer, title string, m map[string]int64, tasks int) {
+	type kv struct {
+		k string
+		v int64
+	}
+	var l []kv
+	for k, v := range m {
+		l = append(l, kv{k, v})
+	}
+	sort.Slice(l, func(i, j int) bool { return l[i].v > l[j].v || (l[i].v == l[j].v && l[i].k < l[j].k) })
+	fmt.Fprintf(w, "\n%s by kind (count, per task):\n", title)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for i, e := range l {
+		if i == 12 {
+			fmt.Fprintf(tw, "\t\t\t%s\n", fmt.Sprintf("… %d more", len(l)-i))
+			break
+		}
+		fmt.Fprintf(tw, "%d\t%.3f\t  \t%s\n", e.v, float64(e.v)/float64(tasks), strings.TrimSpace(e.k))
+	}
+	_ = tw.Flush()
+}
