@@ -151,7 +151,7 @@ func (p *processor) complete(batch []outcome) {
 		case res.Status == task.Dead:
 			w.log.Warn("task failed: DEAD", "task_id", res.ID, "message_id", d.msg.ID,
 				"attempt", o.r.task.Attempt, "permanent", IsPermanent(o.err), "err", o.err)
-			t := &task.Task{ID: res.ID, Kind: o.r.task.Kind, AttemptCount: res.AttemptCount, LastError: res.LastError}
+			t := &task.Task{ID: res.ID, Kind: o.r.task.Kind, AttemptCount: res.AttemptCount, LastError: res.LastError, FinishedAt: res.FinishedAt}
 			letters = append(letters, p.taskLetter(d, t, resultDead, now))
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -318,6 +319,12 @@ func (p *processor) start(batch []delivery) {
 			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount)
 			letters = append(letters, p.taskLetter(d, r.Task, resultDead, now))
 			continue
+		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status == task.Dead:
+			// A redelivery after a crash between the DEAD commit and the
+			// DLQ write, or a duplicate entry: the DLQ gets this death once.
+			log.Debug("task already DEAD; making sure its death is dead-lettered")
+			letters = append(letters, p.taskLetter(d, r.Task, resultSkipped, now))
+			continue
 		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status.Terminal():
 			log.Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
 			acks = append(acks, d.msg.ID)
@@ -382,14 +389,19 @@ func (p *processor) poison(d delivery, kind, reason string, now time.Time) lette
 }
 
 func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time.Time) letter {
-	return letter{d: d, result: result, entry: dlq.Entry{
+	e := dlq.Entry{
 		TaskID:       t.ID.String(),
 		Kind:         t.Kind,
 		AttemptCount: t.AttemptCount,
 		LastError:    t.LastError,
 		SourceID:     d.msg.ID,
 		DeadAt:       now,
-	}}
+	}
+	if t.FinishedAt != nil {
+		e.DeadAt = *t.FinishedAt
+		e.Death = t.ID.String() + ":" + strconv.FormatInt(t.FinishedAt.UnixMicro(), 10)
+	}
+	return letter{d: d, result: result, entry: e}
 }
 
 // dispatch runs the handler of a started task in its slot.

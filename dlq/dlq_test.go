@@ -109,6 +109,50 @@ func TestWriter(t *testing.T) {
 	})
 }
 
+// TestWriterDeathOnce: entries that carry the same death (Entry.Death) are
+// dead-lettered once; all of them are acknowledged. A failed XADD leaves
+// no marker behind, and another death of the task is written again.
+func TestWriterDeathOnce(t *testing.T) {
+	t.Parallel()
+	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
+		t.Parallel()
+		ctx := context.Background()
+		key, dlqKey := testenv.Keys(t)
+		w, err := dlq.NewWriter(dlq.Config{Stream: key, Group: group, DLQ: dlqKey}, b.Client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		taskID := uuid.NewString()
+		entry := func(src, death string) dlq.Entry {
+			return dlq.Entry{TaskID: taskID, Kind: "k", AttemptCount: 3, LastError: "boom", SourceID: src, Death: death}
+		}
+		first := pendingEntry(t, b.Client, key, "task_id", taskID)
+		// A failed XADD (DLQ key of the wrong type) sets no marker.
+		b.Client.Set(ctx, dlqKey, "x", 0)
+		if _, err := w.Write(ctx, entry(first, taskID+":1")); err == nil {
+			t.Fatal("Write to a string key succeeded")
+		}
+		b.Client.Del(ctx, dlqKey)
+		if id, err := w.Write(ctx, entry(first, taskID+":1")); err != nil || id == "" {
+			t.Fatalf("Write after the key was fixed: %q %v, want an entry", id, err)
+		}
+		dup := pendingEntry(t, b.Client, key, "task_id", taskID)
+		if id, err := w.Write(ctx, entry(dup, taskID+":1")); err != nil || id != "" {
+			t.Fatalf("Write of the same death from another entry: %q %v, want nothing written", id, err)
+		}
+		if pending(t, b.Client, key) != 0 {
+			t.Error("the duplicate entry was not acknowledged")
+		}
+		again := pendingEntry(t, b.Client, key, "task_id", taskID)
+		if id, err := w.Write(ctx, entry(again, taskID+":2")); err != nil || id == "" {
+			t.Fatalf("Write of a later death: %q %v, want an entry", id, err)
+		}
+		if n, _ := b.Client.XLen(ctx, dlqKey).Result(); n != 2 {
+			t.Errorf("DLQ length %d, want 2 (one per death)", n)
+		}
+	})
+}
+
 func TestList(t *testing.T) {
 	t.Parallel()
 	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {

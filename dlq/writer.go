@@ -44,7 +44,17 @@ type Entry struct {
 	SourceID string `json:"source_id"`
 	// DeadAt is when it was dead-lettered.
 	DeadAt time.Time `json:"dead_at"`
+	// Death, when set, identifies this death of the task (its id and time
+	// of death): Write dead-letters each death at most once, however many
+	// stream entries of the task carry it (a duplicate entry, or a
+	// redelivery after a crash between the DEAD commit and the DLQ write).
+	// Not stored in the entry.
+	Death string `json:"-"`
 }
+
+// MarkerTTL is how long Write remembers a death it dead-lettered (see
+// Entry.Death): far longer than any entry stays pending.
+const MarkerTTL = 7 * 24 * time.Hour
 
 func (e Entry) values() []any {
 	return []any{
@@ -127,8 +137,13 @@ func (w *Writer) Write(ctx context.Context, e Entry) (string, error) {
 	if e.DeadAt.IsZero() {
 		e.DeadAt = time.Now()
 	}
-	args := append([]any{w.cfg.Group, e.SourceID}, e.values()...)
-	id, err := writeScript.Run(ctx, w.rdb, []string{w.cfg.Stream, w.cfg.DLQ}, args...).Text()
+	args := append([]any{w.cfg.Group, e.SourceID, MarkerTTL.Milliseconds()}, e.values()...)
+	keys := []string{w.cfg.Stream, w.cfg.DLQ}
+	if e.Death != "" {
+		// Derived from the DLQ key, so it shares its Cluster hash tag.
+		keys = append(keys, w.cfg.DLQ+":death:"+e.Death)
+	}
+	id, err := writeScript.Run(ctx, w.rdb, keys, args...).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
 	}

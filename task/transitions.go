@@ -154,6 +154,9 @@ type Result struct {
 	LastError string
 	// LeaseOwner is the current lease owner (for reporting conflicts).
 	LeaseOwner string
+	// FinishedAt is when a SUCCEEDED or DEAD task finished; with the id it
+	// identifies one death of a task (a redriven task can die again).
+	FinishedAt *time.Time
 }
 
 const renewSQL = `
@@ -192,11 +195,11 @@ func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, id
 // guardedStatement): the rows this one found locked are read in the
 // version that the lock holder committed.
 const guardedTail = `
-SELECT id, status, attempt_count, next_retry_at, last_error FROM u`
+SELECT id, status, attempt_count, next_retry_at, last_error, finished_at FROM u`
 
 // currentSQL reads the current state of tasks a guard refused.
 const currentSQL = `
-SELECT t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), coalesce(t.lease_owner, '')
+SELECT t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), coalesce(t.lease_owner, ''), t.finished_at
 FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id`
 
 // lockRunning locks the rows of $1 in id order, found through the primary
@@ -210,7 +213,7 @@ const lockRunning = `
     ORDER BY t.id FOR NO KEY UPDATE OF t`
 
 // guardedReturning is the RETURNING list of u.
-const guardedReturning = `RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, '') AS last_error`
+const guardedReturning = `RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, '') AS last_error, t.finished_at`
 
 const succeedSQL = `
 WITH l AS (` + lockRunning + `
@@ -326,7 +329,7 @@ UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = N
     lease_owner = NULL, lease_until = NULL, updated_at = now()
 FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'DEAD' ORDER BY id FOR NO KEY UPDATE) l
 WHERE t.id = l.id AND t.status = 'DEAD'
-RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), ''`
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), '', t.finished_at`
 
 // Redrive moves DEAD tasks back to QUEUED with their attempts reset (the
 // audit trail keeps the history) and a new outbox event, in one
@@ -380,7 +383,7 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 		defer rows.Close()
 		for rows.Next() {
 			r := Result{Applied: true}
-			if err := rows.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError); err != nil {
+			if err := rows.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.FinishedAt); err != nil {
 				return err
 			}
 			byID[r.ID] = r
@@ -452,7 +455,7 @@ func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query
 				missing = append(missing, id)
 			}
 		}
-		rows, err := tx.Query(ctx, `SELECT id, status, attempt_count, next_retry_at, coalesce(last_error, ''), coalesce(lease_owner, '')
+		rows, err := tx.Query(ctx, `SELECT id, status, attempt_count, next_retry_at, coalesce(last_error, ''), coalesce(lease_owner, ''), finished_at
 			FROM ingest_task WHERE id = ANY($1::uuid[])`, missing)
 		if err != nil {
 			return nil, err
@@ -478,7 +481,7 @@ func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query
 
 func scanResult(row pgx.CollectableRow) (Result, error) {
 	var r Result
-	err := row.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.LeaseOwner)
+	err := row.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.LeaseOwner, &r.FinishedAt)
 	return r, err
 }
 
