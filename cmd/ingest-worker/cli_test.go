@@ -192,6 +192,24 @@ func TestBinary(t *testing.T) {
 		}
 	})
 
+	t.Run("PostgresSSLModePassesThrough", func(t *testing.T) {
+		t.Parallel()
+		// The test server has no SSL: sslmode=require must reach the
+		// driver (and fail on it), sslmode=disable must connect.
+		db := testenv.NewDatabase(t)
+		require := strings.Replace(db.URL, "sslmode=disable", "sslmode=require", 1)
+		if require == db.URL {
+			t.Fatalf("test URL %q has no sslmode=disable to replace", db.URL)
+		}
+		r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + require}, "", "migrate", "--status")
+		if r.code != exitRuntime || !strings.Contains(strings.ToLower(r.stderr), "ssl") {
+			t.Errorf("sslmode=require against a server without SSL: exit %d, stderr %q; want exit 1 naming SSL", r.code, r.stderr)
+		}
+		if r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + db.URL}, "", "migrate", "--status"); r.code != 0 {
+			t.Errorf("sslmode=disable: exit %d, stderr %q", r.code, r.stderr)
+		}
+	})
+
 	t.Run("MigrateTwiceAndStaleSchema", func(t *testing.T) {
 		t.Parallel()
 		db := testenv.NewEmptyDatabase(t)
