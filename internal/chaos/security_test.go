@@ -124,6 +124,8 @@ var requiredCommands = []string{
 	"xreadgroup", "xack", "xclaim", "xautoclaim", "xpending", "xgroup|create", "xgroup|createconsumer",
 	"xgroup|delconsumer", "xinfo|groups", "xinfo|consumers", "xinfo|stream", "xlen", "xrange", "xrevrange",
 	"xdel", "xtrim", "xadd", "evalsha", "eval", "script|load", "script|exists",
+	// the DLQ script's marker of a death already dead-lettered
+	"exists", "set",
 	// start-up checks and metrics
 	"info", "config|get",
 }
