@@ -141,39 +141,65 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, code, out)
 }
 
-// newTask validates one create request; prefix is the batch position of
-// the request ("" for a single one).
-func (s *Server) newTask(req CreateRequest, prefix string) (task.NewTask, *inputError) {
-	field := func(name string) string {
-		if prefix == "" {
-			return name
-		}
-		return prefix + "." + name
+// FieldError is the bad field of a create request.
+type FieldError struct {
+	Field string // kind, payload, idempotency_key or max_attempts
+	Msg   string
+	// TooLarge is set when the payload is over the size limit.
+	TooLarge bool
+}
+
+func (e *FieldError) Error() string { return e.Msg }
+
+// Validate checks a create request, with payloads limited to
+// maxPayloadBytes, and returns the task to create. The HTTP API and the
+// CLI's enqueue --file share it.
+func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldError) {
+	bad := func(field, format string, args ...any) (task.NewTask, *FieldError) {
+		return task.NewTask{}, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
 	kind := strings.TrimSpace(req.Kind)
 	switch {
 	case kind == "":
-		return task.NewTask{}, badInput(field("kind"), "kind is required")
+		return bad("kind", "kind is required")
 	case len(kind) > task.MaxKindLength:
-		return task.NewTask{}, badInput(field("kind"), "kind is longer than %d bytes", task.MaxKindLength)
+		return bad("kind", "kind is longer than %d bytes", task.MaxKindLength)
 	case len(req.Payload) == 0 || string(req.Payload) == "null":
-		return task.NewTask{}, badInput(field("payload"), "payload is required (any JSON value but null)")
-	case len(req.Payload) > s.maxBytes:
-		return task.NewTask{}, &inputError{code: http.StatusRequestEntityTooLarge, field: field("payload"),
-			msg: fmt.Sprintf("payload is %d bytes, the limit is %d", len(req.Payload), s.maxBytes)}
+		return bad("payload", "payload is required (any JSON value but null)")
+	case len(req.Payload) > maxPayloadBytes:
+		return task.NewTask{}, &FieldError{Field: "payload", TooLarge: true,
+			Msg: fmt.Sprintf("payload is %d bytes, the limit is %d", len(req.Payload), maxPayloadBytes)}
 	case len(req.IdempotencyKey) > 1000:
-		return task.NewTask{}, badInput(field("idempotency_key"), "idempotency_key is longer than 1000 bytes")
+		return bad("idempotency_key", "idempotency_key is longer than 1000 bytes")
 	case req.MaxAttempts != nil && *req.MaxAttempts < 1:
-		return task.NewTask{}, badInput(field("max_attempts"), "max_attempts must be >= 1, got %d", *req.MaxAttempts)
+		return bad("max_attempts", "max_attempts must be >= 1, got %d", *req.MaxAttempts)
 	}
 	if _, err := task.Canonical(req.Payload); err != nil {
-		return task.NewTask{}, badInput(field("payload"), "payload %v", err)
+		return bad("payload", "payload %v", err)
 	}
 	nt := task.NewTask{Kind: kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey}
 	if req.MaxAttempts != nil {
 		nt.MaxAttempts = *req.MaxAttempts
 	}
 	return nt, nil
+}
+
+// newTask validates one create request; prefix is the batch position of
+// the request ("" for a single one).
+func (s *Server) newTask(req CreateRequest, prefix string) (task.NewTask, *inputError) {
+	nt, ferr := req.Validate(s.maxBytes)
+	if ferr == nil {
+		return nt, nil
+	}
+	field := ferr.Field
+	if prefix != "" {
+		field = prefix + "." + field
+	}
+	code := http.StatusBadRequest
+	if ferr.TooLarge {
+		code = http.StatusRequestEntityTooLarge
+	}
+	return task.NewTask{}, &inputError{code: code, field: field, msg: ferr.Msg}
 }
 
 func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {

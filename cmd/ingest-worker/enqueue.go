@@ -10,26 +10,11 @@ import (
 	"os"
 	"strings"
 
-	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
+	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/task"
 )
-
-// ndjsonTask is one line of an enqueue --file.
-type ndjsonTask struct {
-	Kind           string          `json:"kind"`
-	Payload        json.RawMessage `json:"payload"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	MaxAttempts    *int            `json:"max_attempts"`
-}
-
-// enqueued is the JSON output of enqueue, one per task.
-type enqueued struct {
-	ID       uuid.UUID  `json:"id"`
-	Status   task.State `json:"status"`
-	Existing bool       `json:"existing,omitempty"`
-}
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
@@ -98,10 +83,10 @@ one transaction: all or none. Use --file - for stdin.`,
 			if err != nil {
 				return err
 			}
-			out := make([]enqueued, len(res))
+			out := make([]api.CreateResponse, len(res))
 			existing := 0
 			for i, r := range res {
-				out[i] = enqueued{ID: r.Task.ID, Status: r.Task.Status, Existing: r.Existing}
+				out[i] = api.CreateResponse{ID: r.Task.ID, Status: r.Task.Status, Existing: r.Existing}
 				if r.Existing {
 					existing++
 				}
@@ -177,7 +162,7 @@ func (a *app) readNDJSON(name string) ([]task.NewTask, error) {
 		if len(b) == 0 {
 			continue
 		}
-		var t ndjsonTask
+		var t api.CreateRequest
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&t); err != nil {
@@ -186,24 +171,9 @@ func (a *app) readNDJSON(name string) ([]task.NewTask, error) {
 		if dec.More() {
 			return nil, usagef("%s line %d: more than one JSON value on the line", name, line)
 		}
-		switch {
-		case strings.TrimSpace(t.Kind) == "":
-			return nil, usagef("%s line %d: kind is required", name, line)
-		case len(t.Payload) == 0 || string(t.Payload) == "null":
-			return nil, usagef("%s line %d: payload is required", name, line)
-		case len(strings.TrimSpace(t.Kind)) > task.MaxKindLength:
-			return nil, usagef("%s line %d: kind is longer than %d bytes", name, line, task.MaxKindLength)
-		case len(t.Payload) > a.cfg.MaxPayloadBytes:
-			return nil, usagef("%s line %d: payload is %d bytes, INGEST_MAX_PAYLOAD_BYTES is %d", name, line, len(t.Payload), a.cfg.MaxPayloadBytes)
-		case t.MaxAttempts != nil && *t.MaxAttempts < 1:
-			return nil, usagef("%s line %d: max_attempts must be >= 1, got %d", name, line, *t.MaxAttempts)
-		}
-		if _, err := task.Canonical(t.Payload); err != nil {
-			return nil, usagef("%s line %d: payload %v", name, line, err)
-		}
-		nt := task.NewTask{Kind: t.Kind, Payload: t.Payload, IdempotencyKey: t.IdempotencyKey}
-		if t.MaxAttempts != nil {
-			nt.MaxAttempts = *t.MaxAttempts
+		nt, ferr := t.Validate(a.cfg.MaxPayloadBytes)
+		if ferr != nil {
+			return nil, usagef("%s line %d: %s", name, line, ferr.Msg)
 		}
 		nts = append(nts, nt)
 	}
