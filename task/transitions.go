@@ -61,6 +61,11 @@ WITH locked AS (
     WHERE t.id = l.id AND (
            (l.status IN ('QUEUED', 'RETRYING') AND (l.next_retry_at IS NULL OR l.next_retry_at <= now()))
         OR (l.status = 'RUNNING' AND l.lease_until < now()))
+      -- The same guard on the target row: re-checked by Postgres on the
+      -- row's latest version, so a version older than the locked one is
+      -- never written (the SET reads t).
+      AND (   (t.status IN ('QUEUED', 'RETRYING') AND (t.next_retry_at IS NULL OR t.next_retry_at <= now()))
+           OR (t.status = 'RUNNING' AND t.lease_until < now()))
     RETURNING t.*, l.status AS from_status, coalesce(l.lease_owner, '') AS prev_owner
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
@@ -164,6 +169,7 @@ WITH l AS (` + lockRunning + `
 )
 UPDATE ingest_task t SET lease_until = now() + $3 * interval '1 millisecond', updated_at = now()
 FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+      AND t.status = 'RUNNING' AND t.lease_owner = $2
 RETURNING t.id`
 
 // Renew extends owner's lease on the RUNNING tasks of ids and returns the
@@ -221,6 +227,7 @@ WITH l AS (` + lockRunning + `
     UPDATE ingest_task t SET status = 'SUCCEEDED', lease_owner = NULL, lease_until = NULL, next_retry_at = NULL,
         finished_at = now(), updated_at = now()
     FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+      AND t.status = 'RUNNING' AND t.lease_owner = $2
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, worker)
@@ -267,6 +274,7 @@ WITH f AS (
         updated_at    = now()
     FROM f, l
     WHERE t.id = f.id AND t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+      AND t.status = 'RUNNING' AND t.lease_owner = $2
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
@@ -311,6 +319,7 @@ WITH l AS (` + lockRunning + `
 ), u AS (
     UPDATE ingest_task t SET status = 'RETRYING', next_retry_at = now(), lease_owner = NULL, lease_until = NULL, updated_at = now()
     FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
+      AND t.status = 'RUNNING' AND t.lease_owner = $2
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
