@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"time"
-	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -92,16 +91,4 @@ func parse(m redis.XMessage) Entry {
 	e.AttemptCount, _ = strconv.Atoi(get(FieldAttemptCount))
 	e.DeadAt, _ = time.Parse(time.RFC3339, get(FieldDeadAt))
 	return e
-}
-
-// truncate cuts s to at most max bytes at a rune boundary.
-func truncate(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ingest-worker/ingest/internal/clip"
+
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
@@ -71,7 +73,7 @@ func Replay(ctx context.Context, rdb redis.UniversalClient, key string, store Re
 		if perr != nil || len(e.TaskID) != 36 || id == uuid.Nil {
 			out[i].Outcome = Poison
 			out[i].Detail = fmt.Sprintf("task_id %q is not a task id: a poison message cannot be replayed through the store (last_error: %s)",
-				truncate(e.TaskID, 64), truncate(e.LastError, 200))
+				clip.String(e.TaskID, 64), clip.String(e.LastError, 200))
 			continue
 		}
 		out[i].TaskID = id

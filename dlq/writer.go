@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ingest-worker/ingest/internal/clip"
+
 	"github.com/redis/go-redis/v9"
 )
 
@@ -61,7 +63,7 @@ func (e Entry) values() []any {
 		FieldTaskID, e.TaskID,
 		FieldKind, e.Kind,
 		FieldAttemptCount, strconv.Itoa(e.AttemptCount),
-		FieldLastError, truncate(e.LastError, MaxErrorBytes),
+		FieldLastError, clip.String(e.LastError, MaxErrorBytes),
 		FieldSourceID, e.SourceID,
 		FieldDeadAt, e.DeadAt.UTC().Format(time.RFC3339),
 	}

@@ -7,7 +7,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"unicode/utf8"
+
+	"github.com/ingest-worker/ingest/internal/clip"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -73,19 +74,8 @@ func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error)
 	return c, nil
 }
 
-// truncateError cuts msg to MaxErrorBytes at a rune boundary and makes it
-// valid Postgres text (valid UTF-8, no NUL bytes).
-func truncateError(msg string) string {
-	msg = strings.ToValidUTF8(strings.ReplaceAll(msg, "\x00", "\uFFFD"), "\uFFFD")
-	if len(msg) <= MaxErrorBytes {
-		return msg
-	}
-	cut := MaxErrorBytes
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut]
-}
+// truncateError makes msg valid Postgres text of at most MaxErrorBytes.
+func truncateError(msg string) string { return clip.PGText(msg, MaxErrorBytes) }
 
 // streamID is a parsed Redis stream entry id "ms-seq".
 type streamID struct{ ms, seq uint64 }

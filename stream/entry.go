@@ -3,7 +3,8 @@ package stream
 import (
 	"errors"
 	"fmt"
-	"unicode/utf8"
+
+	"github.com/ingest-worker/ingest/internal/clip"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -87,9 +88,5 @@ func Truncate(s string, max int) string {
 	if len(s) <= max {
 		return s
 	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
+	return clip.String(s, max) + "…"
 }

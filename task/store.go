@@ -6,7 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
+
+	"github.com/ingest-worker/ingest/internal/clip"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -132,42 +133,8 @@ func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	return t, err
 }
 
-// truncateError cuts msg to MaxErrorBytes at a rune boundary and replaces
-// invalid UTF-8 (Postgres text must be valid UTF-8, without NUL bytes).
-func truncateError(msg string) string {
-	msg = sanitize(msg)
-	if len(msg) <= MaxErrorBytes {
-		return msg
-	}
-	cut := MaxErrorBytes
-	for cut > 0 && !utf8.RuneStart(msg[cut]) {
-		cut--
-	}
-	return msg[:cut]
-}
-
-func sanitize(s string) string {
-	if utf8.ValidString(s) && !containsNUL(s) {
-		return s
-	}
-	out := make([]rune, 0, len(s))
-	for _, r := range s {
-		if r == 0 {
-			r = utf8.RuneError
-		}
-		out = append(out, r)
-	}
-	return string(out)
-}
-
-func containsNUL(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == 0 {
-			return true
-		}
-	}
-	return false
-}
+// truncateError makes msg valid Postgres text of at most MaxErrorBytes.
+func truncateError(msg string) string { return clip.PGText(msg, MaxErrorBytes) }
 
 // inTx runs f in a transaction of s.db, retrying on deadlock or
 // serialization failure (f must be safe to run again).
