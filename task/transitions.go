@@ -401,27 +401,41 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 		// rows are read without error.
 		return rows.Err()
 	})
-	if err == nil && len(byID) < len(ids) {
-		// The guard refused some (rare: a lost lease, a race): report their
-		// current state, read with a fresh snapshot.
-		var missing []uuid.UUID
-		for _, id := range ids {
-			if _, ok := byID[id]; !ok {
-				missing = append(missing, id)
-			}
-		}
-		var rows pgx.Rows
-		if rows, err = s.db.Query(ctx, currentSQL, missing); err == nil {
-			var current []Result
-			if current, err = pgx.CollectRows(rows, scanResult); err == nil {
-				for _, r := range current {
-					byID[r.ID] = r
-				}
-			}
-		}
+	var out []Result
+	if err == nil {
+		// Read with a fresh snapshot, after the statement committed.
+		out, err = withRefused(ctx, s.db, ids, byID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", op, len(ids), err)
+	}
+	return out, nil
+}
+
+// withRefused returns one Result per id, in order: the applied ones of
+// byID, and for the ids a guard refused (rare: a lost lease, a race) their
+// current state, read through q.
+func withRefused(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, ids []uuid.UUID, byID map[uuid.UUID]Result) ([]Result, error) {
+	if len(byID) < len(ids) {
+		var refused []uuid.UUID
+		for _, id := range ids {
+			if _, ok := byID[id]; !ok {
+				refused = append(refused, id)
+			}
+		}
+		rows, err := q.Query(ctx, currentSQL, refused)
+		if err != nil {
+			return nil, err
+		}
+		current, err := pgx.CollectRows(rows, scanResult)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range current {
+			byID[r.ID] = r
+		}
 	}
 	out := make([]Result, len(ids))
 	for i, id := range ids {
@@ -456,36 +470,7 @@ func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query
 	if err := transition.Insert(ctx, tx, recs...); err != nil {
 		return nil, err
 	}
-	if len(applied) < len(ids) {
-		// The guard refused some: report their current state.
-		var missing []uuid.UUID
-		for _, id := range ids {
-			if _, ok := byID[id]; !ok {
-				missing = append(missing, id)
-			}
-		}
-		rows, err := tx.Query(ctx, `SELECT id, status, attempt_count, next_retry_at, coalesce(last_error, ''), coalesce(lease_owner, ''), finished_at
-			FROM ingest_task WHERE id = ANY($1::uuid[])`, missing)
-		if err != nil {
-			return nil, err
-		}
-		current, err := pgx.CollectRows(rows, scanResult)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range current {
-			byID[r.ID] = r
-		}
-	}
-	out := make([]Result, len(ids))
-	for i, id := range ids {
-		r, ok := byID[id]
-		if !ok {
-			r = Result{ID: id}
-		}
-		out[i] = r
-	}
-	return out, nil
+	return withRefused(ctx, tx, ids, byID)
 }
 
 func scanResult(row pgx.CollectableRow) (Result, error) {
