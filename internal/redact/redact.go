@@ -22,9 +22,12 @@ func DSN(s string) string {
 		return s
 	}
 	if strings.Contains(s, "://") {
-		if u, err := url.Parse(s); err == nil {
-			return redactURL(u)
+		// Trust the parse only for a real "scheme://": in "A#://:pw@" the
+		// "://:pw@" is a fragment, with no user info to redact.
+		if u, err := url.Parse(s); err == nil && u.Scheme != "" && strings.HasPrefix(s, u.Scheme+"://") {
+			s = redactURL(u)
 		}
+		// Whatever the parser made of it, never show "://user:password@".
 		return userinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
 	}
 	return kvPasswordRe.ReplaceAllString(s, "${1}"+Mask)

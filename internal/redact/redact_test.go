@@ -20,6 +20,9 @@ func TestDSN(t *testing.T) {
 		{"RedissUserPassword", "rediss://default:s3cret@cache:6380/1", "rediss://default:" + Mask + "@cache:6380/1"},
 		{"EscapedPassword", "postgres://app:p%40ss%2Fw@db/x", "postgres://app:" + Mask + "@db/x"},
 		{"KeyValue", "host=db user=app password=s3cret dbname=x", "host=db user=app password=" + Mask + " dbname=x"},
+		// "#" starts a fragment: the "://:pw@" after it is no user info to url.Parse.
+		{"FragmentBeforeScheme", "A#://:s3cret@", "A#://:" + Mask + "@"},
+		{"SecretInFragment", "redis://cache:6379/0#://u:s3cret@", "redis://cache:" + Mask + "@"}, // over-masks, never shows it
 		{"KeyValueQuoted", "host=db password='s3 cret' dbname=x", "host=db password=" + Mask + " dbname=x"},
 		{"KeyValueSpaces", "host=db PASSWORD = s3cret", "host=db PASSWORD = " + Mask},
 		{"Unparsable", "postgres://app:s3cret@db:99999999999/%zz", "postgres://app:" + Mask + "@db:99999999999/%zz"},
