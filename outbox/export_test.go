@@ -17,3 +17,15 @@ func (r *Rescuer) RunOnce(ctx context.Context) (RescueResult, error) { return r.
 
 // RunOnce runs one retention pass.
 func (r *Retention) RunOnce(ctx context.Context) (RetentionResult, error) { return r.runOnce(ctx) }
+
+// RescueStatements are the rescuer's candidate queries and its re-check,
+// each with example arguments as SQL literals (for the plan test).
+func RescueStatements() map[string][2]string {
+	const page = `'-infinity', '00000000-0000-0000-0000-000000000000', 100, 60000`
+	return map[string][2]string{
+		"queued":        {rescueQueuedSQL, page},
+		"retrying":      {rescueRetryingSQL, page},
+		"running":       {rescueRunningSQL, page},
+		"still-missing": {stillMissingSQL, `'{00000000-0000-7000-8000-000000000001}', '{0}'`},
+	}
+}

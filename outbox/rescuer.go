@@ -160,10 +160,17 @@ func (r *Rescuer) Run(ctx context.Context) error {
 // task with its latest outbox row and whether it is eligible (due, no
 // unsent row, latest row SENT (or DEAD) more than $4 ms ago, or no row at all).
 // $1, $2: keyset cursor; $3: page size; $4: grace in ms.
+//
+// The lateral reads a task's outbox rows through outbox_event_task_idx only:
+// the latest row and, as a window count over all of them, the unsent ones.
+// A separate "count unsent rows of this task" subquery let the planner
+// pick the claim index (unsent rows, any task) and filter it on task_id,
+// which is O(unsent rows) per candidate, and while a backlog is relayed
+// that index is large and full of dead entries: one page took 6.6 s.
 const rescueColumns = `
 SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.stream_id, ''),
     (t.status = 'RUNNING' OR t.next_retry_at IS NULL OR t.next_retry_at <= now())
-    AND (SELECT count(*) FROM outbox_event u WHERE u.task_id = t.id AND u.status IN ('NEW', 'RETRYING')) = 0
+    AND coalesce(lo.unsent, 0) = 0
     AND CASE WHEN lo.id IS NULL THEN t.updated_at < now() - $4 * interval '1 millisecond'
              WHEN lo.status = 'DEAD' THEN lo.created_at < now() - $4 * interval '1 millisecond'
              ELSE lo.status = 'SENT' AND lo.sent_at < now() - $4 * interval '1 millisecond' END`
@@ -171,7 +178,9 @@ SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.
 const rescueFrom = `
 FROM ingest_task t
 LEFT JOIN LATERAL (
-    SELECT o.id, o.status, o.stream, o.stream_id, o.sent_at, o.created_at FROM outbox_event o
+    SELECT o.id, o.status, o.stream, o.stream_id, o.sent_at, o.created_at,
+           count(*) FILTER (WHERE o.status IN ('NEW', 'RETRYING')) OVER () AS unsent
+    FROM outbox_event o
     WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1
 ) lo ON true`
 

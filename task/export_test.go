@@ -1,0 +1,16 @@
+package task
+
+// HotStatements are the statements of the hot path and the redrive, by
+// name, each with example arguments as SQL literals (for the plan tests,
+// which EXPLAIN EXECUTE them).
+func HotStatements() map[string][2]string {
+	const ids, owner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
+	return map[string][2]string{
+		"start":   {startSQL, ids + ", " + owner + ", 60000, 1024"},
+		"renew":   {renewSQL, ids + ", " + owner + ", 60000"},
+		"succeed": {succeedSQL, ids + ", " + owner},
+		"fail":    {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}'`},
+		"release": {releaseSQL, ids + ", " + owner},
+		"redrive": {redriveSQL, ids},
+	}
+}

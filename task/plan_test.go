@@ -1,0 +1,48 @@
+package task_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestHotStatementsReadTasksByPrimaryKey checks the plans of the hot
+// statements where the planner is most tempted to go wrong: statistics
+// taken when every task was QUEUED, then every task moved to RUNNING
+// (autovacuum off or behind, as on a busy queue), and the generic plan
+// that a prepared statement ends up with. Each statement must reach
+// ingest_task through its primary key only: an index on status would
+// read every RUNNING task per statement (seconds, not milliseconds).
+func TestHotStatementsReadTasksByPrimaryKey(t *testing.T) {
+	b := setup(t, task.Config{})
+	const n = 20000
+	if _, err := b.db.Exec(b.ctx, `
+INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
+SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 3 FROM generate_series(1, $1) g`, n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(b.ctx, `ANALYZE ingest_task`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(b.ctx, `UPDATE ingest_task SET status = 'RUNNING', lease_owner = 'w', lease_until = now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	for name, st := range task.HotStatements() {
+		t.Run(name, func(t *testing.T) {
+			nodes, plan := testenv.GenericPlan(t, b.db, st[0], st[1])
+			for _, p := range nodes {
+				if p.Relation != "ingest_task" {
+					continue
+				}
+				switch {
+				case strings.Contains(p.NodeType, "Seq Scan"):
+					t.Errorf("%s scans ingest_task sequentially:\n%s", name, plan)
+				case p.Index != "" && p.Index != "ingest_task_pkey":
+					t.Errorf("%s reads ingest_task through %s, not its primary key:\n%s", name, p.Index, plan)
+				}
+			}
+		})
+	}
+}
