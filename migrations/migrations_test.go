@@ -24,9 +24,9 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // latest is the newest embedded version; versions are all of them.
-const latest = 2
+const latest = 3
 
-var versions = []int64{1, 2}
+var versions = []int64{1, 2, 3}
 
 func versionTableExists(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()

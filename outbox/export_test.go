@@ -29,3 +29,7 @@ func RescueStatements() map[string][2]string {
 		"still-missing": {stillMissingSQL, `'{00000000-0000-7000-8000-000000000001}', '{0}'`},
 	}
 }
+
+// ClaimStatements are the relay's claim ($1 relay, $2 batch size, $3 lease
+// in ms) and the planner settings sent with it (for the plan test).
+func ClaimStatements() (settings, claim string) { return claimPlanSQL, claimSQL }

@@ -373,18 +373,34 @@ SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until
 FROM claimed c JOIN ingest_task t ON t.id = c.task_id
 ORDER BY c.next_retry_at, c.id`
 
+// claimPlanSQL, sent in the claim's round trip and implicit transaction,
+// leaves the planner one way to read due rows: outbox_event_claim_idx in
+// order, stopping after $2 rows. The row estimates of a queue table are
+// often far off (a backlog arrives faster than ANALYZE, or autovacuum is
+// off), and a low estimate made the planner read every unsent row with a
+// bitmap scan and sort them, on every claim: 80 ms instead of 8 ms per
+// 1,000 rows with 200,000 unsent, and a relay that fell behind its
+// inserts. The settings end with the transaction.
+const claimPlanSQL = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
+
 func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	var c claimed
-	rows, err := r.pool.Query(ctx, claimSQL, r.cfg.ID, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
-	if err != nil {
-		return c, fmt.Errorf("claim outbox rows: %w", err)
+	batch := &pgx.Batch{}
+	batch.Queue(claimPlanSQL)
+	batch.Queue(claimSQL, r.cfg.ID, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
+	br := r.pool.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+				var rw row
+				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until)
+				return rw, err
+			})
+		}
 	}
-	c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-		var rw row
-		err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until)
-		return rw, err
-	})
-	if err != nil {
+	if err = errors.Join(err, br.Close()); err != nil {
 		return claimed{}, fmt.Errorf("claim outbox rows: %w", err)
 	}
 	return c, nil

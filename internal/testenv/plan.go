@@ -40,6 +40,12 @@ func GenericPlan(tb testing.TB, db *pgxpool.Pool, sql, args string) ([]PlanNode,
 	if err := conn.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE generic_plan(`+args+`)`).Scan(&plan); err != nil {
 		tb.Fatal(err)
 	}
+	return ParsePlan(tb, plan), string(plan)
+}
+
+// ParsePlan returns the nodes of an EXPLAIN (FORMAT JSON) plan, flattened.
+func ParsePlan(tb testing.TB, plan []byte) []PlanNode {
+	tb.Helper()
 	var root []struct{ Plan PlanNode }
 	if err := json.Unmarshal(plan, &root); err != nil || len(root) != 1 {
 		tb.Fatalf("EXPLAIN output %s: %v", plan, err)
@@ -53,5 +59,5 @@ func GenericPlan(tb testing.TB, db *pgxpool.Pool, sql, args string) ([]PlanNode,
 		}
 	}
 	walk(root[0].Plan)
-	return nodes, string(plan)
+	return nodes
 }
