@@ -54,7 +54,9 @@ type Service struct {
 }
 
 // NewService builds every enabled component and validates their
-// configuration; errors name the component and the field.
+// configuration; errors name the component and the field. With the relay
+// enabled, the store publishes the tasks it creates through it (see
+// task.Store.PublishThrough).
 func NewService(cfg ServiceConfig, store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
@@ -84,6 +86,9 @@ func NewService(cfg ServiceConfig, store *task.Store, pool *pgxpool.Pool, rdb re
 		if svc.relay, err = outbox.NewRelay(rc, pool, rdb, logger, reg); err != nil {
 			return nil, err
 		}
+		// Tasks the store creates are handed to the relay on commit
+		// while the service runs (see task.Store.PublishThrough).
+		store.PublishThrough(svc.relay)
 	}
 	if !cfg.RescuerDisabled {
 		rc := cfg.Rescuer

@@ -33,3 +33,6 @@ func RescueStatements() map[string][2]string {
 // ClaimStatements are the relay's claim ($1 relay, $2 batch size, $3 lease
 // in ms) and the planner settings sent with it (for the plan test).
 func ClaimStatements() (settings, claim string) { return claimPlanSQL, claimSQL }
+
+// Running reports whether r's Run is running (and takes direct claims).
+func Running(r *Relay) bool { return r.running.Load() }

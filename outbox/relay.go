@@ -32,6 +32,7 @@ const (
 	DefaultListenRetryMin  = 100 * time.Millisecond
 	DefaultListenRetryMax  = 5 * time.Second
 	DefaultParallel        = 2
+	DefaultDirectBacklog   = 16
 
 	listenerApplicationName = "ingest-outbox-listener"
 )
@@ -74,6 +75,10 @@ type RelayConfig struct {
 	// (passes that claim full batches): while one waits for Postgres to
 	// mark its rows, another claims and publishes the next rows.
 	Parallel int
+	// DirectBacklog is how many committed batches may wait for direct
+	// publishing at once (see InsertClaimed); beyond that, new rows go
+	// the usual way (NOTIFY, claim).
+	DirectBacklog int
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -90,6 +95,7 @@ func (c *RelayConfig) setDefaults() {
 	setDefault(&c.ListenRetryMin, DefaultListenRetryMin)
 	setDefault(&c.ListenRetryMax, DefaultListenRetryMax)
 	setDefault(&c.Parallel, DefaultParallel)
+	setDefault(&c.DirectBacklog, DefaultDirectBacklog)
 	switch {
 	case c.BackoffJitter == 0:
 		c.BackoffJitter = DefaultBackoffJitter
@@ -126,6 +132,8 @@ func (c RelayConfig) Validate() error {
 		return bad("ListenRetryMin must be > 0, got %s", c.ListenRetryMin)
 	case c.Parallel < 1 || c.Parallel > 64:
 		return bad("Parallel must be in [1, 64], got %d", c.Parallel)
+	case c.DirectBacklog < 1 || c.DirectBacklog > 1024:
+		return bad("DirectBacklog must be in [1, 1024], got %d", c.DirectBacklog)
 	case c.ListenRetryMax < c.ListenRetryMin:
 		return bad("ListenRetryMax (%s) must be >= ListenRetryMin (%s)", c.ListenRetryMax, c.ListenRetryMin)
 	}
@@ -177,6 +185,13 @@ type Relay struct {
 
 	listens atomic.Int64 // LISTEN connections established, for tests
 
+	// Direct publishing (see InsertClaimed): running is set while Run
+	// runs; directSlots holds one token per claim taken and not yet
+	// published or discarded; direct carries committed claims to Run.
+	running     atomic.Bool
+	directSlots chan struct{}
+	direct      chan claimed
+
 	// afterPublish, when set (by tests), runs between the XADD and the
 	// update that marks the rows.
 	afterPublish func()
@@ -198,7 +213,8 @@ func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, lo
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, pool: pool, rdb: rdb, logger: logger, metrics: m}, nil
+	return &Relay{cfg: cfg, pool: pool, rdb: rdb, logger: logger, metrics: m,
+		directSlots: make(chan struct{}, cfg.DirectBacklog), direct: make(chan claimed, cfg.DirectBacklog)}, nil
 }
 
 // Config returns the relay's configuration with defaults filled in.
@@ -209,15 +225,32 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // and polls every PublishInterval besides; while a pass claims a full
 // batch it goes on at once. A lost LISTEN connection is re-established
 // with backoff while polling continues.
+//
+// While Run runs, the relay also publishes the claims handed to it by
+// direct publishing (see InsertClaimed), Parallel at a time; on return it
+// has published those handed over before ctx was cancelled.
 func (r *Relay) Run(ctx context.Context) error {
+	if r.running.Swap(true) {
+		return errors.New("outbox relay: Run is already running")
+	}
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
+	defer wg.Wait()
+	// Deferred after wg.Wait, so it runs first: no claim is taken once the
+	// direct publishers start draining.
+	defer r.running.Store(false)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		r.listen(ctx, wake)
 	}()
-	defer wg.Wait()
+	for range r.cfg.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.publishDirect(ctx)
+		}()
+	}
 
 	ticker := time.NewTicker(r.cfg.PublishInterval)
 	defer ticker.Stop()
@@ -276,13 +309,17 @@ func (r *Relay) pass(ctx context.Context) bool {
 // stay claimed until the lease expires and are then published again.
 // DrainOnce is safe for concurrent use.
 func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
-	var res DrainResult
 	c, err := r.claim(ctx)
 	if err != nil || len(c.rows) == 0 {
-		return res, err
+		return DrainResult{}, err
 	}
-	res.Claimed = len(c.rows)
+	return r.finish(ctx, c)
+}
 
+// finish publishes the rows of claim c and marks them: the part of a pass
+// after its claim, shared with direct publishing (see Publish).
+func (r *Relay) finish(ctx context.Context, c claimed) (DrainResult, error) {
+	res := DrainResult{Claimed: len(c.rows)}
 	// Once claimed, the pass runs to the end even if ctx is cancelled: each
 	// step gets its own deadline.
 	ctx = context.WithoutCancel(ctx)

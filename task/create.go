@@ -55,33 +55,63 @@ func (s *Store) Create(ctx context.Context, nt NewTask) (CreateResult, error) {
 	return res[0], nil
 }
 
-// CreateBatch creates many tasks in one transaction: all or none.
+// CreateBatch creates many tasks in one transaction: all or none. With a
+// relay to publish through (see PublishThrough), the new tasks are handed
+// to it as soon as the transaction commits.
 func (s *Store) CreateBatch(ctx context.Context, nts []NewTask) ([]CreateResult, error) {
+	var relay *outbox.Relay
+	if _, nested := s.db.(pgx.Tx); !nested {
+		// Inside a caller's transaction the commit is not ours: the
+		// entries must wait for it, which the NOTIFY does.
+		relay = s.relay.Load()
+	}
 	var res []CreateResult
+	var claim outbox.Claim
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		claim.Discard() // of an attempt that was rolled back
 		var err error
-		res, err = s.CreateTx(ctx, tx, nts...)
+		res, claim, err = s.createTx(ctx, tx, relay, nts)
 		return err
 	})
-	return res, err
+	if err != nil {
+		claim.Discard()
+		return nil, err
+	}
+	claim.Publish()
+	return res, nil
 }
+
+// PublishThrough makes Create and CreateBatch hand the tasks they commit to
+// relay r, which publishes them at once while it runs, instead of leaving
+// them to the next relay pass that a NOTIFY wakes (see
+// outbox.Relay.InsertClaimed). The guarantees are the same either way; nil
+// turns it off. NewService does this with the service's relay.
+func (s *Store) PublishThrough(r *outbox.Relay) { s.relay.Store(r) }
 
 // CreateTx creates tasks inside the caller's transaction, so they commit
 // (and are published) atomically with the caller's own writes, or not at
 // all. Each task gets its QUEUED audit row and a NEW outbox event.
 func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, nts ...NewTask) ([]CreateResult, error) {
+	res, _, err := s.createTx(ctx, tx, nil, nts)
+	return res, err
+}
+
+// createTx is CreateTx, writing the outbox rows claimed by relay when it is
+// not nil; the claim is returned (also with an error, to be discarded).
+func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nts []NewTask) ([]CreateResult, outbox.Claim, error) {
+	var claim outbox.Claim
 	if len(nts) == 0 {
-		return nil, nil
+		return nil, claim, nil
 	}
 	items, err := s.prepare(nts)
 	if err != nil {
-		return nil, err
+		return nil, claim, err
 	}
 	res := make([]CreateResult, len(items))
 	done := make([]bool, len(items))
 
 	if err := s.dedupByPayload(ctx, tx, items, res, done); err != nil {
-		return nil, err
+		return nil, claim, err
 	}
 
 	var ins []int
@@ -109,11 +139,11 @@ func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, nts ...NewTask) ([]Crea
 		}
 		rows, err := tx.Query(ctx, insertTasksSQL, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max)
 		if err != nil {
-			return nil, fmt.Errorf("insert tasks: %w", err)
+			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
 		created, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanTask(r) })
 		if err != nil {
-			return nil, fmt.Errorf("insert tasks: %w", err)
+			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
 		for _, t := range created {
 			inserted[t.ID] = t
@@ -134,22 +164,33 @@ func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, nts ...NewTask) ([]Crea
 		}
 		t, err := scanTask(tx.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task WHERE kind = $1 AND idempotency_key = $2`, it.Kind, it.IdempotencyKey))
 		if err != nil {
-			return nil, fmt.Errorf("read task of idempotency key %q (kind %s): %w", it.IdempotencyKey, it.Kind, err)
+			return nil, claim, fmt.Errorf("read task of idempotency key %q (kind %s): %w", it.IdempotencyKey, it.Kind, err)
 		}
 		res[i] = CreateResult{Task: t, Existing: true}
 	}
 	if err := transition.Insert(ctx, tx, recs...); err != nil {
-		return nil, err
+		return nil, claim, err
 	}
-	if err := outbox.Insert(ctx, tx, s.cfg.Stream, newIDs...); err != nil {
-		return nil, err
+	if relay == nil {
+		if err := outbox.Insert(ctx, tx, s.cfg.Stream, newIDs...); err != nil {
+			return nil, claim, err
+		}
+	} else {
+		kinds := make([]string, len(newIDs))
+		for i, id := range newIDs {
+			kinds[i] = inserted[id].Kind
+		}
+		var err error
+		if claim, err = relay.InsertClaimed(ctx, tx, s.cfg.Stream, newIDs, kinds); err != nil {
+			return nil, claim, err
+		}
 	}
 	for i, it := range items {
 		if it.sameAs >= 0 {
 			res[i] = CreateResult{Task: res[it.sameAs].Task, Existing: true}
 		}
 	}
-	return res, nil
+	return res, claim, nil
 }
 
 const insertTasksSQL = `

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/outbox"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -83,8 +85,9 @@ func (c Config) Validate() error {
 
 // Store reads and changes tasks in Postgres.
 type Store struct {
-	db  DB
-	cfg Config
+	db    DB
+	cfg   Config
+	relay atomic.Pointer[outbox.Relay] // see PublishThrough
 }
 
 // NewStore returns a store on db (usually a *pgxpool.Pool).

@@ -1,0 +1,134 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Direct publishing.
+//
+// The usual way from a commit to the stream takes a NOTIFY, a relay's claim
+// statement and its XADD: at light load, most of the time from commit to
+// handler start. A writer that owns its transaction can skip the first two:
+// InsertClaimed writes the outbox rows already claimed by a running relay,
+// under that relay's lease, and once the transaction has committed
+// Claim.Publish hands them to the relay, which XADDs and marks them at
+// once. Nothing else changes: the rows are ordinary claimed rows, so if
+// the process dies before they are published any relay publishes them when
+// the lease expires, and a failed XADD is retried by the relays with
+// backoff like any other.
+//
+// A relay takes at most DirectBacklog claims at a time; beyond that, and
+// while it is not running, InsertClaimed writes unclaimed rows, which go the
+// usual way.
+
+// Querier is what InsertClaimed needs: a pgx.Tx, usually.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Execer
+}
+
+// Claim is a batch of outbox rows written claimed by a relay (see
+// InsertClaimed). The zero Claim holds nothing. Call exactly one of
+// Publish (the transaction committed) and Discard (it did not).
+type Claim struct {
+	relay *Relay
+	c     claimed
+}
+
+const insertClaimedSQL = `
+INSERT INTO outbox_event (task_id, stream, claimed_by, claimed_until)
+SELECT id, $2, $3, now() + $4 * interval '1 millisecond' FROM unnest($1::uuid[]) AS t(id)
+RETURNING id, task_id, created_at, claimed_until`
+
+// InsertClaimed writes one outbox row per task (taskIDs[i] of kind
+// kinds[i]) to stream in db's transaction, like Insert, but claimed by r
+// when r is running and has room (see DirectBacklog); the returned Claim
+// then holds the rows, for Publish once the transaction has committed.
+// Otherwise the rows are written unclaimed and the Claim is zero.
+func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, taskIDs []uuid.UUID, kinds []string) (Claim, error) {
+	if len(taskIDs) == 0 {
+		return Claim{}, nil
+	}
+	if len(kinds) != len(taskIDs) {
+		return Claim{}, fmt.Errorf("insert claimed outbox events: %d task ids but %d kinds", len(taskIDs), len(kinds))
+	}
+	if !r.running.Load() {
+		return Claim{}, Insert(ctx, db, stream, taskIDs...)
+	}
+	select {
+	case r.directSlots <- struct{}{}:
+	default:
+		return Claim{}, Insert(ctx, db, stream, taskIDs...)
+	}
+	kindOf := make(map[uuid.UUID]string, len(taskIDs))
+	for i, id := range taskIDs {
+		kindOf[id] = kinds[i]
+	}
+	c := claimed{rows: make([]row, 0, len(taskIDs))}
+	rows, err := db.Query(ctx, insertClaimedSQL, taskIDs, stream, r.cfg.ID, r.cfg.Lease.Milliseconds())
+	if err == nil {
+		var rw row
+		_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.createdAt, &c.until}, func() error {
+			rw.stream, rw.kind = stream, kindOf[rw.taskID]
+			c.rows = append(c.rows, rw)
+			return nil
+		})
+	}
+	if err != nil {
+		<-r.directSlots
+		return Claim{}, fmt.Errorf("insert %d claimed outbox events: %w", len(taskIDs), err)
+	}
+	return Claim{relay: r, c: c}, nil
+}
+
+// Len is the number of rows the claim holds: 0 when they were written
+// unclaimed, for the relays' usual passes.
+func (c Claim) Len() int { return len(c.c.rows) }
+
+// Publish hands the claim, whose transaction has committed, to its relay,
+// which publishes the rows at once. It does not wait.
+func (c Claim) Publish() {
+	if c.relay != nil {
+		c.relay.direct <- c.c // never blocks: the claim holds one of the slots
+	}
+}
+
+// Discard gives up the claim of a transaction that did not commit.
+func (c Claim) Discard() {
+	if c.relay != nil {
+		<-c.relay.directSlots
+	}
+}
+
+// publishDirect publishes claims handed over by Publish until ctx is
+// cancelled, then those already handed over, and returns.
+func (r *Relay) publishDirect(ctx context.Context) {
+	for {
+		select {
+		case c := <-r.direct:
+			r.finishDirect(ctx, c)
+		case <-ctx.Done():
+			for {
+				select {
+				case c := <-r.direct:
+					r.finishDirect(ctx, c)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (r *Relay) finishDirect(ctx context.Context, c claimed) {
+	defer func() { <-r.directSlots }()
+	if _, err := r.finish(ctx, c); err != nil {
+		r.logger.Error("outbox direct publish failed: the rows are published again once their claim expires",
+			"rows", len(c.rows), "claimed_until", c.until.Format(time.RFC3339Nano), "err", err)
+	}
+}

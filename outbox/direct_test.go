@@ -1,0 +1,235 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// claimedBy returns the claimed_by of the outbox row of each task ("" when
+// unclaimed).
+func (b *bundle) claimedBy(t *testing.T, ids []uuid.UUID) map[uuid.UUID]string {
+	t.Helper()
+	rows, err := b.db.Query(context.Background(),
+		`SELECT task_id, coalesce(claimed_by, '') FROM outbox_event WHERE task_id = ANY($1)`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uuid.UUID]string{}
+	var id uuid.UUID
+	var by string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &by}, func() error { out[id] = by; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// insertClaimed writes n tasks and their outbox rows through r in one
+// transaction, committed or rolled back, and returns the ids and the claim.
+func (b *bundle) insertClaimed(t *testing.T, r *outbox.Relay, n int, commit bool) ([]uuid.UUID, outbox.Claim) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ids := make([]uuid.UUID, n)
+	kinds := make([]string, n)
+	for i := range ids {
+		ids[i], kinds[i] = uuid.Must(uuid.NewV7()), "direct"
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
+		SELECT id, 'direct', '{}', 'sha', 3 FROM unnest($1::uuid[]) AS t(id)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	claim, err := r.InsertClaimed(ctx, tx, b.stream, ids, kinds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if commit {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids, claim
+}
+
+// TestDirectPublishing: rows written claimed by a running relay are
+// published by it as soon as the claim is handed over; relay passes (woken
+// by the insert's NOTIFY) skip them, being claimed.
+func TestDirectPublishing(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "direct-relay", PublishInterval: time.Hour, DirectBacklog: 2})
+	run(t, r.Run)
+	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+
+	ids, claim := b.insertClaimed(t, r, 3, true)
+	for id, by := range b.claimedBy(t, ids) {
+		if by != "direct-relay" {
+			t.Fatalf("task %s: outbox row claimed by %q, want the relay's claim", id, by)
+		}
+	}
+	if got, err := r.DrainOnce(context.Background()); err != nil || got.Claimed != 0 {
+		t.Fatalf("a relay pass claimed %+v, %v: the rows are claimed, it must skip them", got, err)
+	}
+	claim.Publish()
+	eventually(t, 5*time.Second, "the claimed rows published", func() bool {
+		return b.count(t, `task_id = ANY($1) AND status = 'SENT' AND claimed_by = 'direct-relay'`, ids) == 3
+	})
+	b.checkPublishedOnce(t, 3)
+	if got := publishTotal(t, b, "success"); got != 3 {
+		t.Errorf("publish total = %v, want 3", got)
+	}
+
+	t.Run("DiscardFreesTheSlot", func(t *testing.T) {
+		// DirectBacklog is 2: two discarded claims must leave room for two more.
+		for range 2 {
+			_, c := b.insertClaimed(t, r, 1, false)
+			c.Discard()
+		}
+		var claims []outbox.Claim
+		for range 2 {
+			_, c := b.insertClaimed(t, r, 1, true)
+			if c.Len() != 1 {
+				t.Fatalf("after discards, a new batch went unclaimed: the slots were not freed")
+			}
+			claims = append(claims, c)
+		}
+		for _, c := range claims {
+			c.Publish()
+		}
+		eventually(t, 5*time.Second, "every row published", func() bool { return b.unsent(t) == 0 })
+	})
+}
+
+// TestDirectPublishingFallsBack: when the relay is not running, or its
+// backlog of claims is full, InsertClaimed writes ordinary unclaimed rows,
+// which a relay pass publishes.
+func TestDirectPublishingFallsBack(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "fallback-relay", PublishInterval: time.Hour, DirectBacklog: 1})
+
+	ids, claim := b.insertClaimed(t, r, 2, true)
+	if by := b.claimedBy(t, ids); claim.Len() != 0 || by[ids[0]] != "" || by[ids[1]] != "" {
+		t.Fatalf("relay not running: a claim of %d rows, rows claimed by %v; want none", claim.Len(), by)
+	}
+	claim.Publish() // a zero claim: a no-op
+	claim.Discard()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	eventually(t, 5*time.Second, "the unclaimed rows published by a pass", func() bool { return b.unsent(t) == 0 })
+
+	// A relay pass woken by the NOTIFY may claim unclaimed rows at any
+	// moment, so the claims are told apart by what InsertClaimed returned.
+	_, first := b.insertClaimed(t, r, 1, true) // takes the only slot
+	_, over := b.insertClaimed(t, r, 1, true)
+	if first.Len() != 1 || over.Len() != 0 {
+		t.Fatalf("backlog of 1: claims of %d and %d rows, want 1 and 0", first.Len(), over.Len())
+	}
+	first.Publish()
+	eventually(t, 5*time.Second, "both rows published", func() bool { return b.unsent(t) == 0 })
+
+	b.checkPublishedOnce(t, 4)
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run returned %v", err)
+	}
+	ids, claim = b.insertClaimed(t, r, 1, true)
+	if by := b.claimedBy(t, ids)[ids[0]]; claim.Len() != 0 || by != "" {
+		t.Fatalf("relay stopped: a claim of %d rows, row claimed by %q; want none", claim.Len(), by)
+	}
+}
+
+// TestDirectClaimNeverPublishedIsTakenOverAfterItsLease: the process that
+// held a direct claim died before publishing it (Publish never called).
+// Another relay publishes the rows once the claim's lease has expired, and
+// not before.
+func TestDirectClaimNeverPublishedIsTakenOverAfterItsLease(t *testing.T) {
+	b := setup(t)
+	const lease = 2 * time.Second
+	dead := b.relay(t, outbox.RelayConfig{ID: "dead-relay", Lease: lease, PublishTimeout: 100 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- dead.Run(ctx) }()
+	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(dead) })
+	claimedAt := time.Now() // claimed_until is the insert's now() + lease
+	ids, claim := b.insertClaimed(t, dead, 2, true)
+	if claim.Len() != 2 {
+		t.Fatalf("a claim of %d rows, want 2", claim.Len())
+	} // and lost with its process: never published
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	other := b.relay(t, outbox.RelayConfig{ID: "other-relay"})
+	if got, err := other.DrainOnce(context.Background()); err != nil || got.Claimed != 0 {
+		t.Fatalf("within the lease another relay claimed %+v, %v; want nothing", got, err)
+	}
+	eventually(t, 10*time.Second, "the rows published by the other relay", func() bool {
+		if _, err := other.DrainOnce(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		return b.count(t, `task_id = ANY($1) AND status = 'SENT' AND claimed_by = 'other-relay'`, ids) == 2
+	})
+	if since := time.Since(claimedAt); since < lease {
+		t.Fatalf("published %s after the claim, before its %s lease expired", since, lease)
+	}
+	b.checkPublishedOnce(t, 2)
+}
+
+// TestStorePublishesThroughItsRelay: a store given a running relay hands
+// the tasks CreateBatch commits to it; inside a caller's transaction
+// (CreateTx) it cannot, and the rows go the usual way.
+func TestStorePublishesThroughItsRelay(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "store-relay", PublishInterval: 20 * time.Millisecond})
+	run(t, r.Run)
+	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	b.store.PublishThrough(r)
+	ctx := context.Background()
+
+	res, err := b.store.CreateBatch(ctx, []task.NewTask{
+		{Kind: "k", Payload: json.RawMessage(`{"a":1}`)}, {Kind: "k", Payload: json.RawMessage(`{"a":2}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := []uuid.UUID{res[0].Task.ID, res[1].Task.ID}
+	eventually(t, 5*time.Second, "the batch published", func() bool {
+		return b.count(t, `task_id = ANY($1) AND status = 'SENT'`, direct) == 2
+	})
+	for id, by := range b.claimedBy(t, direct) {
+		if by != "store-relay" {
+			t.Errorf("task %s: outbox row claimed by %q, want the store's relay", id, by)
+		}
+	}
+
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, err := b.store.CreateTx(ctx, tx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{"a":3}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if by := b.claimedBy(t, []uuid.UUID{inTx[0].Task.ID})[inTx[0].Task.ID]; by != "" {
+		t.Errorf("CreateTx wrote a row claimed by %q before the caller's commit", by)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the CreateTx task published", func() bool { return b.unsent(t) == 0 })
+	b.checkPublishedOnce(t, 3)
+}
