@@ -406,6 +406,9 @@ func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time
 
 // dispatch runs the handler of a started task in its slot.
 func (p *processor) dispatch(d delivery, t *task.Task) {
+	// From here on only the entry id is needed; the parsed fields would
+	// stay alive for as long as the handler runs.
+	d.msg.Values = nil
 	hctx, cancel := context.WithCancelCause(p.handlerCtx)
 	r := &run{d: d, cancel: cancel, task: Task{
 		ID:          t.ID,
