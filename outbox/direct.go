@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -105,30 +106,68 @@ func (c Claim) Discard() {
 	}
 }
 
-// publishDirect publishes claims handed over by Publish until ctx is
-// cancelled, then those already handed over, and returns.
+// publishDirect publishes the claims handed over by Publish until ctx is
+// cancelled, then those already handed over, and returns once all are
+// marked. Each round XADDs every claim waiting, in one pipelined round
+// trip, and leaves the marking to Parallel other goroutines, so a claim
+// never waits behind another's update.
 func (r *Relay) publishDirect(ctx context.Context) {
+	type published struct {
+		c    claimed
+		ids  []string
+		errs []error
+	}
+	// Never full: every claim in it holds one of the DirectBacklog slots.
+	marks := make(chan published, r.cfg.DirectBacklog)
+	var wg sync.WaitGroup
+	for range r.cfg.Parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for p := range marks {
+				if _, err := r.record(ctx, p.c, p.ids, p.errs); err != nil {
+					r.logger.Error("outbox direct publish: marking rows failed; they are published again once their claim expires",
+						"rows", len(p.c.rows), "claimed_until", p.c.until.Format(time.RFC3339Nano), "err", err)
+				}
+				<-r.directSlots
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer close(marks)
+
+	var batch []claimed
+	var rows []row
 	for {
+		batch = batch[:0]
 		select {
 		case c := <-r.direct:
-			r.finishDirect(ctx, c)
+			batch = append(batch, c)
 		case <-ctx.Done():
-			for {
-				select {
-				case c := <-r.direct:
-					r.finishDirect(ctx, c)
-				default:
-					return
-				}
+		}
+	more:
+		for len(batch) < r.cfg.DirectBacklog {
+			select {
+			case c := <-r.direct:
+				batch = append(batch, c)
+			default:
+				break more
 			}
 		}
-	}
-}
-
-func (r *Relay) finishDirect(ctx context.Context, c claimed) {
-	defer func() { <-r.directSlots }()
-	if _, err := r.finish(ctx, c); err != nil {
-		r.logger.Error("outbox direct publish failed: the rows are published again once their claim expires",
-			"rows", len(c.rows), "claimed_until", c.until.Format(time.RFC3339Nano), "err", err)
+		if len(batch) == 0 {
+			return // cancelled, and nothing was handed over
+		}
+		rows = rows[:0]
+		for _, c := range batch {
+			rows = append(rows, c.rows...)
+		}
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+		ids, errs := r.publish(pubCtx, rows)
+		cancel()
+		for _, c := range batch {
+			n := len(c.rows)
+			marks <- published{c: c, ids: ids[:n:n], errs: errs[:n:n]}
+			ids, errs = ids[n:], errs[n:]
+		}
 	}
 }

@@ -227,8 +227,8 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // with backoff while polling continues.
 //
 // While Run runs, the relay also publishes the claims handed to it by
-// direct publishing (see InsertClaimed), Parallel at a time; on return it
-// has published those handed over before ctx was cancelled.
+// direct publishing (see InsertClaimed); on return it has published those
+// handed over before ctx was cancelled.
 func (r *Relay) Run(ctx context.Context) error {
 	if r.running.Swap(true) {
 		return errors.New("outbox relay: Run is already running")
@@ -244,13 +244,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer wg.Done()
 		r.listen(ctx, wake)
 	}()
-	for range r.cfg.Parallel {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.publishDirect(ctx)
-		}()
-	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.publishDirect(ctx)
+	}()
 
 	ticker := time.NewTicker(r.cfg.PublishInterval)
 	defer ticker.Stop()
@@ -319,17 +317,23 @@ func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
 // finish publishes the rows of claim c and marks them: the part of a pass
 // after its claim, shared with direct publishing (see Publish).
 func (r *Relay) finish(ctx context.Context, c claimed) (DrainResult, error) {
-	res := DrainResult{Claimed: len(c.rows)}
 	// Once claimed, the pass runs to the end even if ctx is cancelled: each
 	// step gets its own deadline.
 	ctx = context.WithoutCancel(ctx)
 	pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	ids, errs := r.publish(pubCtx, c.rows)
 	cancel()
+	return r.record(ctx, c, ids, errs)
+}
+
+// record marks the rows of claim c after their XADDs: SENT with their entry
+// ids, or RETRYING or DEAD with their errors.
+func (r *Relay) record(ctx context.Context, c claimed, ids []string, errs []error) (DrainResult, error) {
+	res := DrainResult{Claimed: len(c.rows)}
 	if r.afterPublish != nil {
 		r.afterPublish()
 	}
-	ctx, cancel = context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
 	defer cancel()
 	var sent, failed []row
 	var sentIDs, failMsgs []string
