@@ -315,7 +315,7 @@ func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
 }
 
 // finish publishes the rows of claim c and marks them: the part of a pass
-// after its claim, shared with direct publishing (see Publish).
+// after its claim.
 func (r *Relay) finish(ctx context.Context, c claimed) (DrainResult, error) {
 	// Once claimed, the pass runs to the end even if ctx is cancelled: each
 	// step gets its own deadline.
@@ -327,7 +327,8 @@ func (r *Relay) finish(ctx context.Context, c claimed) (DrainResult, error) {
 }
 
 // record marks the rows of claim c after their XADDs: SENT with their entry
-// ids, or RETRYING or DEAD with their errors.
+// ids, or RETRYING or DEAD with their errors (shared with direct
+// publishing).
 func (r *Relay) record(ctx context.Context, c claimed, ids []string, errs []error) (DrainResult, error) {
 	res := DrainResult{Claimed: len(c.rows)}
 	if r.afterPublish != nil {
