@@ -97,7 +97,8 @@ func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, nts ...NewTask) ([]Crea
 }
 
 // createTx is CreateTx, writing the outbox rows claimed by relay when it is
-// not nil; the claim is returned (also with an error, to be discarded).
+// not nil, and returns their claim (zero when they went unclaimed, and on
+// an error: the claim is taken last).
 func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nts []NewTask) ([]CreateResult, outbox.Claim, error) {
 	var claim outbox.Claim
 	if len(nts) == 0 {
