@@ -92,7 +92,9 @@ func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, ta
 func (c Claim) Len() int { return len(c.c.rows) }
 
 // Publish hands the claim, whose transaction has committed, to its relay,
-// which publishes the rows at once. It does not wait.
+// which publishes the rows at once. It does not wait. A claim handed over
+// after the relay's Run has returned (a shutdown racing the commit) is
+// published by a relay once its lease expires.
 func (c Claim) Publish() {
 	if c.relay != nil {
 		c.relay.direct <- c.c // never blocks: the claim holds one of the slots
