@@ -33,8 +33,10 @@ func DSN(s string) string {
 	return kvPasswordRe.ReplaceAllString(s, "${1}"+Mask)
 }
 
-// userinfoRe matches the password part of "scheme://user:password@".
-var userinfoRe = regexp.MustCompile(`(://[^:/@\s]*:)[^@\s]*@`)
+// userinfoRe matches the password part of "scheme://user:password@". The
+// user part may hold anything but ":" and "@" (spaces and "/" included:
+// "postgres:// :pw@…" is no URL, and must not show its password either).
+var userinfoRe = regexp.MustCompile(`(://[^:@]*:)[^@]*@`)
 
 // kvPasswordRe matches password=... in a libpq key=value connection string
 // (quoted or not).

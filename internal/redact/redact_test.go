@@ -26,6 +26,10 @@ func TestDSN(t *testing.T) {
 		{"KeyValueQuoted", "host=db password='s3 cret' dbname=x", "host=db password=" + Mask + " dbname=x"},
 		{"KeyValueSpaces", "host=db PASSWORD = s3cret", "host=db PASSWORD = " + Mask},
 		{"Unparsable", "postgres://app:s3cret@db:99999999999/%zz", "postgres://app:" + Mask + "@db:99999999999/%zz"},
+		// Found by FuzzConfig: a space (or a "/") before the ":" hid the password from the mask.
+		{"SpaceInUser", "postgres:// :s3cret@0000", "postgres:// :" + Mask + "@0000"},
+		{"SlashInUser", "postgres://a/b:s3cret@h%zz", "postgres://a/b:" + Mask + "@h%zz"},
+		{"SpaceInPassword", "postgres://u:s3cret and more@h%zz", "postgres://u:" + Mask + "@h%zz"},
 		{"WebhookToken", "https://hooks.example/in?token=abcdef&x=1", "https://hooks.example/in?token=" + Mask + "&x=1"},
 	}
 	for _, tt := range tests {
