@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/defaults"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -100,17 +101,8 @@ func DefaultConsumer() string {
 }
 
 func (c *Config) setDefaults() {
-	set := func(p *time.Duration, d time.Duration) {
-		if *p == 0 {
-			*p = d
-		}
-	}
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.Group == "" {
-		c.Group = DefaultGroup
-	}
+	defaults.Set(&c.Stream, DefaultStream)
+	defaults.Set(&c.Group, DefaultGroup)
 	if c.DLQ == "" && !c.NoDLQ {
 		c.DLQ = DefaultDLQ
 	}
@@ -118,26 +110,18 @@ func (c *Config) setDefaults() {
 		c.DLQ = ""
 	}
 	if c.Consumer == "" {
-		c.Consumer = DefaultConsumer()
+		c.Consumer = DefaultConsumer() // asks the OS: only when needed
 	}
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.CompleteBatch == 0 {
-		c.CompleteBatch = DefaultCompleteBatch
-	}
-	if c.CompleteParallel == 0 {
-		c.CompleteParallel = DefaultCompleteParallel
-	}
-	if c.ReadCount == 0 {
-		c.ReadCount = stream.DefaultCount
-	}
-	set(&c.TaskLease, DefaultTaskLease)
-	set(&c.TaskTimeout, DefaultTaskTimeout)
-	set(&c.ShutdownTimeout, DefaultShutdownTimeout)
-	set(&c.ReclaimIdle, DefaultReclaimIdle)
-	set(&c.Block, DefaultBlock)
-	set(&c.CompleteWindow, DefaultCompleteWindow)
+	defaults.Set(&c.Concurrency, DefaultConcurrency)
+	defaults.Set(&c.CompleteBatch, DefaultCompleteBatch)
+	defaults.Set(&c.CompleteParallel, DefaultCompleteParallel)
+	defaults.Set(&c.ReadCount, stream.DefaultCount)
+	defaults.Set(&c.TaskLease, DefaultTaskLease)
+	defaults.Set(&c.TaskTimeout, DefaultTaskTimeout)
+	defaults.Set(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	defaults.Set(&c.ReclaimIdle, DefaultReclaimIdle)
+	defaults.Set(&c.Block, DefaultBlock)
+	defaults.Set(&c.CompleteWindow, DefaultCompleteWindow)
 }
 
 // Validate checks the configuration and names the bad field.

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/defaults"
 )
 
 // Relay defaults (DESIGN §5: INGEST_OUTBOX_*).
@@ -85,17 +87,17 @@ func (c *RelayConfig) setDefaults() {
 	if c.ID == "" {
 		c.ID = defaultRelayID()
 	}
-	setDefault(&c.BatchSize, DefaultBatchSize)
-	setDefault(&c.PublishInterval, DefaultPublishInterval)
-	setDefault(&c.Lease, DefaultLease)
-	setDefault(&c.PublishTimeout, DefaultPublishTimeout)
-	setDefault(&c.MaxAttempts, DefaultMaxAttempts)
-	setDefault(&c.BaseBackoff, DefaultBaseBackoff)
-	setDefault(&c.MaxBackoff, DefaultMaxBackoff)
-	setDefault(&c.ListenRetryMin, DefaultListenRetryMin)
-	setDefault(&c.ListenRetryMax, DefaultListenRetryMax)
-	setDefault(&c.Parallel, DefaultParallel)
-	setDefault(&c.DirectBacklog, DefaultDirectBacklog)
+	defaults.Set(&c.BatchSize, DefaultBatchSize)
+	defaults.Set(&c.PublishInterval, DefaultPublishInterval)
+	defaults.Set(&c.Lease, DefaultLease)
+	defaults.Set(&c.PublishTimeout, DefaultPublishTimeout)
+	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
+	defaults.Set(&c.BaseBackoff, DefaultBaseBackoff)
+	defaults.Set(&c.MaxBackoff, DefaultMaxBackoff)
+	defaults.Set(&c.ListenRetryMin, DefaultListenRetryMin)
+	defaults.Set(&c.ListenRetryMax, DefaultListenRetryMax)
+	defaults.Set(&c.Parallel, DefaultParallel)
+	defaults.Set(&c.DirectBacklog, DefaultDirectBacklog)
 	switch {
 	case c.BackoffJitter == 0:
 		c.BackoffJitter = DefaultBackoffJitter
@@ -138,13 +140,6 @@ func (c RelayConfig) Validate() error {
 		return bad("ListenRetryMax (%s) must be >= ListenRetryMin (%s)", c.ListenRetryMax, c.ListenRetryMin)
 	}
 	return nil
-}
-
-func setDefault[T comparable](v *T, def T) {
-	var zero T
-	if *v == zero {
-		*v = def
-	}
 }
 
 func defaultRelayID() string {

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/defaults"
 )
 
 // Rescuer defaults.
@@ -48,12 +50,12 @@ type RescuerConfig struct {
 }
 
 func (c *RescuerConfig) setDefaults() {
-	setDefault(&c.Stream, DefaultStream)
-	setDefault(&c.Group, DefaultGroup)
-	setDefault(&c.Interval, DefaultRescueInterval)
-	setDefault(&c.BatchSize, DefaultRescueBatchSize)
-	setDefault(&c.PagesPerRun, DefaultRescuePagesPerRun)
-	setDefault(&c.Grace, DefaultRescueGrace)
+	defaults.Set(&c.Stream, DefaultStream)
+	defaults.Set(&c.Group, DefaultGroup)
+	defaults.Set(&c.Interval, DefaultRescueInterval)
+	defaults.Set(&c.BatchSize, DefaultRescueBatchSize)
+	defaults.Set(&c.PagesPerRun, DefaultRescuePagesPerRun)
+	defaults.Set(&c.Grace, DefaultRescueGrace)
 }
 
 // Validate checks the configuration (zero fields taking their defaults)

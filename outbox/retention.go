@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/defaults"
 )
 
 // Retention defaults.
@@ -40,10 +42,10 @@ type RetentionConfig struct {
 }
 
 func (c *RetentionConfig) setDefaults() {
-	setDefault(&c.Age, DefaultRetentionAge)
-	setDefault(&c.Interval, DefaultRetentionInterval)
-	setDefault(&c.BatchSize, DefaultRetentionBatchSize)
-	setDefault(&c.BatchesPerRun, DefaultRetentionBatchesPerRun)
+	defaults.Set(&c.Age, DefaultRetentionAge)
+	defaults.Set(&c.Interval, DefaultRetentionInterval)
+	defaults.Set(&c.BatchSize, DefaultRetentionBatchSize)
+	defaults.Set(&c.BatchesPerRun, DefaultRetentionBatchesPerRun)
 	if len(c.Streams) == 0 {
 		c.Streams = []string{DefaultStream}
 	}

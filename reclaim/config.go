@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ingest-worker/ingest/internal/defaults"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -62,27 +63,13 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.Group == "" {
-		c.Group = DefaultGroup
-	}
-	if c.Interval == 0 {
-		c.Interval = DefaultInterval
-	}
-	if c.MinIdle == 0 {
-		c.MinIdle = DefaultMinIdle
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.ConsumerIdleTimeout == 0 {
-		c.ConsumerIdleTimeout = DefaultConsumerIdleTimeout
-	}
-	if c.ConsumerCheckInterval == 0 {
-		c.ConsumerCheckInterval = DefaultConsumerCheckInterval
-	}
+	defaults.Set(&c.Stream, DefaultStream)
+	defaults.Set(&c.Group, DefaultGroup)
+	defaults.Set(&c.Interval, DefaultInterval)
+	defaults.Set(&c.MinIdle, DefaultMinIdle)
+	defaults.Set(&c.BatchSize, DefaultBatchSize)
+	defaults.Set(&c.ConsumerIdleTimeout, DefaultConsumerIdleTimeout)
+	defaults.Set(&c.ConsumerCheckInterval, DefaultConsumerCheckInterval)
 }
 
 // Validate checks a configuration (with defaults applied) and names the bad

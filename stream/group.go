@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/defaults"
 )
 
 // Defaults of DESIGN §4 and §5.
@@ -42,21 +44,11 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.Group == "" {
-		c.Group = DefaultGroup
-	}
-	if c.Block == 0 {
-		c.Block = DefaultBlock
-	}
-	if c.Count == 0 {
-		c.Count = DefaultCount
-	}
-	if c.ErrorBackoff == 0 {
-		c.ErrorBackoff = DefaultErrorBackoff
-	}
+	defaults.Set(&c.Stream, DefaultStream)
+	defaults.Set(&c.Group, DefaultGroup)
+	defaults.Set(&c.Block, DefaultBlock)
+	defaults.Set(&c.Count, DefaultCount)
+	defaults.Set(&c.ErrorBackoff, DefaultErrorBackoff)
 }
 
 // Validate checks the configuration and names the bad field.

@@ -8,12 +8,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ingest-worker/ingest/internal/clip"
-	"github.com/ingest-worker/ingest/outbox"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/internal/defaults"
+	"github.com/ingest-worker/ingest/outbox"
 )
 
 // DB is what the store runs statements on: a *pgxpool.Pool, a *pgx.Conn or
@@ -55,18 +56,10 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
-	if c.Stream == "" {
-		c.Stream = DefaultStream
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
-	}
-	if c.MaxPayloadBytes == 0 {
-		c.MaxPayloadBytes = DefaultMaxPayloadBytes
-	}
-	if c.Backoff == (Backoff{}) {
-		c.Backoff = DefaultBackoff
-	}
+	defaults.Set(&c.Stream, DefaultStream)
+	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
+	defaults.Set(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	defaults.Set(&c.Backoff, DefaultBackoff)
 }
 
 // Validate checks the configuration and names the bad field.

@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/defaults"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
@@ -96,28 +97,17 @@ type Options struct {
 }
 
 func (o *Options) setDefaults() {
-	def := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	def(&o.Tasks, DefaultTasks)
-	def(&o.Concurrency, DefaultConcurrency)
-	def(&o.ReadCount, DefaultReadCount)
-	def(&o.CompleteBatch, DefaultCompleteBatch)
-	def(&o.RelayBatch, DefaultRelayBatch)
-	def(&o.InsertBatch, DefaultInsertBatch)
-	def(&o.Producers, DefaultProducers)
-	def(&o.PoolConns, DefaultPoolConns)
-	if o.CompleteWindow == 0 {
-		o.CompleteWindow = DefaultCompleteWindow
-	}
-	if o.Progress == 0 {
-		o.Progress = DefaultProgress
-	}
-	if o.Timeout == 0 {
-		o.Timeout = DefaultTimeout
-	}
+	defaults.Set(&o.Tasks, DefaultTasks)
+	defaults.Set(&o.Concurrency, DefaultConcurrency)
+	defaults.Set(&o.ReadCount, DefaultReadCount)
+	defaults.Set(&o.CompleteBatch, DefaultCompleteBatch)
+	defaults.Set(&o.RelayBatch, DefaultRelayBatch)
+	defaults.Set(&o.InsertBatch, DefaultInsertBatch)
+	defaults.Set(&o.Producers, DefaultProducers)
+	defaults.Set(&o.PoolConns, DefaultPoolConns)
+	defaults.Set(&o.CompleteWindow, DefaultCompleteWindow)
+	defaults.Set(&o.Progress, DefaultProgress)
+	defaults.Set(&o.Timeout, DefaultTimeout)
 }
 
 // Validate names the first bad option.
