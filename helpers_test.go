@@ -135,16 +135,10 @@ func (bd *bundle) enqueue(kind string, n, maxAttempts int) []uuid.UUID {
 	return ids
 }
 
-// eventually polls cond every 10ms until it holds or timeout passes.
+// eventually waits for cond (see testenv.Eventually).
 func (bd *bundle) eventually(timeout time.Duration, what string, cond func() bool) {
 	bd.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			bd.t.Fatalf("%s: not reached within %s", what, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(bd.t, timeout, what, cond)
 }
 
 func (bd *bundle) task(id uuid.UUID) task.Task {

@@ -100,16 +100,10 @@ func (b *serviceBundle) count(s task.State) int {
 	return n
 }
 
-// eventually polls cond every 20 ms until it holds or timeout passes.
+// eventually waits for cond (see testenv.Eventually).
 func (b *serviceBundle) eventually(timeout time.Duration, what string, cond func() bool) {
 	b.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			b.t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.Eventually(b.t, timeout, what, cond)
 }
 
 // TestServiceRunsTasksEndToEnd: tasks created in Postgres reach the

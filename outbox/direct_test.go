@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -69,7 +70,7 @@ func TestDirectPublishing(t *testing.T) {
 	b := setup(t)
 	r := b.relay(t, outbox.RelayConfig{ID: "direct-relay", PublishInterval: time.Hour, DirectBacklog: 2})
 	run(t, r.Run)
-	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
 
 	ids, claim := b.insertClaimed(t, r, 3, true)
 	for id, by := range b.claimedBy(t, ids) {
@@ -81,7 +82,7 @@ func TestDirectPublishing(t *testing.T) {
 		t.Fatalf("a relay pass claimed %+v, %v: the rows are claimed, it must skip them", got, err)
 	}
 	claim.Publish()
-	eventually(t, 5*time.Second, "the claimed rows published", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the claimed rows published", func() bool {
 		return b.count(t, `task_id = ANY($1) AND status = 'SENT' AND claimed_by = 'direct-relay'`, ids) == 3
 	})
 	b.checkPublishedOnce(t, 3)
@@ -106,7 +107,7 @@ func TestDirectPublishing(t *testing.T) {
 		for _, c := range claims {
 			c.Publish()
 		}
-		eventually(t, 5*time.Second, "every row published", func() bool { return b.unsent(t) == 0 })
+		testenv.Eventually(t, 5*time.Second, "every row published", func() bool { return b.unsent(t) == 0 })
 	})
 }
 
@@ -127,8 +128,8 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
-	eventually(t, 5*time.Second, "the unclaimed rows published by a pass", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	testenv.Eventually(t, 5*time.Second, "the unclaimed rows published by a pass", func() bool { return b.unsent(t) == 0 })
 
 	// A relay pass woken by the NOTIFY may claim unclaimed rows at any
 	// moment, so the claims are told apart by what InsertClaimed returned.
@@ -138,7 +139,7 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 		t.Fatalf("backlog of 1: claims of %d and %d rows, want 1 and 0", first.Len(), over.Len())
 	}
 	first.Publish()
-	eventually(t, 5*time.Second, "both rows published", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 5*time.Second, "both rows published", func() bool { return b.unsent(t) == 0 })
 
 	b.checkPublishedOnce(t, 4)
 
@@ -163,7 +164,7 @@ func TestDirectClaimNeverPublishedIsTakenOverAfterItsLease(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- dead.Run(ctx) }()
-	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(dead) })
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(dead) })
 	claimedAt := time.Now() // claimed_until is the insert's now() + lease
 	ids, claim := b.insertClaimed(t, dead, 2, true)
 	if claim.Len() != 2 {
@@ -178,7 +179,7 @@ func TestDirectClaimNeverPublishedIsTakenOverAfterItsLease(t *testing.T) {
 	if got, err := other.DrainOnce(context.Background()); err != nil || got.Claimed != 0 {
 		t.Fatalf("within the lease another relay claimed %+v, %v; want nothing", got, err)
 	}
-	eventually(t, 10*time.Second, "the rows published by the other relay", func() bool {
+	testenv.Eventually(t, 10*time.Second, "the rows published by the other relay", func() bool {
 		if _, err := other.DrainOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -197,7 +198,7 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	b := setup(t)
 	r := b.relay(t, outbox.RelayConfig{ID: "store-relay", PublishInterval: 20 * time.Millisecond})
 	run(t, r.Run)
-	eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
 	b.store.PublishThrough(r)
 	ctx := context.Background()
 
@@ -207,7 +208,7 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	direct := []uuid.UUID{res[0].Task.ID, res[1].Task.ID}
-	eventually(t, 5*time.Second, "the batch published", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the batch published", func() bool {
 		return b.count(t, `task_id = ANY($1) AND status = 'SENT'`, direct) == 2
 	})
 	for id, by := range b.claimedBy(t, direct) {
@@ -230,6 +231,6 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the CreateTx task published", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 5*time.Second, "the CreateTx task published", func() bool { return b.unsent(t) == 0 })
 	b.checkPublishedOnce(t, 3)
 }

@@ -82,19 +82,6 @@ func run(t *testing.T, f func(context.Context) error) {
 	})
 }
 
-// eventually polls cond every few milliseconds until it holds or timeout
-// passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // create creates n tasks (one transaction) and returns their ids.
 func (b *bundle) create(t *testing.T, n int) []uuid.UUID {
 	t.Helper()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -39,7 +40,7 @@ func measureLatency(t *testing.T, n int) {
 	defer cancel()
 	r := b.relay(t, outbox.RelayConfig{})
 	run(t, r.Run)
-	eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
 
 	var mu sync.Mutex
 	seen := map[string]time.Time{}
@@ -70,7 +71,7 @@ func measureLatency(t *testing.T, n int) {
 		}
 		committed[c.Task.ID.String()] = time.Now()
 	}
-	eventually(t, 30*time.Second, "every entry read", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every entry read", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(seen) == n

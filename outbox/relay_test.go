@@ -25,10 +25,10 @@ func TestRelayPublishesOnNotifyWithinMilliseconds(t *testing.T) {
 	ctx := context.Background()
 	r := b.relay(t, outbox.RelayConfig{PublishInterval: 10 * time.Second})
 	run(t, r.Run)
-	eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
 	// Warm up: the relay's first pass dials Redis and prepares statements.
 	warm := b.create(t, 1)
-	eventually(t, 5*time.Second, "the warm-up task published", func() bool {
+	testenv.Eventually(t, 5*time.Second, "the warm-up task published", func() bool {
 		return b.count(t, `task_id = $1 AND status = 'SENT'`, warm[0]) == 1
 	})
 
@@ -73,7 +73,7 @@ func TestRelayPublishesOnNotifyWithinMilliseconds(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "the committed task published", func() bool {
+		testenv.Eventually(t, 5*time.Second, "the committed task published", func() bool {
 			return b.count(t, `task_id = $1 AND status = 'SENT'`, c.Task.ID) == 1
 		})
 		if got, err := r.DrainOnce(ctx); err != nil || got.Claimed != 0 {
@@ -110,7 +110,7 @@ func TestRelayConcurrentRelaysPublishEveryRowOnce(t *testing.T) {
 	for _, r := range relays {
 		run(t, r.Run)
 	}
-	eventually(t, 60*time.Second, "every row SENT", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 60*time.Second, "every row SENT", func() bool { return b.unsent(t) == 0 })
 	b.checkPublishedOnce(t, rows)
 
 	rs, err := b.db.Query(context.Background(), `SELECT claimed_by, count(*) FROM outbox_event GROUP BY 1 ORDER BY 1`)
@@ -173,7 +173,7 @@ func TestRelayStalledPastLeaseChangesNothing(t *testing.T) {
 			out <- res
 		}()
 		<-stalled
-		eventually(t, 5*time.Second, "the stalled relay's lease to expire", func() bool {
+		testenv.Eventually(t, 5*time.Second, "the stalled relay's lease to expire", func() bool {
 			return b.count(t, `claimed_until < now()`) == 1
 		})
 		return func() { close(unblock) }, out
@@ -268,13 +268,13 @@ func TestRelayRedisUnreachable(t *testing.T) {
 			t.Fatalf("rows in backoff were claimed again: %+v", res)
 		}
 		run(t, r.Run) // retries while Redis is down, then publishes
-		eventually(t, 10*time.Second, "a second failed attempt", func() bool {
+		testenv.Eventually(t, 10*time.Second, "a second failed attempt", func() bool {
 			return b.count(t, `attempt_count >= 2`) == n
 		})
 		if err := s.Start(); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "every row SENT after Redis is back", func() bool { return b.unsent(t) == 0 })
+		testenv.Eventually(t, 20*time.Second, "every row SENT after Redis is back", func() bool { return b.unsent(t) == 0 })
 		b.checkPublishedOnce(t, n)
 	})
 
@@ -290,7 +290,7 @@ func TestRelayRedisUnreachable(t *testing.T) {
 		})
 		s.Kill()
 		var total outbox.DrainResult
-		eventually(t, 10*time.Second, "every row DEAD", func() bool {
+		testenv.Eventually(t, 10*time.Second, "every row DEAD", func() bool {
 			res, err := r.DrainOnce(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -326,18 +326,18 @@ func TestRelaySurvivesDroppedListenConnection(t *testing.T) {
 	ctx := context.Background()
 	r := b.relay(t, outbox.RelayConfig{PublishInterval: time.Minute, ListenRetryMin: 10 * time.Millisecond, ListenRetryMax: 50 * time.Millisecond})
 	run(t, r.Run)
-	eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
+	testenv.Eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
 
 	for i := range 3 {
 		if _, err := b.db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE application_name = 'ingest-outbox-listener' AND datname = current_database()`); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "the relay to LISTEN again", func() bool { return outbox.Listens(r) >= int64(i+2) })
+		testenv.Eventually(t, 10*time.Second, "the relay to LISTEN again", func() bool { return outbox.Listens(r) >= int64(i+2) })
 		ids := b.create(t, 1)
 		// The poll interval is a minute: only a NOTIFY (or the reconnect's
 		// own pass) publishes this quickly.
-		eventually(t, 5*time.Second, "the task created after the reconnect published", func() bool {
+		testenv.Eventually(t, 5*time.Second, "the task created after the reconnect published", func() bool {
 			return b.count(t, `task_id = $1 AND status = 'SENT'`, ids[0]) == 1
 		})
 	}
@@ -386,7 +386,7 @@ func TestRelayConcurrentWritersNoRowSkipped(t *testing.T) {
 	}()...); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "every row SENT", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 30*time.Second, "every row SENT", func() bool { return b.unsent(t) == 0 })
 	b.checkPublishedOnce(t, writers*perWriter)
 }
 
@@ -402,7 +402,7 @@ func TestRelayMetrics(t *testing.T) {
 	b.rescuer(t, outbox.RescuerConfig{})
 	b.retention(t, outbox.RetentionConfig{})
 	b.create(t, 5)
-	eventually(t, 5*time.Second, "a backlog age", func() bool {
+	testenv.Eventually(t, 5*time.Second, "a backlog age", func() bool {
 		return gauge(t, b, "outbox_backlog_age_seconds") > 0
 	})
 	if got := gauge(t, b, "outbox_backlog"); got != 5 {

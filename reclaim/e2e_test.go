@@ -186,17 +186,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func reclaimCounter(t *testing.T, reg *prometheus.Registry, result string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -254,7 +243,7 @@ func TestE2ERetryTiming(t *testing.T) {
 	})
 	created := time.Now()
 	id := e.create(t, "flaky", 1, 5)[0]
-	waitUntil(t, 10*time.Second, "the task to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 1 })
+	testenv.Eventually(t, 10*time.Second, "the task to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 1 })
 	took := time.Since(created)
 
 	tk, err := e.store.Get(context.Background(), id)
@@ -308,7 +297,7 @@ func TestE2ECrashedConsumerEntriesComplete(t *testing.T) {
 			return nil
 		}},
 	})
-	waitUntil(t, 20*time.Second, "20 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 20 })
+	testenv.Eventually(t, 20*time.Second, "20 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 20 })
 	recovered := time.Since(crashed)
 	t.Logf("crash recovery: all 20 tasks succeeded %s after the crash (min idle %s)", recovered.Round(time.Millisecond), minIdle)
 	if recovered < minIdle {
@@ -338,7 +327,7 @@ func TestE2ECrashedConsumerEntriesComplete(t *testing.T) {
 			t.Errorf("task %s ran as attempt %v, want 2", id, a)
 		}
 	}
-	waitUntil(t, 5*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
+	testenv.Eventually(t, 5*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
 }
 
 // TestE2ELongTaskIsNotReclaimed: a handler running 5× the reclaim idle time
@@ -423,12 +412,12 @@ func TestE2ETrimmedPendingEntriesSucceed(t *testing.T) {
 		name: "survivor", concurrency: 16, minIdle: 300 * time.Millisecond, interval: 100 * time.Millisecond, relay: true, lease: 600 * time.Millisecond,
 		handlers: map[string]ingest.Handler{"work": func(context.Context, ingest.Task) error { return nil }},
 	})
-	waitUntil(t, 20*time.Second, "100 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 100 })
+	testenv.Eventually(t, 20*time.Second, "100 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 100 })
 	if v := reclaimCounter(t, w.reg, "deleted"); v != 90 {
 		t.Errorf("deleted counter %v, want 90", v)
 	}
 	if v := reclaimCounter(t, w.reg, "claimed"); v != 10 {
 		t.Errorf("claimed counter %v, want 10", v)
 	}
-	waitUntil(t, 5*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
+	testenv.Eventually(t, 5*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
 }

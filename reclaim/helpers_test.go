@@ -237,18 +237,6 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, result string) f
 	return 0
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func sorted(s []string) []string {
 	s = slices.Clone(s)
 	slices.Sort(s)

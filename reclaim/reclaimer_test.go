@@ -151,7 +151,7 @@ func TestClaimsAfterRealIdleTime(t *testing.T) {
 		readAt := time.Now()
 		ids := b.read(t, "dead", 4)
 		var claimedAt time.Time
-		waitFor(t, 5*time.Second, "the entries to be claimed", func() bool {
+		testenv.Eventually(t, 5*time.Second, "the entries to be claimed", func() bool {
 			b.r.runOnce(context.Background())
 			claimedAt = time.Now()
 			return len(b.sink.ids()) == len(ids)
@@ -288,9 +288,9 @@ func TestRunClaimsEveryIntervalUntilCancelled(t *testing.T) {
 		b.add(t, 2)
 		ids := b.read(t, "dead", 2)
 		b.setIdle(t, time.Hour, ids[0])
-		waitFor(t, 5*time.Second, "the first entry to be claimed", func() bool { return len(b.sink.ids()) == 1 })
+		testenv.Eventually(t, 5*time.Second, "the first entry to be claimed", func() bool { return len(b.sink.ids()) == 1 })
 		b.setIdle(t, time.Hour, ids[1]) // falls due later: claimed by a later tick
-		waitFor(t, 5*time.Second, "the second entry to be claimed", func() bool { return len(b.sink.ids()) == 2 })
+		testenv.Eventually(t, 5*time.Second, "the second entry to be claimed", func() bool { return len(b.sink.ids()) == 2 })
 
 		cancel()
 		select {
@@ -324,7 +324,7 @@ func TestRemovesIdleConsumersOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	pendingBefore := b.pendingTotal(t)
-	waitFor(t, 5*time.Second, "52 consumers idle past the timeout", func() bool {
+	testenv.Eventually(t, 5*time.Second, "52 consumers idle past the timeout", func() bool {
 		cs, err := b.rdb.XInfoConsumers(ctx, b.stream, b.group).Result()
 		if err != nil {
 			t.Fatal(err)

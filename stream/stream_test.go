@@ -111,17 +111,6 @@ func (s *recordingSink) ids() []string {
 	return ids
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached within %s", what, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func runConsumer(t *testing.T, c *stream.Consumer) (stop func() time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -262,7 +251,7 @@ func TestConsumerReadsOwnPendingFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 		stop := runConsumer(t, c)
-		eventually(t, 5*time.Second, "5 entries", func() bool { return len(sink.ids()) == 5 })
+		testenv.Eventually(t, 5*time.Second, "5 entries", func() bool { return len(sink.ids()) == 5 })
 		if took := stop(); took > time.Second {
 			t.Errorf("Run took %s to stop after cancel (Block 50ms)", took)
 		}
@@ -296,7 +285,7 @@ func TestConsumerNeverOverrunsSlots(t *testing.T) {
 		c, _ := stream.NewConsumer(stream.Config{Stream: key, Consumer: "c1", Block: 20 * time.Millisecond}, b.Client, sink, nil)
 		runConsumer(t, c)
 		for want := 3; want <= 10; want += 3 {
-			eventually(t, 5*time.Second, "slots filled", func() bool { return len(sink.ids()) >= min(want, 10) })
+			testenv.Eventually(t, 5*time.Second, "slots filled", func() bool { return len(sink.ids()) >= min(want, 10) })
 			if n := len(sink.ids()); n > want {
 				t.Fatalf("delivered %d entries, only %d slots were freed so far", n, want)
 			}
@@ -323,7 +312,7 @@ func TestConsumerRecreatesDeletedGroup(t *testing.T) {
 		if _, err := p.Add(ctx, stream.Message{TaskID: uuid.New(), Kind: "k"}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "first entry", func() bool { return len(sink.ids()) == 1 })
+		testenv.Eventually(t, 5*time.Second, "first entry", func() bool { return len(sink.ids()) == 1 })
 		if err := b.Client.Del(ctx, key).Err(); err != nil {
 			t.Fatal(err)
 		}
@@ -331,7 +320,7 @@ func TestConsumerRecreatesDeletedGroup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 5*time.Second, "entry after DEL", func() bool {
+		testenv.Eventually(t, 5*time.Second, "entry after DEL", func() bool {
 			ids := sink.ids()
 			return len(ids) == 2 && ids[1] == id
 		})

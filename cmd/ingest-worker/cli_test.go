@@ -329,7 +329,7 @@ func testEndToEnd(t *testing.T, bin string) {
 		t.Fatalf("bad file: exit %d %q, want 2 naming line 2", r.code, r.stderr)
 	}
 
-	waitUntil(t, 30*time.Second, "every task SUCCEEDED", func() bool {
+	testenv.Eventually(t, 30*time.Second, "every task SUCCEEDED", func() bool {
 		worker.mustBeRunning()
 		var n int
 		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status = 'SUCCEEDED'`, ids).Scan(&n)
@@ -400,7 +400,7 @@ func testEndToEnd(t *testing.T, bin string) {
 		return "", false
 	}
 	var entry string
-	waitUntil(t, 20*time.Second, "the rejected task in the DLQ", func() bool { var ok bool; entry, ok = dlqHas(); return ok })
+	testenv.Eventually(t, 20*time.Second, "the rejected task in the DLQ", func() bool { var ok bool; entry, ok = dlqHas(); return ok })
 	if rc.count(rejectID) != 1 {
 		t.Fatalf("a permanent failure was sent %d times, want once", rc.count(rejectID))
 	}
@@ -410,7 +410,7 @@ func testEndToEnd(t *testing.T, bin string) {
 	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "dlq", "replay", entry, "--json")), &replay); err != nil || len(replay.Results) != 1 || replay.Results[0].Outcome != "replayed" {
 		t.Fatalf("dlq replay: %+v %v", replay, err)
 	}
-	waitUntil(t, 20*time.Second, "the replayed task to run again", func() bool { return rc.count(rejectID) == 2 })
+	testenv.Eventually(t, 20*time.Second, "the replayed task to run again", func() bool { return rc.count(rejectID) == 2 })
 
 	worker.signal(syscall.SIGTERM)
 	if code := worker.wait(15 * time.Second); code != 0 {
@@ -460,7 +460,7 @@ func testSigterm(t *testing.T, bin string) {
 	slow := ids[40:]
 
 	first := start(t, bin, append(env, "INGEST_CONSUMER_NAME=first"), "run")
-	waitUntil(t, 30*time.Second, "work in flight, both slow tasks running", func() bool {
+	testenv.Eventually(t, 30*time.Second, "work in flight, both slow tasks running", func() bool {
 		first.mustBeRunning()
 		return rc.count(slow[0]) > 0 && rc.count(slow[1]) > 0 && rc.total() >= 6
 	})
@@ -492,7 +492,7 @@ func testSigterm(t *testing.T, bin string) {
 
 	releaseOnce.Do(func() { close(release) })
 	second := start(t, bin, append(env, "INGEST_CONSUMER_NAME=second"), "run")
-	waitUntil(t, 40*time.Second, "every task SUCCEEDED after the second run", func() bool {
+	testenv.Eventually(t, 40*time.Second, "every task SUCCEEDED after the second run", func() bool {
 		second.mustBeRunning()
 		var n int
 		_ = db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE status = 'SUCCEEDED'`).Scan(&n)

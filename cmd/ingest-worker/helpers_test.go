@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
 )
 
 // buildBinary builds the command into a temporary directory of t.
@@ -172,18 +174,6 @@ func mustRun(t *testing.T, bin string, env []string, stdin string, args ...strin
 	return r.stdout
 }
 
-// waitUntil polls cond until it holds or timeout passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling interval of a condition with a deadline
-	}
-}
-
 // freeAddr returns a free 127.0.0.1 address.
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -198,7 +188,7 @@ func freeAddr(t *testing.T) string {
 // waitReady waits until the HTTP server at addr answers /readyz with 200.
 func waitReady(t *testing.T, p *proc, addr string) {
 	t.Helper()
-	waitUntil(t, 30*time.Second, "the worker to be ready", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the worker to be ready", func() bool {
 		p.mustBeRunning()
 		resp, err := http.Get("http://" + addr + "/readyz")
 		if err != nil {

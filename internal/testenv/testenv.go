@@ -15,6 +15,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 )
 
 var cleanup struct {
@@ -45,4 +46,21 @@ func MainWith(m *testing.M, after func()) {
 	}
 	cleanup.mu.Unlock()
 	os.Exit(code)
+}
+
+// Eventually polls cond until it holds, and fails the test if timeout
+// passes first, naming what it waited for. It polls after 1 ms, then at
+// doubling intervals up to 50 ms: quick conditions are seen at once, slow
+// ones (a subprocess, a cluster) are not hammered.
+func Eventually(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	poll := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(poll)
+		poll = min(2*poll, 50*time.Millisecond)
+	}
 }
