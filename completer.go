@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -19,10 +18,10 @@ import (
 // waits for its commit, the next batch is gathered and flushed. It returns
 // when stop is closed, after recording what is queued.
 func (p *processor) runCompleter(stop <-chan struct{}) {
-	max, window := p.w.cfg.CompleteBatch, p.w.cfg.CompleteWindow
+	max, window := p.cfg.CompleteBatch, p.cfg.CompleteWindow
 	flush := make(chan []outcome)
 	var flushers sync.WaitGroup
-	for range p.w.cfg.CompleteParallel {
+	for range p.cfg.CompleteParallel {
 		flushers.Add(1)
 		go func() {
 			defer flushers.Done()
@@ -77,7 +76,6 @@ func (p *processor) runCompleter(stop <-chan struct{}) {
 
 // complete records one batch of outcomes.
 func (p *processor) complete(batch []outcome) {
-	w := p.w
 	var succ, rel []uuid.UUID
 	var fails []task.Failure
 	byTask := make(map[uuid.UUID]outcome, len(batch))
@@ -95,12 +93,12 @@ func (p *processor) complete(batch []outcome) {
 			fails = append(fails, f)
 		}
 	}
-	me := w.cfg.Consumer
+	me := p.cfg.Consumer
 	var results []task.Result
 	results = append(results, p.storeCall("succeed", len(succ), func(ctx context.Context) ([]task.Result, error) {
-		return w.store.Succeed(ctx, me, succ...)
+		return p.store.Succeed(ctx, me, succ...)
 	})...)
-	if hook := w.cfg.OnSucceeded; hook != nil && len(results) > 0 {
+	if hook := p.onSucceeded; hook != nil && len(results) > 0 {
 		done := make([]uuid.UUID, 0, len(results))
 		for _, r := range results {
 			if r.Applied {
@@ -110,16 +108,16 @@ func (p *processor) complete(batch []outcome) {
 		hook(done)
 	}
 	results = append(results, p.storeCall("fail", len(fails), func(ctx context.Context) ([]task.Result, error) {
-		return w.store.Fail(ctx, me, fails...)
+		return p.store.Fail(ctx, me, fails...)
 	})...)
 	nRel := len(results)
 	results = append(results, p.storeCall("release", len(rel), func(ctx context.Context) ([]task.Result, error) {
-		return w.store.Release(ctx, me, rel...)
+		return p.store.Release(ctx, me, rel...)
 	})...)
 
 	now := time.Now()
 	var acks []string
-	var idles []stream.Idle
+	var later []deferral
 	var letters []letter
 	var settle []delivery
 	metric := map[string]string{}
@@ -135,22 +133,29 @@ func (p *processor) complete(batch []outcome) {
 		switch {
 		case !res.Applied:
 			p.conflict(o, res)
-			metric[d.msg.ID] = resultConflict
+			metric[d.id] = resultConflict
+		case res.Status == task.Cancelled:
+			// Whatever the handler returned: the cancel request committed
+			// first. Terminal, no DLQ entry.
+			p.log.Info("task cancelled", "task_id", res.ID, "message_id", d.id, "attempt", o.r.task.Attempt, "err", o.err)
+			acks = append(acks, d.id)
+			metric[d.id] = resultCancelled
 		case released:
-			w.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.msg.ID)
-			idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: w.cfg.ReclaimIdle})
-			metric[d.msg.ID] = resultReleased
+			p.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
+			later = append(later, deferral{id: d.id, taskID: res.ID, at: now})
+			metric[d.id] = resultReleased
 		case res.Status == task.Succeeded:
-			acks = append(acks, d.msg.ID)
-			metric[d.msg.ID] = resultSucceeded
+			acks = append(acks, d.id)
+			metric[d.id] = resultSucceeded
 		case res.Status == task.Retrying:
-			w.log.Info("task failed; retrying", "task_id", res.ID, "message_id", d.msg.ID,
-				"attempt", o.r.task.Attempt, "next_retry_at", res.NextRetryAt, "err", o.err)
-			idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: p.idleUntil(res.NextRetryAt, now)})
-			metric[d.msg.ID] = resultRetry
+			p.log.Info("task failed; retrying", "task_id", res.ID, "message_id", d.id,
+				"attempt", o.r.task.Attempt, "next_retry_at", res.NextRetryAt, "err", o.err, o.r.traceAttr())
+			later = append(later, deferral{id: d.id, taskID: res.ID, at: timeOr(res.NextRetryAt, now)})
+			metric[d.id] = resultRetry
 		case res.Status == task.Dead:
-			w.log.Warn("task failed: DEAD", "task_id", res.ID, "message_id", d.msg.ID,
-				"attempt", o.r.task.Attempt, "permanent", IsPermanent(o.err), "err", o.err)
+			p.log.Warn("task failed: DEAD", "task_id", res.ID, "message_id", d.id,
+				"attempt", o.r.task.Attempt, "permanent", IsPermanent(o.err), "err", o.err, o.r.traceAttr())
+			metric[d.id] = resultDead // for the attempt span; not settled here
 			t := &task.Task{ID: res.ID, Kind: o.r.task.Kind, AttemptCount: res.AttemptCount, LastError: res.LastError, FinishedAt: res.FinishedAt}
 			letters = append(letters, p.taskLetter(d, t, resultDead, now))
 			continue
@@ -163,10 +168,13 @@ func (p *processor) complete(batch []outcome) {
 	for id, o := range byTask {
 		if !recorded[id] {
 			settle = append(settle, o.r.d)
-			metric[o.r.d.msg.ID] = resultConflict
+			metric[o.r.d.id] = resultConflict
 		}
 	}
-	p.settle(acks, idles, settle, metric)
+	for _, o := range byTask {
+		o.r.endAttempt(metric[o.r.d.id], o.err, o.timedOut)
+	}
+	p.settle(acks, later, settle, metric)
 	p.deadLetter(letters)
 }
 
@@ -174,9 +182,9 @@ func (p *processor) complete(batch []outcome) {
 // lost (taken over after it expired). Nothing changed; the entry is left to
 // whoever holds the task now.
 func (p *processor) conflict(o outcome, res task.Result) {
-	p.w.log.Warn("task outcome not recorded: lease lost", "task_id", res.ID, "message_id", o.r.d.msg.ID,
+	p.log.Warn("task outcome not recorded: lease lost", "task_id", res.ID, "message_id", o.r.d.id,
 		"attempt", o.r.task.Attempt, "status", res.Status, "lease_owner", res.LeaseOwner,
-		"attempt_count", res.AttemptCount, "err", o.err)
+		"attempt_count", res.AttemptCount, "err", o.err, o.r.traceAttr())
 }
 
 // storeCall runs a store call of n tasks, retrying with backoff while it
@@ -192,11 +200,11 @@ func (p *processor) storeCall(op string, n int, f func(context.Context) ([]task.
 			return res
 		}
 		if p.ioCtx.Err() != nil {
-			p.w.log.Error("recording outcomes failed at shutdown; their entries stay pending", "op", op, "count", n, "err", err)
+			p.log.Error("recording outcomes failed at shutdown; their entries stay pending", "op", op, "count", n, "err", err)
 			return nil
 		}
 		if attempt == 1 {
-			p.w.log.Error("recording outcomes failed; retrying", "op", op, "count", n, "err", err)
+			p.log.Error("recording outcomes failed; retrying", "op", op, "count", n, "err", err)
 		}
 		t := time.NewTimer(delay)
 		select {

@@ -3,15 +3,16 @@
 // workers.
 //
 // It wires the packages of this module into a worker (task store, stream
-// consumer, reclaimer, DLQ, outbox relay and rescuer) and defines the Go API
-// library users see: Handler, Task, Permanent and RetryAfter.
+// consumer, reclaimer, DLQ, outbox relay, rescuer and retention) and defines
+// the Go API library users see: Handler, Task, Permanent and RetryAfter.
+// docs/ARCHITECTURE.md describes the whole path.
 //
 // # The worker's contract
 //
 // Delivery is at-least-once: a handler may run more than once for one task
 // (a worker died after the side effect, or lost its lease), so handlers must
 // be idempotent, keyed by Task.ID. Starting a task is a guarded transition
-// (DESIGN §2), so a duplicate delivery of a task that is running elsewhere
+// (docs/ARCHITECTURE.md §2), so a duplicate delivery of a task that is running elsewhere
 // or finished does not run it again.
 //
 // The worker, never the handler, acknowledges stream entries, and only after
@@ -31,4 +32,15 @@
 // not claimed by another worker. A completion whose guard no longer matches
 // (the lease was lost) changes nothing; it is logged and counted as
 // result="conflict".
+//
+// # Kafka mode
+//
+// NewKafka and NewKafkaService run the same processing path on a Kafka
+// consumer group (package kafka) instead of the stream: the same start
+// guard, handlers, completion, audit trail and metrics. Only the settling
+// of messages differs (transport.go): a record's offset is committed only
+// after its outcome has committed in Postgres; a retry, a task not yet due
+// or one under another worker's live lease gets an outbox row due at its
+// time and the relay publishes it again then; DEAD writes a record to the
+// DLQ topic before the commit.
 package ingest

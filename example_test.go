@@ -29,10 +29,12 @@ func Example() {
 		panic(err)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
-	store, err := task.NewStore(task.Config{}, pool) // defaults: stream ingest:tasks, 10 attempts
+	// Defaults: stream ingest:tasks, group ingest-workers, 10 attempts.
+	svc, err := ingest.NewService(ingest.ServiceConfig{}, pool, rdb, slog.Default(), prometheus.NewRegistry())
 	if err != nil {
 		panic(err)
 	}
+	store := svc.Store()
 
 	// Enqueue: the task commits (and is published) with the upload row, or
 	// neither does.
@@ -56,10 +58,6 @@ func Example() {
 	}
 
 	// Work: register a handler per kind and run until SIGTERM.
-	svc, err := ingest.NewService(ingest.ServiceConfig{}, store, pool, rdb, slog.Default(), prometheus.NewRegistry())
-	if err != nil {
-		panic(err)
-	}
 	svc.Handle("ingest-pdf", func(ctx context.Context, t ingest.Task) error {
 		var p struct {
 			UploadID int `json:"upload_id"`

@@ -41,11 +41,18 @@ type Task struct {
 //   - return RetryAfter(d, err): RETRYING, due after d instead of the backoff;
 //   - panic: treated as an error carrying the panic value and a short stack.
 //
-// ctx is cancelled when the task's timeout passes or the worker shuts down
-// past its grace period; a handler must return promptly then. A run cut off
-// by shutdown is handed back (not counted as a failure) and runs again on
-// another worker.
+// ctx is cancelled when the task's timeout passes, the worker shuts down
+// past its grace period, or an operator cancels the task; a handler must
+// return promptly then. A run cut off by shutdown is handed back (not
+// counted as a failure) and runs again on another worker. A cancelled
+// task's context has the cause ErrCancelled (errors.Is(context.Cause(ctx),
+// ErrCancelled)); the task ends CANCELLED whatever the handler returns.
 type Handler func(ctx context.Context, t Task) error
+
+// ErrCancelled is the cause (context.Cause) of a handler's context that
+// was cancelled because an operator cancelled the task (task.Store.Cancel,
+// POST /v1/tasks/{id}/cancel, ingest-worker task cancel).
+var ErrCancelled = errors.New("task cancelled")
 
 // permanentError marks an error that must not be retried.
 type permanentError struct{ err error }

@@ -10,7 +10,7 @@ import (
 // runHeartbeat runs heartbeatOnce every TaskLease/3 until stop is closed,
 // then waits for a refresh of idle times still under way.
 func (p *processor) runHeartbeat(stop <-chan struct{}) {
-	t := time.NewTicker(p.w.cfg.TaskLease / 3)
+	t := time.NewTicker(p.cfg.TaskLease / 3)
 	defer t.Stop()
 	defer p.touches.Wait()
 	for {
@@ -24,7 +24,8 @@ func (p *processor) runHeartbeat(stop <-chan struct{}) {
 }
 
 // heartbeatOnce renews the leases of all running tasks in one store call,
-// cancels the handlers whose lease was lost, and resets the idle time of
+// cancels the handlers whose lease was lost or whose task an operator
+// cancelled, and resets the idle time of
 // their entries (and of entries held for a DLQ retry) with one XCLAIM
 // JUSTID, so no reclaimer takes them.
 //
@@ -32,7 +33,6 @@ func (p *processor) runHeartbeat(stop <-chan struct{}) {
 // Redis must not let the leases of running tasks expire, which would hand
 // them to another worker and run them twice.
 func (p *processor) heartbeatOnce(ctx context.Context) {
-	w := p.w
 	p.mu.Lock()
 	ids := make([]uuid.UUID, 0, len(p.running))
 	for _, r := range p.running {
@@ -44,10 +44,10 @@ func (p *processor) heartbeatOnce(ctx context.Context) {
 
 	touch := p.heldEntries()
 	if len(ids) > 0 {
-		renewed, err := w.store.Renew(ctx, w.cfg.Consumer, w.cfg.TaskLease, ids...)
+		renewed, cancel, err := p.store.Renew(ctx, p.cfg.Consumer, p.cfg.TaskLease, ids...)
 		if err != nil {
 			// Keep the entries fresh anyway: the handlers still run here.
-			w.log.Warn("renew task leases failed", "count", len(ids), "err", err)
+			p.log.Warn("renew task leases failed", "count", len(ids), "err", err)
 			renewed = ids
 		}
 		ok := make(map[uuid.UUID]bool, len(renewed))
@@ -70,9 +70,13 @@ func (p *processor) heartbeatOnce(ctx context.Context) {
 			}
 			r.lost = true
 			r.cancel(errLeaseLost)
-			w.log.Warn("task lease lost; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt)
+			p.log.Warn("task lease lost; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt)
 		}
 		p.mu.Unlock()
+		// A cancel whose NOTIFY this process missed (listener down).
+		for _, id := range cancel {
+			p.cancelRun(id, "lease renewal")
+		}
 	}
 	// The idle-time refresh runs on its own goroutine (one at a time): a
 	// Redis that hangs, even past the call's deadline, must not delay the
@@ -105,9 +109,9 @@ func (p *processor) touch(ctx context.Context, ids []string) {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.w.cfg.TaskLease/3)
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.TaskLease/3)
 	defer cancel()
-	if err := p.w.group.Touch(ctx, live...); err != nil {
-		p.w.log.Warn("refresh idle time of running entries failed", "count", len(live), "err", err)
+	if err := p.tr.touch(ctx, live); err != nil {
+		p.log.Warn("refresh idle time of running entries failed", "count", len(live), "err", err)
 	}
 }

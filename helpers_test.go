@@ -25,17 +25,16 @@ import (
 
 // bundle is what one test (on one Redis backend) works with.
 type bundle struct {
-	t        *testing.T
-	ctx      context.Context
-	b        testenv.Backend
-	rdb      *redis.Client
-	db       *pgxpool.Pool
-	store    *task.Store
-	stream   string
-	dlq      string
-	group    string
-	producer *stream.Producer
-	logs     *logRecorder
+	t      *testing.T
+	ctx    context.Context
+	b      testenv.Backend
+	rdb    *redis.Client
+	db     *pgxpool.Pool
+	store  *task.Store
+	stream string
+	dlq    string
+	group  string
+	logs   *logRecorder
 }
 
 func setup(t *testing.T, b testenv.Backend, storeCfg task.Config) *bundle {
@@ -47,10 +46,6 @@ func setup(t *testing.T, b testenv.Backend, storeCfg task.Config) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := stream.NewProducer(streamKey, b.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
 	logs := &logRecorder{}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -58,7 +53,7 @@ func setup(t *testing.T, b testenv.Backend, storeCfg task.Config) *bundle {
 		}
 	})
 	return &bundle{t: t, ctx: context.Background(), b: b, rdb: b.Client, db: db, store: store,
-		stream: streamKey, dlq: dlqKey, group: stream.DefaultGroup, producer: p, logs: logs}
+		stream: streamKey, dlq: dlqKey, group: stream.DefaultGroup, logs: logs}
 }
 
 // worker returns a worker of the test's keys with fast test timings;
@@ -124,15 +119,26 @@ func (bd *bundle) enqueue(kind string, n, maxAttempts int) []uuid.UUID {
 		bd.t.Fatal(err)
 	}
 	ids := make([]uuid.UUID, n)
-	msgs := make([]stream.Message, n)
+	entries := make([]stream.Entry, n)
 	for i, r := range res {
 		ids[i] = r.Task.ID
-		msgs[i] = stream.Message{TaskID: r.Task.ID, Kind: kind}
+		entries[i] = stream.Entry{TaskID: r.Task.ID, Kind: kind}
 	}
-	if _, err := bd.producer.AddBatch(bd.ctx, msgs...); err != nil {
-		bd.t.Fatal(err)
-	}
+	bd.add(entries...)
 	return ids
+}
+
+// add XADDs task entries to the test's stream in one pipeline.
+func (bd *bundle) add(entries ...stream.Entry) {
+	bd.t.Helper()
+	if _, err := bd.rdb.Pipelined(bd.ctx, func(p redis.Pipeliner) error {
+		for _, e := range entries {
+			p.XAdd(bd.ctx, &redis.XAddArgs{Stream: bd.stream, Values: e.Values()})
+		}
+		return nil
+	}); err != nil {
+		bd.t.Fatalf("xadd %s: %v", bd.stream, err)
+	}
 }
 
 // eventually waits for cond (see testenv.Eventually).

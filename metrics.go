@@ -2,17 +2,17 @@ package ingest
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ingest-worker/ingest/internal/promreg"
 	"github.com/ingest-worker/ingest/stream"
 )
 
-// Values of the result label (DESIGN §6; released and poison are
-// additions).
+// Values of the result label (docs/ARCHITECTURE.md §6).
 const (
 	resultSucceeded = "succeeded"
 	resultRetry     = "retry"
@@ -22,9 +22,10 @@ const (
 	resultConflict  = "conflict"
 	resultReleased  = "released" // handed back at shutdown
 	resultPoison    = "poison"   // no valid task_id: dead-lettered
+	resultCancelled = "cancelled"
 )
 
-var results = []string{resultSucceeded, resultRetry, resultDead, resultSkipped, resultNotDue, resultConflict, resultReleased, resultPoison}
+var results = []string{resultSucceeded, resultRetry, resultDead, resultSkipped, resultNotDue, resultConflict, resultReleased, resultPoison, resultCancelled}
 
 // metrics are the worker's Prometheus metrics.
 type metrics struct {
@@ -33,7 +34,9 @@ type metrics struct {
 	dlq     prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, g *stream.Group, log *slog.Logger) (*metrics, error) {
+// newMetrics registers the worker metrics, and the stream gauges when g
+// is not nil.
+func newMetrics(reg prometheus.Registerer, g *stream.Group, reclaimIdle time.Duration, log *slog.Logger) (*metrics, error) {
 	m := &metrics{
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ingest_task_process_total",
@@ -50,36 +53,27 @@ func newMetrics(reg prometheus.Registerer, g *stream.Group, log *slog.Logger) (*
 		}),
 	}
 	var err error
-	if m.total, err = register(reg, m.total); err != nil {
+	if m.total, err = promreg.Register(reg, m.total); err != nil {
 		return nil, err
 	}
-	if m.seconds, err = register(reg, m.seconds); err != nil {
+	if m.seconds, err = promreg.Register(reg, m.seconds); err != nil {
 		return nil, err
 	}
-	if m.dlq, err = register(reg, m.dlq); err != nil {
+	if m.dlq, err = promreg.Register(reg, m.dlq); err != nil {
 		return nil, err
 	}
 	for _, r := range results {
 		m.total.WithLabelValues(r)
 	}
+	if g == nil {
+		return m, nil // Kafka mode: no stream to read
+	}
 	// A second worker of the same stream in this process shares the first
 	// one's collector.
-	if _, err := register[prometheus.Collector](reg, newStreamCollector(g, log)); err != nil {
+	if _, err := promreg.Register[prometheus.Collector](reg, newStreamCollector(g, reclaimIdle, log)); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register registers c, or returns the equal collector already registered.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	var are prometheus.AlreadyRegisteredError
-	if errors.As(err, &are) {
-		if existing, ok := are.ExistingCollector.(T); ok {
-			return existing, nil
-		}
-	}
-	return c, err
 }
 
 func (m *metrics) observe(result string, since time.Time) {
@@ -90,26 +84,35 @@ func (m *metrics) observe(result string, since time.Time) {
 	m.seconds.WithLabelValues(result).Observe(time.Since(since).Seconds())
 }
 
-// streamCollector reads ingest_stream_length and ingest_stream_pending
-// from Redis at scrape time.
+// streamCollector reads ingest_stream_length, ingest_stream_pending and
+// ingest_stream_pending_overdue_seconds from Redis at scrape time.
 type streamCollector struct {
-	g       *stream.Group
-	log     *slog.Logger
-	length  *prometheus.Desc
-	pending *prometheus.Desc
+	g           *stream.Group
+	reclaimIdle time.Duration
+	log         *slog.Logger
+	length      *prometheus.Desc
+	pending     *prometheus.Desc
+	overdue     *prometheus.Desc
 }
+
+// overdueScan is how many overdue pending entries one scrape looks at.
+const overdueScan = 100
 
 // collectTimeout bounds the Redis calls of one scrape.
 const collectTimeout = 2 * time.Second
 
-func newStreamCollector(g *stream.Group, log *slog.Logger) *streamCollector {
+func newStreamCollector(g *stream.Group, reclaimIdle time.Duration, log *slog.Logger) *streamCollector {
 	cfg := g.Config()
 	return &streamCollector{
-		g:   g,
-		log: log,
+		g:           g,
+		reclaimIdle: reclaimIdle,
+		log:         log,
 		length: prometheus.NewDesc("ingest_stream_length", "Entries in the task stream (XLEN).",
 			nil, prometheus.Labels{"stream": cfg.Stream}),
 		pending: prometheus.NewDesc("ingest_stream_pending", "Entries delivered and not yet acknowledged (XPENDING).",
+			nil, prometheus.Labels{"stream": cfg.Stream, "group": cfg.Group}),
+		overdue: prometheus.NewDesc("ingest_stream_pending_overdue_seconds",
+			fmt.Sprintf("How long the most overdue pending entry has been idle beyond the reclaim idle time (0: none); a lower bound when more than %d are overdue.", overdueScan),
 			nil, prometheus.Labels{"stream": cfg.Stream, "group": cfg.Group}),
 	}
 }
@@ -117,10 +120,11 @@ func newStreamCollector(g *stream.Group, log *slog.Logger) *streamCollector {
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.length
 	ch <- c.pending
+	ch <- c.overdue
 }
 
-// Collect reports nothing when Redis does not answer: a failed scrape of
-// these two gauges must not fail the others.
+// Collect leaves out what Redis does not answer: a failed read of these
+// gauges must not fail the others.
 func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
 	defer cancel()
@@ -131,4 +135,10 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.length, prometheus.GaugeValue, float64(length))
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
+	overdue, err := c.g.Overdue(ctx, c.reclaimIdle, overdueScan)
+	if err != nil {
+		c.log.Warn("read overdue pending entries failed", "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, overdue.Seconds())
 }

@@ -1,9 +1,11 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
@@ -13,8 +15,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/tracing"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -30,10 +34,42 @@ const parkTimeout = 5 * time.Second
 // heartbeat found the task's lease taken over.
 var errLeaseLost = errors.New("task lease lost")
 
-// delivery is one stream entry handed to the Sink.
+// delivery is one queued message handed to the processor, whatever the
+// transport: a stream entry (Redis) or a record (Kafka), parsed.
 type delivery struct {
-	msg      redis.XMessage
-	received time.Time
+	// id names the message to its transport: the entry id, or the
+	// record's position.
+	id string
+	// taskID and kind are the parsed message; err is set when it names no
+	// valid task (poison), deleted when its data is gone (a trimmed
+	// pending entry).
+	taskID  uuid.UUID
+	kind    string
+	err     error
+	deleted bool
+	// rawTaskID is the task id as the message had it, for a poison letter.
+	rawTaskID string
+	// traceparent is the message's trace context ("" when none); the task
+	// row's, when it has one, wins.
+	traceparent string
+	received    time.Time
+}
+
+// redisDelivery parses a stream entry.
+func redisDelivery(m redis.XMessage, now time.Time) delivery {
+	d := delivery{id: m.ID, received: now, kind: stream.FieldString(m, stream.FieldKind),
+		rawTaskID: stream.FieldString(m, stream.FieldTaskID)}
+	e, err := stream.ParseEntry(m)
+	switch {
+	case errors.Is(err, stream.ErrDeleted):
+		d.deleted = true
+	case err != nil:
+		d.err = err
+		d.kind = e.Kind
+	default:
+		d.taskID, d.kind, d.traceparent = e.TaskID, e.Kind, e.Traceparent
+	}
+	return d
 }
 
 // run is one started task: its handler runs, or its outcome is not yet
@@ -44,8 +80,18 @@ type run struct {
 	cancel context.CancelCauseFunc
 	// returned is set once the handler returned (under processor.mu).
 	returned bool
-	// lost is set once the heartbeat found the lease lost (under mu).
+	// lost is set once the heartbeat found the lease lost, or the handler
+	// outran its timeout by a lease (under mu).
 	lost bool
+	// cancelled is set once an operator's cancel reached the handler
+	// (under mu; see cancelRun).
+	cancelled bool
+	// span is the attempt's span (see startAttempt), ended by the
+	// completer; traceID is its trace id for log lines ("" when none).
+	span    trace.Span
+	traceID string
+	// timeout is the run's deadline (0: none; see HandlerOptions).
+	timeout time.Duration
 }
 
 // outcome is what a handler run produced, for the completer.
@@ -54,6 +100,8 @@ type outcome struct {
 	err error
 	// released: cut off by shutdown; hand the task back, no failure.
 	released bool
+	// timedOut: the run hit the task timeout.
+	timedOut bool
 }
 
 // letter is an entry to dead-letter.
@@ -65,8 +113,15 @@ type letter struct {
 
 // processor is the Sink: it starts delivered entries as one batch, runs
 // handlers in bounded slots and settles every entry (ack, idle time, DLQ).
+// It owns the completer (outcomes → Postgres → Redis) and the heartbeat
+// (lease renewal, idle-time refresh); launch starts them and shutdown
+// stops everything in order.
 type processor struct {
-	w *Worker
+	processorDeps
+	cfg Config
+	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
+	// by launch, read by the completer.
+	onSucceeded func([]uuid.UUID)
 
 	// ioCtx carries all Redis and Postgres I/O; cancelled last at shutdown.
 	ioCtx  context.Context
@@ -91,28 +146,137 @@ type processor struct {
 	// tracks it for shutdown).
 	touching atomic.Bool
 	touches  sync.WaitGroup
+	// cancelListener tracks the LISTEN loop for cancel requests (cancel.go).
+	cancelListener sync.WaitGroup
 
 	freed    chan struct{} // signalled when slots are released
 	outcomes chan outcome  // handlers → completer; capacity = Concurrency
 	work     sync.WaitGroup
 	retries  sync.WaitGroup // DLQ writes being retried
+
+	// The completer's and the heartbeat's lifecycles (see start, shutdown).
+	stopCompleter, completerDone chan struct{}
+	stopHeartbeat, heartbeatDone chan struct{}
 }
 
-func newProcessor(w *Worker) *processor {
+// processorDeps are the processor's collaborators.
+type processorDeps struct {
+	store    *task.Store
+	tr       transport
+	log      *slog.Logger
+	met      *metrics
+	handlers *registry
+}
+
+// newProcessor returns a processor for cfg (defaults filled in).
+func newProcessor(cfg Config, deps processorDeps) *processor {
 	p := &processor{
-		w:        w,
-		free:     w.cfg.Concurrency,
-		inflight: map[string]bool{},
-		running:  map[string]*run{},
-		byTask:   map[uuid.UUID]string{},
-		freed:    make(chan struct{}, 1),
+		processorDeps: deps,
+		cfg:           cfg,
+		free:          cfg.Concurrency,
+		inflight:      map[string]bool{},
+		running:       map[string]*run{},
+		byTask:        map[uuid.UUID]string{},
+		freed:         make(chan struct{}, 1),
 		// Every outcome holds a slot until the completer settles it, so
 		// handlers never block on this channel.
-		outcomes: make(chan outcome, w.cfg.Concurrency),
+		outcomes:      make(chan outcome, cfg.Concurrency),
+		stopCompleter: make(chan struct{}),
+		completerDone: make(chan struct{}),
+		stopHeartbeat: make(chan struct{}),
+		heartbeatDone: make(chan struct{}),
 	}
 	p.ioCtx, p.stopIO = context.WithCancel(context.Background())
 	p.handlerCtx, p.stopHandlers = context.WithCancelCause(p.ioCtx)
 	return p
+}
+
+// launch starts the completer and the heartbeat. onSucceeded is the
+// benchmark hook (nil: none).
+func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
+	p.onSucceeded = onSucceeded
+	go func() {
+		defer close(p.completerDone)
+		p.runCompleter(p.stopCompleter)
+	}()
+	go func() {
+		defer close(p.heartbeatDone)
+		p.runHeartbeat(p.stopHeartbeat)
+	}()
+	p.startCancelListener()
+}
+
+// shutdown stops the processor once the readers feeding it have stopped,
+// in this order:
+//  1. From now on Process starts nothing: entries delivered to it (by the
+//     reclaimer) are made claimable at once for another worker.
+//  2. Grace period (Config.ShutdownTimeout): running handlers may finish;
+//     the heartbeat keeps renewing their leases and entries, the completer
+//     records their outcomes and acknowledges.
+//  3. Cut-off: the remaining handlers' contexts are cancelled. A handler
+//     that then returns an error has its task released (RETRYING, due now,
+//     no failure counted) and its entry made claimable at once; one that
+//     returns nil succeeded. Nothing that did not finish is acknowledged.
+//  4. The completer records the last outcomes, then the heartbeat stops,
+//     then all Redis and Postgres I/O is cancelled (a DLQ write still being
+//     retried gives up and leaves its entry pending; the cancel listener
+//     stops).
+func (p *processor) shutdown() {
+	// 1.
+	p.drain()
+	p.log.Info("worker stopping: waiting for running handlers", "running", p.runningCount(), "timeout", p.cfg.ShutdownTimeout)
+	// 2.
+	workDone := p.workDone()
+	if !waitFor(workDone, p.cfg.ShutdownTimeout) {
+		// 3.
+		p.log.Warn("shutdown timeout: cancelling running handlers", "running", p.runningCount())
+		p.stopHandlers(errShutdown)
+		if !waitFor(workDone, hardStopWait) {
+			p.log.Error("handlers ignore cancellation; their tasks are recovered when their leases expire", "running", p.runningCount())
+		}
+	}
+	// 4.
+	close(p.stopCompleter)
+	if !waitFor(p.completerDone, finalFlushTimeout) {
+		p.log.Error("recording the last outcomes timed out; their entries stay pending")
+		p.stopIO()
+		<-p.completerDone
+	}
+	close(p.stopHeartbeat)
+	<-p.heartbeatDone
+	p.stopIO()
+	p.retries.Wait()
+	p.cancelListener.Wait()
+}
+
+// hardStopWait is how long shutdown waits, after cancelling handlers at the end
+// of the grace period, for handlers to return; finalFlushTimeout bounds the
+// completer's last store calls.
+const (
+	hardStopWait      = 5 * time.Second
+	finalFlushTimeout = 10 * time.Second
+)
+
+// errShutdown is the cause of handler contexts cancelled at the end of the
+// shutdown grace period.
+var errShutdown = errors.New("worker shutting down")
+
+// waitFor reports whether ch is closed within d.
+func waitFor(ch <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// Binding implements stream.BoundSink: the reclaimer feeding this processor
+// claims into the worker's consumer with the worker's reclaim idle time.
+func (p *processor) Binding() stream.Binding {
+	return stream.Binding{Stream: p.cfg.Stream, Group: p.cfg.Group, Consumer: p.cfg.Consumer, ClaimIdle: p.cfg.ReclaimIdle}
 }
 
 // Reserve implements stream.Sink.
@@ -144,6 +308,15 @@ func (p *processor) releaseLocked(n int) {
 // entries belongs to the worker (see Worker.Run).
 func (p *processor) Process(ctx context.Context, msgs []redis.XMessage, reserved int) {
 	now := time.Now()
+	ds := make([]delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = redisDelivery(m, now)
+	}
+	p.process(ctx, ds, reserved)
+}
+
+// process is Process for parsed deliveries of any transport.
+func (p *processor) process(ctx context.Context, msgs []delivery, reserved int) {
 	p.mu.Lock()
 	if over := len(msgs) - reserved; over > 0 {
 		p.free -= over // a caller broke the protocol; keep the count exact
@@ -153,17 +326,18 @@ func (p *processor) Process(ctx context.Context, msgs []redis.XMessage, reserved
 	var park []string
 	for _, m := range msgs {
 		switch {
-		case p.inflight[m.ID]:
-			// Delivered again (reclaimed, own-PEL re-read) while it is
-			// handled here: this handling settles it.
+		case p.inflight[m.id]:
+			// Delivered again (reclaimed, own-PEL re-read, redelivered
+			// after a rebalance) while it is handled here: this handling
+			// settles it.
 			p.releaseLocked(1)
-			p.w.log.Debug("entry delivered again while handled here", "message_id", m.ID)
+			p.log.Debug("entry delivered again while handled here", "message_id", m.id)
 		case p.draining:
 			p.releaseLocked(1)
-			park = append(park, m.ID)
+			park = append(park, m.id)
 		default:
-			p.inflight[m.ID] = true
-			batch = append(batch, delivery{msg: m, received: now})
+			p.inflight[m.id] = true
+			batch = append(batch, m)
 		}
 	}
 	if len(batch) > 0 {
@@ -181,13 +355,12 @@ func (p *processor) Process(ctx context.Context, msgs []redis.XMessage, reserved
 	}
 }
 
-// park makes entries delivered during shutdown claimable at once by
-// another worker.
+// park hands back entries delivered during shutdown, for another worker.
 func (p *processor) park(ctx context.Context, ids []string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), parkTimeout)
 	defer cancel()
-	if err := p.w.group.SetIdle(ctx, p.w.cfg.ReclaimIdle, ids...); err != nil {
-		p.w.log.Warn("hand back entries delivered during shutdown failed; they are reclaimed later", "err", err)
+	if err := p.tr.park(ctx, ids); err != nil {
+		p.log.Warn("hand back entries delivered during shutdown failed; they are reclaimed later", "err", err)
 	}
 }
 
@@ -227,66 +400,52 @@ func (p *processor) settled(ds ...delivery) {
 // forgetLocked removes entries from the in-flight set, keeping their slots.
 func (p *processor) forgetLocked(ds []delivery) {
 	for _, d := range ds {
-		if r, ok := p.running[d.msg.ID]; ok {
-			delete(p.running, d.msg.ID)
-			if p.byTask[r.task.ID] == d.msg.ID {
+		if r, ok := p.running[d.id]; ok {
+			delete(p.running, d.id)
+			if p.byTask[r.task.ID] == d.id {
 				delete(p.byTask, r.task.ID)
 			}
 		}
-		delete(p.inflight, d.msg.ID)
+		delete(p.inflight, d.id)
 	}
-}
-
-// idleUntil returns the idle time that makes an entry claimable by the
-// reclaimer (min-idle ReclaimIdle) at t: ReclaimIdle - (t - now), clamped
-// to [0, ReclaimIdle].
-func (p *processor) idleUntil(t *time.Time, now time.Time) time.Duration {
-	idle := p.w.cfg.ReclaimIdle
-	if t != nil {
-		idle -= t.Sub(now)
-	}
-	return max(0, min(idle, p.w.cfg.ReclaimIdle))
 }
 
 // start starts the tasks of one read in one store call and settles or
 // dispatches each entry.
 func (p *processor) start(batch []delivery) {
-	ctx, w := p.ioCtx, p.w
+	ctx := p.ioCtx
 	var (
 		acks    []string
-		idles   []stream.Idle
+		later   []deferral
 		letters []letter
-		settle  []delivery // settled after the Redis calls below
+		settle  []delivery // settled after the transport calls below
 		valid   []delivery
 		ids     []uuid.UUID
-		taskOf  = map[string]uuid.UUID{}
 		metric  = map[string]string{} // entry id → result
 	)
 	now := time.Now()
 	for _, d := range batch {
-		id, kind, err := stream.ParseEntry(d.msg)
 		switch {
-		case errors.Is(err, stream.ErrDeleted):
+		case d.deleted:
 			// Its data is gone; the rescuer republishes the task from
 			// Postgres if it still has to run.
-			w.log.Info("pending entry was deleted from the stream; acknowledging it", "message_id", d.msg.ID)
-			acks, settle = append(acks, d.msg.ID), append(settle, d)
-			metric[d.msg.ID] = resultSkipped
-		case err != nil:
-			letters = append(letters, p.poison(d, kind, err.Error(), now))
+			p.log.Info("pending entry was deleted from the stream; acknowledging it", "message_id", d.id)
+			acks, settle = append(acks, d.id), append(settle, d)
+			metric[d.id] = resultSkipped
+		case d.err != nil:
+			letters = append(letters, p.poison(d, d.kind, d.err.Error(), now))
 		default:
 			valid = append(valid, d)
-			ids = append(ids, id)
-			taskOf[d.msg.ID] = id
+			ids = append(ids, d.taskID)
 		}
 	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
-		res, err := w.store.Start(ctx, w.cfg.Consumer, w.cfg.TaskLease, ids...)
+		res, err := p.store.Start(ctx, p.cfg.Consumer, p.cfg.TaskLease, ids...)
 		if err != nil {
-			w.log.Error("start tasks failed; their entries come back later", "count", len(ids), "err", err)
+			p.log.Error("start tasks failed; their entries come back later", "count", len(ids), "err", err)
 			for _, d := range valid {
-				idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: max(0, w.cfg.ReclaimIdle-startRetryDelay)})
+				later = append(later, deferral{id: d.id, taskID: d.taskID, at: now.Add(startRetryDelay), unrecorded: true})
 				settle = append(settle, d)
 			}
 			valid = nil
@@ -298,25 +457,27 @@ func (p *processor) start(batch []delivery) {
 	}
 	first := map[uuid.UUID]bool{}
 	for _, d := range valid {
-		id := taskOf[d.msg.ID]
+		id := d.taskID
 		r := results[id]
 		isFirst := !first[id]
 		first[id] = true
-		log := w.log.With("task_id", id, "message_id", d.msg.ID)
+		log := p.log.With("task_id", id, "message_id", d.id)
 		switch {
 		case r.Outcome == task.Started && isFirst:
 			if r.TookOver {
-				log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1)
+				log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
+					traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
 			}
 			p.dispatch(d, r.Task)
 			continue
 		case r.Outcome == task.Started || (r.Died && !isFirst):
 			// Another entry of this batch runs (or buried) the task.
 			log.Debug("duplicate entry of a task started by this read; acknowledging it")
-			acks = append(acks, d.msg.ID)
-			metric[d.msg.ID] = resultSkipped
+			acks = append(acks, d.id)
+			metric[d.id] = resultSkipped
 		case r.Died:
-			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount)
+			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,
+				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
 			letters = append(letters, p.taskLetter(d, r.Task, resultDead, now))
 			continue
 		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status == task.Dead:
@@ -327,40 +488,48 @@ func (p *processor) start(batch []delivery) {
 			continue
 		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status.Terminal():
 			log.Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
-			acks = append(acks, d.msg.ID)
-			metric[d.msg.ID] = resultSkipped
+			acks = append(acks, d.id)
+			metric[d.id] = resultSkipped
 		case r.Outcome == task.Skipped && r.Task != nil && p.runsHere(r.Task):
 			log.Debug("duplicate entry of a task running here; acknowledging it")
-			acks = append(acks, d.msg.ID)
-			metric[d.msg.ID] = resultSkipped
+			acks = append(acks, d.id)
+			metric[d.id] = resultSkipped
 		case r.Outcome == task.Skipped && r.Task != nil:
 			// Another worker holds a live lease: look again when it expires.
-			idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: p.idleUntil(r.Task.LeaseUntil, now)})
-			metric[d.msg.ID] = resultSkipped
+			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
+			metric[d.id] = resultSkipped
 		case r.Outcome == task.NotDue && r.Task != nil:
-			idles = append(idles, stream.Idle{ID: d.msg.ID, Idle: p.idleUntil(r.Task.NextRetryAt, now)})
-			metric[d.msg.ID] = resultNotDue
+			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.NextRetryAt, now)})
+			metric[d.id] = resultNotDue
 		default: // NotFound
-			letters = append(letters, p.poison(d, stream.FieldString(d.msg, stream.FieldKind),
+			letters = append(letters, p.poison(d, d.kind,
 				fmt.Sprintf("unknown task: no task %s in Postgres", id), now))
 			continue
 		}
 		settle = append(settle, d)
 	}
-	p.settle(acks, idles, settle, metric)
+	p.settle(acks, later, settle, metric)
 	p.deadLetter(letters)
 }
 
-// settle acknowledges acks and sets idles in one pipeline, then ends the
-// handling of ds, counting each under its result in metric.
-func (p *processor) settle(acks []string, idles []stream.Idle, ds []delivery, metric map[string]string) {
+// timeOr returns *t, or now when t is nil.
+func timeOr(t *time.Time, now time.Time) time.Time {
+	if t == nil {
+		return now
+	}
+	return *t
+}
+
+// settle acknowledges acks and defers later through the transport, then
+// ends the handling of ds, counting each under its result in metric.
+func (p *processor) settle(acks []string, later []deferral, ds []delivery, metric map[string]string) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
-	if err := p.w.group.Apply(p.ioCtx, acks, idles); err != nil {
-		p.w.log.Warn("acknowledge / set idle time failed; the entries are reclaimed later", "err", err)
+	if err := p.tr.settle(p.ioCtx, acks, later); err != nil {
+		p.log.Warn("acknowledge / defer entries failed; they are delivered again later", "err", err)
 	}
 	for _, d := range ds {
-		p.w.met.observe(metric[d.msg.ID], d.received)
+		p.met.observe(metric[d.id], d.received)
 	}
 	p.settled(ds...)
 }
@@ -368,7 +537,7 @@ func (p *processor) settle(acks []string, idles []stream.Idle, ds []delivery, me
 // runsHere reports whether t is RUNNING under this worker's lease for a
 // run of another entry.
 func (p *processor) runsHere(t *task.Task) bool {
-	if t.Status != task.Running || t.LeaseOwner != p.w.cfg.Consumer {
+	if t.Status != task.Running || t.LeaseOwner != p.cfg.Consumer {
 		return false
 	}
 	p.mu.Lock()
@@ -378,12 +547,12 @@ func (p *processor) runsHere(t *task.Task) bool {
 }
 
 func (p *processor) poison(d delivery, kind, reason string, now time.Time) letter {
-	p.w.log.Warn("entry of no task: dead-lettering it", "message_id", d.msg.ID, "err", reason)
+	p.log.Warn("entry of no task: dead-lettering it", "message_id", d.id, "err", reason)
 	return letter{d: d, result: resultPoison, entry: dlq.Entry{
-		TaskID:    stream.Truncate(stream.FieldString(d.msg, stream.FieldTaskID), 200),
+		TaskID:    stream.Truncate(d.rawTaskID, 200),
 		Kind:      stream.Truncate(kind, 200),
 		LastError: reason,
-		SourceID:  d.msg.ID,
+		SourceID:  d.id,
 		DeadAt:    now,
 	}}
 }
@@ -394,7 +563,7 @@ func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time
 		Kind:         t.Kind,
 		AttemptCount: t.AttemptCount,
 		LastError:    t.LastError,
-		SourceID:     d.msg.ID,
+		SourceID:     d.id,
 		DeadAt:       now,
 	}
 	if t.FinishedAt != nil {
@@ -406,20 +575,20 @@ func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time
 
 // dispatch runs the handler of a started task in its slot.
 func (p *processor) dispatch(d delivery, t *task.Task) {
-	// From here on only the entry id is needed; the parsed fields would
-	// stay alive for as long as the handler runs.
-	d.msg.Values = nil
+	tp := cmp.Or(t.Traceparent, d.traceparent)
 	hctx, cancel := context.WithCancelCause(p.handlerCtx)
-	r := &run{d: d, cancel: cancel, task: Task{
+	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), task: Task{
 		ID:          t.ID,
 		Kind:        t.Kind,
 		Payload:     t.Payload,
 		Attempt:     t.AttemptCount + 1,
-		MaxAttempts: t.MaxAttempts,
+		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
 	}}
+	hctx, r.span = startAttempt(hctx, r.task, tp)
+	r.traceID = tracing.TraceID(hctx)
 	p.mu.Lock()
-	p.running[d.msg.ID] = r
-	p.byTask[t.ID] = d.msg.ID
+	p.running[d.id] = r
+	p.byTask[t.ID] = d.id
 	p.work.Add(1)
 	p.mu.Unlock()
 	go func() {
@@ -430,9 +599,14 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 
 // execute runs one handler and hands its outcome to the completer.
 func (p *processor) execute(ctx context.Context, r *run) {
-	timeout := p.w.cfg.TaskTimeout
-	tctx, cancel := context.WithTimeout(ctx, timeout)
-	err := call(tctx, p.w.handler(r.task.Kind), r.task)
+	timeout := r.timeout
+	tctx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		tctx, cancel = context.WithTimeout(ctx, timeout)
+		abandon := time.AfterFunc(timeout+p.cfg.TaskLease, func() { p.abandonAfterTimeout(r, timeout) })
+		defer abandon.Stop()
+	}
+	err := call(tctx, p.handlers.lookup(r.task.Kind), r.task)
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 	cancel()
 	o := outcome{r: r, err: err}
@@ -442,6 +616,7 @@ func (p *processor) execute(ctx context.Context, r *run) {
 			o.released = true
 		case timedOut:
 			o.err = fmt.Errorf("task timeout after %s: %w", timeout, err)
+			o.timedOut = true
 		}
 	}
 	p.mu.Lock()
@@ -496,8 +671,8 @@ func shortStack() string {
 func (p *processor) deadLetter(letters []letter) {
 	for _, l := range letters {
 		if err := p.writeLetter(l); err != nil {
-			p.w.log.Error("dead-letter failed; the entry stays pending and the write is retried",
-				"task_id", l.entry.TaskID, "message_id", l.d.msg.ID, "err", err)
+			p.log.Error("dead-letter failed; the entry stays pending and the write is retried",
+				"task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
 			p.mu.Lock()
 			p.releaseLocked(1)
 			p.mu.Unlock()
@@ -511,14 +686,14 @@ func (p *processor) deadLetter(letters []letter) {
 
 // writeLetter runs the DLQ script for l and counts it.
 func (p *processor) writeLetter(l letter) error {
-	id, err := p.w.dlq.Write(p.ioCtx, l.entry)
+	written, err := p.tr.deadLetter(p.ioCtx, l.entry)
 	if err != nil {
 		return err
 	}
-	if id != "" {
-		p.w.met.dlq.Inc()
+	if written {
+		p.met.dlq.Inc()
 	}
-	p.w.met.observe(l.result, l.d.received)
+	p.met.observe(l.result, l.d.received)
 	return nil
 }
 
@@ -536,8 +711,8 @@ func (p *processor) retryLetter(l letter) {
 	for {
 		select {
 		case <-p.ioCtx.Done():
-			p.w.log.Error("worker stopped before the dead-letter could be written; the entry stays pending",
-				"task_id", l.entry.TaskID, "message_id", l.d.msg.ID)
+			p.log.Error("worker stopped before the dead-letter could be written; the entry stays pending",
+				"task_id", l.entry.TaskID, "message_id", l.d.id)
 			p.forget(l.d)
 			return
 		case <-t.C:
@@ -545,10 +720,10 @@ func (p *processor) retryLetter(l letter) {
 		err := p.writeLetter(l)
 		if err == nil {
 			p.forget(l.d)
-			p.w.log.Info("dead-letter written after retrying", "task_id", l.entry.TaskID, "message_id", l.d.msg.ID)
+			p.log.Info("dead-letter written after retrying", "task_id", l.entry.TaskID, "message_id", l.d.id)
 			return
 		}
-		p.w.log.Debug("dead-letter retry failed", "task_id", l.entry.TaskID, "message_id", l.d.msg.ID, "err", err)
+		p.log.Debug("dead-letter retry failed", "task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
 		delay = min(2*delay, 5*time.Second)
 		t.Reset(delay)
 	}

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -10,107 +11,197 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
 )
 
-// ServiceConfig configures a Service. The stream, group, consumer name and
-// reclaim idle time of Worker are the single source for every component:
-// the reclaimer, rescuer and retention take theirs from it.
+// ServiceConfig configures a Service: one worker process.
+//
+// The queue's identity is set once, in Worker: the stream, the group, the
+// consumer name and the reclaim idle time. Every other component's copy of
+// those facts is derived from it (see WithDefaults): a derived field left
+// zero takes Worker's value, and one set to another value is refused by
+// Validate, naming both fields. Nothing is overwritten behind the caller's
+// back.
 type ServiceConfig struct {
+	// Store configures the task store the service creates (Service.Store).
+	// Derived: Stream.
+	Store task.Config
+
+	// Worker configures the consumer and its handlers, and holds the
+	// queue's identity.
 	Worker Config
 
-	// Reclaim configures the reclaimer (Stream, Group, Consumer and MinIdle
-	// are taken from Worker). ReclaimDisabled runs none
-	// (INGEST_REDIS_RECLAIM_ENABLED=false).
+	// Reclaim configures the reclaimer; ReclaimDisabled runs none
+	// (INGEST_REDIS_RECLAIM_ENABLED=false). Derived: Stream, Group,
+	// Consumer, MinIdle (Worker.ReclaimIdle).
 	Reclaim         reclaim.Config
 	ReclaimDisabled bool
 
-	// Relay configures the outbox relay (ID defaults to the consumer name).
+	// Relay configures the outbox relay; RelayDisabled runs none. ID
+	// defaults to the consumer name.
 	Relay         outbox.RelayConfig
 	RelayDisabled bool
 
-	// Rescuer configures the rescuer (Stream and Group from Worker).
-	Rescuer         outbox.RescuerConfig
-	RescuerDisabled bool
-
-	// Retention configures outbox retention and stream trimming (Streams
-	// default to Worker's stream).
-	Retention         outbox.RetentionConfig
-	RetentionDisabled bool
+	// Maintenance configures the leader election and the singleton
+	// services only the leader runs. Derived: Rescuer.Stream and .Group,
+	// Retention.Streams (Worker's stream), Consumers.Stream, .Group and
+	// .Consumer. Elector.ID defaults to the consumer name.
+	Maintenance maintenance.Config
 }
 
-// Service is one worker process: the consumer and its handlers, the
-// reclaimer, the outbox relay, the rescuer and retention, sharing one
-// Postgres pool and one Redis client.
+// WithDefaults returns the configuration with every zero field set to its
+// default and every zero derived field set to Worker's value.
+func (c ServiceConfig) WithDefaults() ServiceConfig {
+	c.Worker = c.Worker.WithDefaults()
+	w := c.Worker
+	c.Store.Stream = cmp.Or(c.Store.Stream, w.Stream)
+	c.Store = c.Store.WithDefaults()
+
+	c.Reclaim.Stream = cmp.Or(c.Reclaim.Stream, w.Stream)
+	c.Reclaim.Group = cmp.Or(c.Reclaim.Group, w.Group)
+	c.Reclaim.Consumer = cmp.Or(c.Reclaim.Consumer, w.Consumer)
+	c.Reclaim.MinIdle = cmp.Or(c.Reclaim.MinIdle, w.ReclaimIdle)
+	c.Reclaim = c.Reclaim.WithDefaults()
+
+	c.Relay.ID = cmp.Or(c.Relay.ID, w.Consumer)
+	c.Relay = c.Relay.WithDefaults()
+
+	m := &c.Maintenance
+	m.Rescuer.Stream = cmp.Or(m.Rescuer.Stream, w.Stream)
+	m.Rescuer.Group = cmp.Or(m.Rescuer.Group, w.Group)
+	if len(m.Retention.Streams) == 0 {
+		m.Retention.Streams = []string{w.Stream}
+	}
+	m.Consumers.Stream = cmp.Or(m.Consumers.Stream, w.Stream)
+	m.Consumers.Group = cmp.Or(m.Consumers.Group, w.Group)
+	m.Consumers.Consumer = cmp.Or(m.Consumers.Consumer, w.Consumer)
+	m.Elector.ID = cmp.Or(m.Elector.ID, w.Consumer)
+	c.Maintenance = c.Maintenance.WithDefaults()
+	return c
+}
+
+// Validate checks the configuration, zero fields taking their defaults:
+// every derived field agrees with Worker, and every enabled component's
+// configuration is valid. Errors name the field.
+func (c ServiceConfig) Validate() error {
+	c = c.WithDefaults()
+	w := c.Worker
+	type derived struct {
+		field, got, worker, want string
+	}
+	checks := []derived{
+		{"Store.Stream", c.Store.Stream, "Stream", w.Stream},
+		{"Maintenance.Rescuer.Stream", c.Maintenance.Rescuer.Stream, "Stream", w.Stream},
+		{"Maintenance.Rescuer.Group", c.Maintenance.Rescuer.Group, "Group", w.Group},
+		{"Maintenance.Consumers.Stream", c.Maintenance.Consumers.Stream, "Stream", w.Stream},
+		{"Maintenance.Consumers.Group", c.Maintenance.Consumers.Group, "Group", w.Group},
+		{"Maintenance.Consumers.Consumer", c.Maintenance.Consumers.Consumer, "Consumer", w.Consumer},
+	}
+	if !c.ReclaimDisabled {
+		checks = append(checks,
+			derived{"Reclaim.Stream", c.Reclaim.Stream, "Stream", w.Stream},
+			derived{"Reclaim.Group", c.Reclaim.Group, "Group", w.Group},
+			derived{"Reclaim.Consumer", c.Reclaim.Consumer, "Consumer", w.Consumer},
+			derived{"Reclaim.MinIdle", c.Reclaim.MinIdle.String(), "ReclaimIdle", w.ReclaimIdle.String()})
+	}
+	for _, d := range checks {
+		if d.got != d.want {
+			return fmt.Errorf("ingest: ServiceConfig.%s is %q but Worker.%s is %q: set it in Worker only (leave %s zero)", d.field, d.got, d.worker, d.want, d.field)
+		}
+	}
+	if err := w.Validate(); err != nil {
+		return fmt.Errorf("worker config: %w", err)
+	}
+	if err := c.Store.Validate(); err != nil {
+		return fmt.Errorf("task store config: %w", err)
+	}
+	if !c.ReclaimDisabled {
+		if err := c.Reclaim.Validate(); err != nil {
+			return fmt.Errorf("reclaim config: %w", err)
+		}
+	}
+	if !c.RelayDisabled {
+		if err := c.Relay.Validate(); err != nil {
+			return err
+		}
+	}
+	return c.Maintenance.Validate()
+}
+
+// Service is one worker process: the task store, the consumer and its
+// handlers, the reclaimer, the outbox relay and the maintainer (the
+// singleton services, while this process is the elected leader), sharing
+// one Postgres pool and one Redis client.
 type Service struct {
-	worker    *Worker
-	reclaimer *reclaim.Reclaimer
-	relay     *outbox.Relay
-	rescuer   *outbox.Rescuer
-	retention *outbox.Retention
-	log       *slog.Logger
+	cfg        ServiceConfig
+	store      *task.Store
+	worker     *Worker
+	reclaimer  *reclaim.Reclaimer
+	relay      *outbox.Relay
+	maintainer *maintenance.Maintainer
+	log        *slog.Logger
+	// closers run once every component has stopped (Kafka mode: the
+	// relay's producer client).
+	closers []func()
 }
 
-// NewService builds every enabled component and validates their
-// configuration; errors name the component and the field. With the relay
+// NewService validates the configuration and builds every enabled
+// component; errors name the component and the field. With the relay
 // enabled, the store publishes the tasks it creates through it (see
-// task.Store.PublishThrough).
-func NewService(cfg ServiceConfig, store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
+// task.PublishThrough).
+func NewService(cfg ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	w, err := New(cfg.Worker, store, rdb, logger, reg)
-	if err != nil {
+	svc := &Service{cfg: cfg, log: logger}
+	var err error
+	var opts []task.Option
+	if !cfg.RelayDisabled {
+		if svc.relay, err = outbox.NewRelay(cfg.Relay, pool, rdb, logger, reg); err != nil {
+			return nil, err
+		}
+		opts = append(opts, task.PublishThrough(svc.relay))
+	}
+	if svc.store, err = task.NewStore(cfg.Store, pool, opts...); err != nil {
+		return nil, fmt.Errorf("task store config: %w", err)
+	}
+	if svc.worker, err = New(cfg.Worker, svc.store, rdb, logger, reg); err != nil {
 		return nil, err
 	}
-	wc := w.Config()
-	if s := store.Config().Stream; s != wc.Stream {
-		return nil, fmt.Errorf("ingest: the task store publishes new tasks to stream %q but the worker consumes %q: configure one stream", s, wc.Stream)
-	}
-	svc := &Service{worker: w, log: logger}
-
 	if !cfg.ReclaimDisabled {
-		rc := cfg.Reclaim
-		rc.Stream, rc.Group, rc.Consumer, rc.MinIdle = wc.Stream, wc.Group, wc.Consumer, wc.ReclaimIdle
-		if svc.reclaimer, err = reclaim.New(rc, rdb, pool, w.Sink(), logger, reg); err != nil {
+		if svc.reclaimer, err = reclaim.New(cfg.Reclaim, rdb, pool, svc.worker.Sink(), logger, reg); err != nil {
 			return nil, err
 		}
 	}
-	if !cfg.RelayDisabled {
-		rc := cfg.Relay
-		if rc.ID == "" {
-			rc.ID = wc.Consumer
-		}
-		if svc.relay, err = outbox.NewRelay(rc, pool, rdb, logger, reg); err != nil {
-			return nil, err
-		}
-		// Tasks the store creates are handed to the relay on commit
-		// while the service runs (see task.Store.PublishThrough).
-		store.PublishThrough(svc.relay)
-	}
-	if !cfg.RescuerDisabled {
-		rc := cfg.Rescuer
-		rc.Stream, rc.Group = wc.Stream, wc.Group
-		if svc.rescuer, err = outbox.NewRescuer(rc, pool, rdb, logger, reg); err != nil {
-			return nil, err
-		}
-	}
-	if !cfg.RetentionDisabled {
-		rc := cfg.Retention
-		if len(rc.Streams) == 0 {
-			rc.Streams = []string{wc.Stream}
-		}
-		if svc.retention, err = outbox.NewRetention(rc, pool, rdb, logger, reg); err != nil {
-			return nil, err
-		}
+	if svc.maintainer, err = maintenance.New(cfg.Maintenance, pool, rdb, logger, reg, maintenance.CreateWith(svc.store)); err != nil {
+		return nil, err
 	}
 	return svc, nil
 }
 
+// Config returns the configuration with defaults and derived fields filled
+// in.
+func (s *Service) Config() ServiceConfig { return s.cfg }
+
+// Store returns the service's task store: create tasks with it (also
+// inside your own transaction, Store.CreateTx).
+func (s *Service) Store() *task.Store { return s.store }
+
 // Handle registers the handler of a task kind (see Worker.Handle).
 func (s *Service) Handle(kind string, h Handler) { s.worker.Handle(kind, h) }
+
+// HandleWith registers the handler of a task kind with options (see
+// Worker.HandleWith).
+func (s *Service) HandleWith(kind string, h Handler, opts HandlerOptions) {
+	s.worker.HandleWith(kind, h, opts)
+}
 
 // HandleDefault registers the handler of every kind without one of its own
 // (see Worker.HandleDefault).
@@ -119,15 +210,20 @@ func (s *Service) HandleDefault(h Handler) { s.worker.HandleDefault(h) }
 // Worker returns the service's worker.
 func (s *Service) Worker() *Worker { return s.worker }
 
+// Maintainer returns the service's maintainer (see maintenance.Maintainer:
+// IsLeader tells whether this process runs the singleton services).
+func (s *Service) Maintainer() *maintenance.Maintainer { return s.maintainer }
+
 // Run runs every component until ctx is cancelled and returns when all have
 // stopped. If one fails, the others are stopped and its error returned.
 //
 // Shutdown (ctx cancelled): all components see the cancellation at once.
-// The reclaimer, relay, rescuer and retention finish their current pass
-// (the relay still records what it published); the worker stops reading
-// and gives running handlers their grace period, handing back entries the
-// reclaimer delivers meanwhile (see Worker.Run). Run returns once the
-// worker has recorded the last outcomes.
+// The reclaimer and relay finish their current pass (the relay still
+// records what it published); the maintainer stops its services and, if
+// it leads, resigns so that another process takes over at once; the
+// worker stops reading and gives running handlers their grace period,
+// handing back entries the reclaimer delivers meanwhile (see Worker.Run).
+// Run returns once the worker has recorded the last outcomes.
 func (s *Service) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	run := func(name string, f func(context.Context) error) {
@@ -145,11 +241,15 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.relay != nil {
 		run("outbox relay", s.relay.Run)
 	}
-	if s.rescuer != nil {
-		run("outbox rescuer", s.rescuer.Run)
+	run("maintenance", s.maintainer.Run)
+	err := g.Wait()
+	s.close()
+	return err
+}
+
+// close runs the closers.
+func (s *Service) close() {
+	for _, c := range s.closers {
+		c()
 	}
-	if s.retention != nil {
-		run("outbox retention", s.retention.Run)
-	}
-	return g.Wait()
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
@@ -54,10 +57,13 @@ func (b *serviceBundle) fastConfig(consumer string) ingest.ServiceConfig {
 			ShutdownTimeout: 5 * time.Second,
 		},
 		Reclaim: reclaim.Config{Interval: 100 * time.Millisecond},
-		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond, BaseBackoff: 20 * time.Millisecond,
-			MaxBackoff: 300 * time.Millisecond, MaxAttempts: 1000, Lease: 2 * time.Second, PublishTimeout: 500 * time.Millisecond},
-		Rescuer:   outbox.RescuerConfig{Interval: 200 * time.Millisecond, Grace: 300 * time.Millisecond},
-		Retention: outbox.RetentionConfig{Interval: 200 * time.Millisecond},
+		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond,
+			Backoff:     backoff.Policy{Base: 20 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: 0.1},
+			MaxAttempts: 1000, Lease: 2 * time.Second, PublishTimeout: 500 * time.Millisecond},
+		Maintenance: maintenance.Config{
+			Rescuer:   maintenance.RescuerConfig{Interval: 200 * time.Millisecond, Grace: 300 * time.Millisecond},
+			Retention: maintenance.RetentionConfig{Interval: 200 * time.Millisecond},
+		},
 	}
 }
 
@@ -65,7 +71,8 @@ func (b *serviceBundle) fastConfig(consumer string) ingest.ServiceConfig {
 func (b *serviceBundle) start(cfg ingest.ServiceConfig, h ingest.Handler) {
 	b.t.Helper()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	svc, err := ingest.NewService(cfg, b.store, b.db.Pool, b.rdb, logger, prometheus.NewRegistry())
+	cfg.Store = b.store.Config()
+	svc, err := ingest.NewService(cfg, b.db.Pool, b.rdb, logger, prometheus.NewRegistry())
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -183,5 +190,66 @@ func TestServiceSurvivesRedisLosingEverything(t *testing.T) {
 				t.Errorf("%d tasks DEAD, want 0", n)
 			}
 		})
+	}
+}
+
+// TestServiceConfigDerivesTheQueueFromWorker: the queue's identity is set
+// once, in Worker; every other copy is derived from it, and a copy set to
+// another value is refused, naming the field.
+func TestServiceConfigDerivesTheQueueFromWorker(t *testing.T) {
+	t.Parallel()
+	w := ingest.Config{Stream: "s", Group: "g", Consumer: "me", ReclaimIdle: time.Minute}
+	c := ingest.ServiceConfig{Worker: w}.WithDefaults()
+	if c.Store.Stream != "s" || c.Reclaim.Stream != "s" || c.Reclaim.Group != "g" || c.Reclaim.Consumer != "me" ||
+		c.Reclaim.MinIdle != time.Minute || c.Relay.ID != "me" || c.Maintenance.Rescuer.Stream != "s" ||
+		c.Maintenance.Rescuer.Group != "g" || len(c.Maintenance.Retention.Streams) != 1 || c.Maintenance.Retention.Streams[0] != "s" ||
+		c.Maintenance.Consumers.Consumer != "me" || c.Maintenance.Elector.ID != "me" {
+		t.Fatalf("WithDefaults did not derive every copy from Worker: %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("derived configuration: Validate = %v", err)
+	}
+	for field, cfg := range map[string]ingest.ServiceConfig{
+		"Reclaim.MinIdle":                {Worker: w, Reclaim: reclaim.Config{MinIdle: time.Second}},
+		"Reclaim.Consumer":               {Worker: w, Reclaim: reclaim.Config{Consumer: "other"}},
+		"Store.Stream":                   {Worker: w, Store: task.Config{Stream: "other"}},
+		"Maintenance.Rescuer.Group":      {Worker: w, Maintenance: maintenance.Config{Rescuer: maintenance.RescuerConfig{Group: "other"}}},
+		"Maintenance.Consumers.Consumer": {Worker: w, Maintenance: maintenance.Config{Consumers: maintenance.ConsumersConfig{Consumer: "other"}}},
+	} {
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s set apart from Worker: Validate = %v, want an error naming it", field, err)
+		}
+	}
+	off := ingest.ServiceConfig{Worker: w, Reclaim: reclaim.Config{MinIdle: time.Second}, ReclaimDisabled: true}
+	if err := off.Validate(); err != nil {
+		t.Errorf("a disabled reclaimer's fields are not used: Validate = %v", err)
+	}
+}
+
+// TestHandWiredReclaimerTakesTheWorkersIdleTime: a reclaimer fed by a
+// worker's sink claims with the worker's reclaim idle time, whatever the
+// caller wires; a different one is refused.
+func TestHandWiredReclaimerTakesTheWorkersIdleTime(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDatabase(t)
+	rdb := testenv.Redis(t)
+	stream, _ := testenv.Keys(t)
+	store, err := task.NewStore(task.Config{Stream: stream}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := ingest.New(ingest.Config{Stream: stream, Consumer: "w", TaskLease: 3 * time.Second, ReclaimIdle: 2 * time.Second}, store, rdb, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := reclaim.New(reclaim.Config{Interval: time.Second}, rdb, db.Pool, w.Sink(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Config(); c.MinIdle != 2*time.Second || c.Stream != stream || c.Consumer != "w" {
+		t.Errorf("reclaimer config %+v, want the worker's stream, consumer and idle time", c)
+	}
+	if _, err := reclaim.New(reclaim.Config{MinIdle: time.Second}, rdb, db.Pool, w.Sink(), nil, nil); err == nil || !strings.Contains(err.Error(), "MinIdle") {
+		t.Errorf("MinIdle out of step with the worker: New = %v, want an error naming MinIdle", err)
 	}
 }

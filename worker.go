@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,26 +12,28 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/dlq"
-	"github.com/ingest-worker/ingest/internal/defaults"
+	"github.com/ingest-worker/ingest/internal/hook"
+	"github.com/ingest-worker/ingest/kafka"
+	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
-// Defaults of DESIGN §5 and of the worker's internals.
+// Defaults of the worker (docs/ARCHITECTURE.md §5) and of its internals.
 const (
-	DefaultStream          = stream.DefaultStream
-	DefaultGroup           = stream.DefaultGroup
-	DefaultDLQ             = dlq.DefaultStream
-	DefaultConcurrency     = 16
-	DefaultTaskLease       = 30 * time.Second
-	DefaultTaskTimeout     = 5 * time.Minute
+	DefaultStream      = stream.DefaultStream
+	DefaultGroup       = stream.DefaultGroup
+	DefaultDLQ         = dlq.DefaultStream
+	DefaultConcurrency = 16
+	DefaultTaskLease   = 30 * time.Second
+	// DefaultTaskTimeout is 0: no timeout (see Config.TaskTimeout).
+	DefaultTaskTimeout     = time.Duration(0)
 	DefaultShutdownTimeout = 30 * time.Second
-	DefaultReclaimIdle     = 10 * time.Minute
+	DefaultReclaimIdle     = reclaim.DefaultMinIdle
 	DefaultBlock           = stream.DefaultBlock
 	// DefaultCompleteBatch and DefaultCompleteWindow bound how many
 	// outcomes the completer gathers into one store call, and for how long.
@@ -60,7 +63,10 @@ type Config struct {
 	// TaskLease is how long a started task is held without renewal; the
 	// heartbeat renews it every TaskLease/3.
 	TaskLease time.Duration
-	// TaskTimeout is the deadline of a handler's context.
+	// TaskTimeout is the deadline of a handler's context for tasks without
+	// a timeout of their own (timeout_ms) and of a kind without one
+	// (HandlerOptions.Timeout); 0: none. See HandlerOptions for what
+	// happens to a handler that ignores it.
 	TaskTimeout time.Duration
 	// ShutdownTimeout is how long running handlers may finish after Run's
 	// context is cancelled, before they are cancelled and their tasks
@@ -69,7 +75,11 @@ type Config struct {
 	// ReclaimIdle is the reclaimer's min-idle time
 	// (INGEST_REDIS_RECLAIM_IDLE_MS). The worker sets the idle time of
 	// entries it leaves pending relative to it, so that they become
-	// claimable exactly when they should run again.
+	// claimable exactly when they should run again. time.Millisecond, the
+	// least, re-drives failed entries at the next reclaim round; below the
+	// heartbeat interval (TaskLease/3) the reclaimer also claims the
+	// entries of running tasks and hands them back (the start guard never
+	// runs a task twice), and crashed workers are found by their leases.
 	ReclaimIdle time.Duration
 	// Block bounds one blocking stream read (and so shutdown latency).
 	Block time.Duration
@@ -82,13 +92,12 @@ type Config struct {
 	// fewer handler slots are free); all of them are started in one
 	// statement. Default stream.DefaultCount.
 	ReadCount int
-
-	// OnSucceeded, when set, is called by the completer right after the
-	// transaction that made ids SUCCEEDED committed (before their entries
-	// are acknowledged). It is for benchmarks and tests measuring
-	// completion latency; it must return quickly and may be called from
-	// several goroutines at once.
-	OnSucceeded func(ids []uuid.UUID)
+	// CancelListenDisabled turns off the worker's LISTEN on
+	// task.CancelChannel (for a pooler that cannot LISTEN, or a store not
+	// on a *pgxpool.Pool): a cancelled running task's handler is then
+	// cancelled at the next lease renewal, within TaskLease/3, instead of
+	// at once.
+	CancelListenDisabled bool
 }
 
 // DefaultConsumer returns hostname-pid.
@@ -100,43 +109,47 @@ func DefaultConsumer() string {
 	return host + "-" + strconv.Itoa(os.Getpid())
 }
 
-func (c *Config) setDefaults() {
-	defaults.Set(&c.Stream, DefaultStream)
-	defaults.Set(&c.Group, DefaultGroup)
-	if c.DLQ == "" && !c.NoDLQ {
+// WithDefaults returns the configuration with every zero field set to
+// its default (the consumer name is asked of the OS only when it is empty).
+func (c Config) WithDefaults() Config {
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.Group = cmp.Or(c.Group, DefaultGroup)
+	switch {
+	case c.NoDLQ:
+		c.DLQ = ""
+	case c.DLQ == "":
 		c.DLQ = DefaultDLQ
 	}
-	if c.NoDLQ {
-		c.DLQ = ""
-	}
 	if c.Consumer == "" {
-		c.Consumer = DefaultConsumer() // asks the OS: only when needed
+		c.Consumer = DefaultConsumer()
 	}
-	defaults.Set(&c.Concurrency, DefaultConcurrency)
-	defaults.Set(&c.CompleteBatch, DefaultCompleteBatch)
-	defaults.Set(&c.CompleteParallel, DefaultCompleteParallel)
-	defaults.Set(&c.ReadCount, stream.DefaultCount)
-	defaults.Set(&c.TaskLease, DefaultTaskLease)
-	defaults.Set(&c.TaskTimeout, DefaultTaskTimeout)
-	defaults.Set(&c.ShutdownTimeout, DefaultShutdownTimeout)
-	defaults.Set(&c.ReclaimIdle, DefaultReclaimIdle)
-	defaults.Set(&c.Block, DefaultBlock)
-	defaults.Set(&c.CompleteWindow, DefaultCompleteWindow)
+	c.Concurrency = cmp.Or(c.Concurrency, DefaultConcurrency)
+	c.CompleteBatch = cmp.Or(c.CompleteBatch, DefaultCompleteBatch)
+	c.CompleteParallel = cmp.Or(c.CompleteParallel, DefaultCompleteParallel)
+	c.ReadCount = cmp.Or(c.ReadCount, stream.DefaultCount)
+	c.TaskLease = cmp.Or(c.TaskLease, DefaultTaskLease)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.ReclaimIdle = cmp.Or(c.ReclaimIdle, DefaultReclaimIdle)
+	c.Block = cmp.Or(c.Block, DefaultBlock)
+	c.CompleteWindow = cmp.Or(c.CompleteWindow, DefaultCompleteWindow)
+	return c
 }
 
-// Validate checks the configuration and names the bad field.
+// Validate checks the configuration, zero fields taking their defaults,
+// and names the bad field.
 func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.Concurrency < 1 || c.Concurrency > 100000:
 		return fmt.Errorf("invalid Concurrency: must be between 1 and 100000, got %d", c.Concurrency)
 	case c.TaskLease < 3*time.Millisecond:
 		return fmt.Errorf("invalid TaskLease: must be >= 3ms, got %s", c.TaskLease)
-	case c.TaskTimeout <= 0:
-		return fmt.Errorf("invalid TaskTimeout: must be > 0, got %s", c.TaskTimeout)
+	case c.TaskTimeout < 0:
+		return fmt.Errorf("invalid TaskTimeout: must be >= 0 (0: none), got %s", c.TaskTimeout)
 	case c.ShutdownTimeout < 0:
 		return fmt.Errorf("invalid ShutdownTimeout: must be >= 0, got %s", c.ShutdownTimeout)
-	case c.ReclaimIdle <= c.TaskLease/3:
-		return fmt.Errorf("invalid ReclaimIdle (%s): must be greater than the heartbeat interval TaskLease/3 (%s)", c.ReclaimIdle, c.TaskLease/3)
+	case c.ReclaimIdle < time.Millisecond:
+		return fmt.Errorf("invalid ReclaimIdle: must be >= 1ms (Redis keeps idle times in whole milliseconds), got %s", c.ReclaimIdle)
 	case c.CompleteBatch < 1:
 		return fmt.Errorf("invalid CompleteBatch: must be >= 1, got %d", c.CompleteBatch)
 	case c.CompleteParallel < 1 || c.CompleteParallel > 64:
@@ -151,41 +164,27 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// hardStopWait is how long Run waits, after cancelling handlers at the end
-// of the grace period, for handlers to return; finalFlushTimeout bounds the
-// completer's last store calls.
-const (
-	hardStopWait      = 5 * time.Second
-	finalFlushTimeout = 10 * time.Second
-)
-
-// errShutdown is the cause of handler contexts cancelled at the end of the
-// shutdown grace period.
-var errShutdown = errors.New("worker shutting down")
-
 // Worker runs tasks delivered through the stream: it joins the consumer
 // group, the task store and the DLQ. Register handlers with Handle, then
 // call Run once.
 type Worker struct {
-	cfg      Config
-	store    *task.Store
-	group    *stream.Group
-	consumer *stream.Consumer
-	dlq      *dlq.Writer
-	log      *slog.Logger
-	met      *metrics
-	proc     *processor
-
-	mu       sync.RWMutex
-	handlers map[string]Handler
-	fallback Handler // for kinds without a handler; nil: none
-	ran      atomic.Bool
+	cfg  Config
+	proc *processor
+	// consume reads messages into proc until its context is cancelled
+	// (stream.Consumer.Run, or kafka.Consumer.Run); closeTransport, when
+	// set, runs once proc has shut down (Kafka: the last commit).
+	consume        func(context.Context) error
+	closeTransport func()
+	kafka          *kafka.Consumer // Kafka mode only
+	handlers       *registry
+	log            *slog.Logger
+	ran            atomic.Bool
 }
 
 // New returns a worker. logger may be nil (no logs); reg may be nil (no
 // metrics exported). The retry backoff is the store's (task.Config.Backoff).
 func New(cfg Config, store *task.Store, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Worker, error) {
-	cfg.setDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("worker config: %w", err)
 	}
@@ -201,27 +200,28 @@ func New(cfg Config, store *task.Store, rdb redis.UniversalClient, logger *slog.
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	w := &Worker{
-		cfg:      cfg,
-		store:    store,
-		log:      logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
-		handlers: map[string]Handler{},
-	}
+	log := logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)
 	scfg := stream.Config{Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, Block: cfg.Block, Count: cfg.ReadCount}
-	var err error
-	if w.group, err = stream.NewGroup(scfg, rdb); err != nil {
+	group, err := stream.NewGroup(scfg, rdb)
+	if err != nil {
 		return nil, err
 	}
-	if w.dlq, err = dlq.NewWriter(dlq.Config{Stream: cfg.Stream, Group: cfg.Group, DLQ: cfg.DLQ}, rdb); err != nil {
+	dlqw, err := dlq.NewWriter(dlq.Config{Stream: cfg.Stream, Group: cfg.Group, DLQ: cfg.DLQ}, rdb)
+	if err != nil {
 		return nil, err
 	}
-	if w.met, err = newMetrics(reg, w.group, w.log); err != nil {
+	met, err := newMetrics(reg, group, cfg.ReclaimIdle, log)
+	if err != nil {
 		return nil, err
 	}
-	w.proc = newProcessor(w)
-	if w.consumer, err = stream.NewConsumer(scfg, rdb, w.proc, logger); err != nil {
+	w := &Worker{cfg: cfg, handlers: &registry{byKind: map[string]Handler{}}, log: log}
+	tr := &redisTransport{group: group, dlq: dlqw, reclaimIdle: cfg.ReclaimIdle}
+	w.proc = newProcessor(cfg, processorDeps{store: store, tr: tr, log: log, met: met, handlers: w.handlers})
+	consumer, err := stream.NewConsumer(scfg, rdb, w.proc, logger)
+	if err != nil {
 		return nil, err
 	}
+	w.consume = consumer.Run
 	return w, nil
 }
 
@@ -231,13 +231,19 @@ func (w *Worker) Config() Config { return w.cfg }
 // Handle registers h for tasks of kind, replacing an earlier one. A task of
 // a kind without a handler fails (and is retried: a later deploy may
 // register it). It panics on an empty kind or a nil handler.
-func (w *Worker) Handle(kind string, h Handler) {
+func (w *Worker) Handle(kind string, h Handler) { w.HandleWith(kind, h, HandlerOptions{}) }
+
+// HandleWith is Handle with options for the kind. It panics on an empty
+// kind, a nil handler or invalid options.
+func (w *Worker) HandleWith(kind string, h Handler, opts HandlerOptions) {
 	if kind == "" || h == nil {
 		panic("ingest: Handle needs a kind and a handler")
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.handlers[kind] = h
+	if err := opts.Validate(); err != nil {
+		panic("ingest: HandleWith(" + strconv.Quote(kind) + "): " + err.Error())
+	}
+	w.handlers.set(kind, h)
+	w.handlers.setOptions(kind, opts)
 }
 
 // HandleDefault registers h for every kind without a handler of its own
@@ -247,18 +253,54 @@ func (w *Worker) HandleDefault(h Handler) {
 	if h == nil {
 		panic("ingest: HandleDefault needs a handler")
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.fallback = h
+	w.handlers.set("", h)
 }
 
-func (w *Worker) handler(kind string) Handler {
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	if h, ok := w.handlers[kind]; ok {
+// registry maps task kinds to handlers; handlers may be registered while
+// the worker runs.
+type registry struct {
+	mu       sync.RWMutex
+	byKind   map[string]Handler
+	fallback Handler // for kinds without a handler; nil: none
+	options  map[string]HandlerOptions
+}
+
+// setOptions sets the options of kind.
+func (r *registry) setOptions(kind string, opts HandlerOptions) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.options == nil {
+		r.options = map[string]HandlerOptions{}
+	}
+	r.options[kind] = opts
+}
+
+// optionsOf returns the options of kind (zero when none were set).
+func (r *registry) optionsOf(kind string) HandlerOptions {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.options[kind]
+}
+
+// set registers h for kind, or as the fallback when kind is "".
+func (r *registry) set(kind string, h Handler) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if kind == "" {
+		r.fallback = h
+		return
+	}
+	r.byKind[kind] = h
+}
+
+// lookup returns the handler of kind, the fallback, or nil.
+func (r *registry) lookup(kind string) Handler {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if h, ok := r.byKind[kind]; ok {
 		return h
 	}
-	return w.fallback
+	return r.fallback
 }
 
 // Sink returns the processing path, for the reclaimer to feed claimed
@@ -268,75 +310,21 @@ func (w *Worker) Sink() stream.Sink { return w.proc }
 // Run consumes tasks until ctx is cancelled, then shuts down gracefully and
 // returns nil. It may be called once.
 //
-// Shutdown order:
-//  1. The consumer stops reading (within Config.Block). From now on the
-//     Sink starts nothing: entries delivered to it (by the reclaimer) are
-//     made claimable at once for another worker.
-//  2. Grace period (Config.ShutdownTimeout): running handlers may finish;
-//     the heartbeat keeps renewing their leases and entries, the completer
-//     records their outcomes and acknowledges.
-//  3. Cut-off: the remaining handlers' contexts are cancelled. A handler
-//     that then returns an error has its task released (RETRYING, due now,
-//     no failure counted) and its entry made claimable at once; one that
-//     returns nil succeeded. Nothing that did not finish is acknowledged.
-//  4. The completer records the last outcomes, then the heartbeat stops,
-//     then all Redis and Postgres I/O is cancelled (a DLQ write still being
-//     retried gives up and leaves its entry pending).
+// Shutdown: the consumer stops reading (within Config.Block), then the
+// processing path shuts down in order: running handlers get
+// Config.ShutdownTimeout to finish, the rest are cancelled and handed back,
+// the last outcomes are recorded, and I/O stops (see processor.shutdown).
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.ran.CompareAndSwap(false, true) {
 		return errors.New("ingest: Worker.Run may be called only once")
 	}
-	p := w.proc
-	stopCompleter, completerDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(completerDone)
-		p.runCompleter(stopCompleter)
-	}()
-	stopHeartbeat, heartbeatDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(heartbeatDone)
-		p.runHeartbeat(stopHeartbeat)
-	}()
+	w.proc.launch(hook.OnSucceeded(ctx))
 	w.log.Info("worker started", "concurrency", w.cfg.Concurrency)
-
-	_ = w.consumer.Run(ctx)
-
-	// 1.
-	p.drain()
-	w.log.Info("worker stopping: waiting for running handlers", "running", p.runningCount(), "timeout", w.cfg.ShutdownTimeout)
-	// 2.
-	workDone := p.workDone()
-	if !waitFor(workDone, w.cfg.ShutdownTimeout) {
-		// 3.
-		w.log.Warn("shutdown timeout: cancelling running handlers", "running", p.runningCount())
-		p.stopHandlers(errShutdown)
-		if !waitFor(workDone, hardStopWait) {
-			w.log.Error("handlers ignore cancellation; their tasks are recovered when their leases expire", "running", p.runningCount())
-		}
+	_ = w.consume(ctx)
+	w.proc.shutdown()
+	if w.closeTransport != nil {
+		w.closeTransport()
 	}
-	// 4.
-	close(stopCompleter)
-	if !waitFor(completerDone, finalFlushTimeout) {
-		w.log.Error("recording the last outcomes timed out; their entries stay pending")
-		p.stopIO()
-		<-completerDone
-	}
-	close(stopHeartbeat)
-	<-heartbeatDone
-	p.stopIO()
-	p.retries.Wait()
 	w.log.Info("worker stopped")
 	return nil
-}
-
-// waitFor reports whether ch is closed within d.
-func waitFor(ch <-chan struct{}, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ch:
-		return true
-	case <-t.C:
-		return false
-	}
 }

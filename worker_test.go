@@ -148,7 +148,7 @@ func TestAlwaysFailingGoesDead(t *testing.T) {
 			t.Errorf("DLQ dead_at %q: %v", e["dead_at"], err)
 		}
 		if len(e) != 6 {
-			t.Errorf("DLQ entry has fields %v, want exactly the 6 of DESIGN §4", e)
+			t.Errorf("DLQ entry has fields %v, want exactly the 6 of docs/ARCHITECTURE.md §4.3", e)
 		}
 		if got := metric(t, reg, "ingest_task_dlq_total", nil); got != 1 {
 			t.Errorf("ingest_task_dlq_total = %v, want 1", got)
@@ -224,9 +224,7 @@ func TestDuplicateDeliveriesRunOnce(t *testing.T) {
 		for _, id := range ids {
 			calls[id] = &atomic.Int32{}
 		}
-		if _, err := bd.producer.Add(bd.ctx, streamMsg(a)); err != nil {
-			t.Fatal(err)
-		}
+		bd.add(onceEntry(a))
 		bd.run(w)
 		bd.eventually(5*time.Second, "both handlers running", func() bool { return calls[a].Load() == 1 && calls[bTask].Load() == 1 })
 
@@ -239,9 +237,7 @@ func TestDuplicateDeliveriesRunOnce(t *testing.T) {
 		}
 		sink := w.Sink()
 		sink.Process(bd.ctx, msgs, sink.Reserve(1))
-		if _, err := bd.producer.Add(bd.ctx, streamMsg(bTask)); err != nil {
-			t.Fatal(err)
-		}
+		bd.add(onceEntry(bTask))
 		// Both duplicate entries (a's second, b's second) are acked as
 		// skipped while the originals still run.
 		bd.eventually(5*time.Second, "duplicates skipped", func() bool {
@@ -270,7 +266,7 @@ func TestDuplicateDeliveriesRunOnce(t *testing.T) {
 	})
 }
 
-func streamMsg(id uuid.UUID) stream.Message { return stream.Message{TaskID: id, Kind: "once"} }
+func onceEntry(id uuid.UUID) stream.Entry { return stream.Entry{TaskID: id, Kind: "once"} }
 
 func TestPoisonEntries(t *testing.T) {
 	t.Parallel()
@@ -622,7 +618,7 @@ func TestConfigValidation(t *testing.T) {
 		{ingest.Config{TaskLease: time.Millisecond}, "TaskLease"},
 		{ingest.Config{TaskTimeout: -time.Second}, "TaskTimeout"},
 		{ingest.Config{ShutdownTimeout: -time.Second}, "ShutdownTimeout"},
-		{ingest.Config{TaskLease: time.Minute, ReclaimIdle: time.Second}, "ReclaimIdle"},
+		{ingest.Config{ReclaimIdle: time.Microsecond}, "ReclaimIdle"},
 		{ingest.Config{Stream: "s", DLQ: "s"}, "DLQ"},
 		{ingest.Config{Block: -time.Second}, "Block"},
 	} {

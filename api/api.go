@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -46,10 +47,13 @@ type Config struct {
 	MaxBatchSize int
 	// ReadyTimeout bounds the readiness checks of one /readyz request.
 	ReadyTimeout time.Duration
-	// Actor is recorded as the worker of redrive transitions.
+	// Actor is recorded as the worker of redrive and cancel transitions.
 	Actor string
 	// Logger receives server-side failures (5xx); nil discards them.
 	Logger *slog.Logger
+	// Periodic, when set, returns the next slot of each periodic schedule
+	// (GET /v1/periodic); nil: none are configured.
+	Periodic func(now time.Time) []maintenance.Slot
 }
 
 // Check reports whether one dependency is usable: nil when it is.
@@ -118,6 +122,8 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	mux.HandleFunc("GET /v1/tasks", s.auth(s.listTasks))
 	mux.HandleFunc("GET /v1/tasks/{id}", s.auth(s.getTask))
 	mux.HandleFunc("POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask))
+	mux.HandleFunc("POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask))
+	mux.HandleFunc("GET /v1/periodic", s.auth(s.periodic))
 	s.mux = mux
 	return s, nil
 }
@@ -202,4 +208,18 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
 	s.log.ErrorContext(r.Context(), "api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	writeError(w, http.StatusInternalServerError, "internal error", "")
+}
+
+// PeriodicResponse is the body of GET /v1/periodic.
+type PeriodicResponse struct {
+	Schedules []maintenance.Slot `json:"schedules"`
+}
+
+// periodic answers the next slot of every periodic schedule.
+func (s *Server) periodic(w http.ResponseWriter, _ *http.Request) {
+	out := PeriodicResponse{Schedules: []maintenance.Slot{}}
+	if s.cfg.Periodic != nil {
+		out.Schedules = append(out.Schedules, s.cfg.Periodic(time.Now())...)
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -35,6 +36,7 @@ type options struct {
 	maxPayload int
 	checks     api.Checks
 	gatherer   prometheus.Gatherer
+	periodic   func(time.Time) []maintenance.Slot
 }
 
 func setup(t *testing.T, o options) *bundle {
@@ -44,7 +46,7 @@ func setup(t *testing.T, o options) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := api.New(api.Config{Token: o.token}, store, o.checks, o.gatherer)
+	h, err := api.New(api.Config{Token: o.token, Periodic: o.periodic}, store, o.checks, o.gatherer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,12 +123,41 @@ func TestCreate(t *testing.T) {
 			t.Fatalf("repeat: %d %s, want 200", r.code, r.body)
 		}
 		again := decode[task.Task](t, r)
-		if again.ID != created.ID || again.MaxAttempts != 3 || again.IdempotencyKey != "order-1" {
+		if again.ID != created.ID || again.MaxAttempts == nil || *again.MaxAttempts != 3 || again.IdempotencyKey != "order-1" {
 			t.Fatalf("repeat returned %+v, want task %s", again, created.ID)
 		}
 		got, err := b.store.Get(context.Background(), created.ID)
 		if canon, _ := task.Canonical(got.Payload); err != nil || got.Kind != "email" || string(canon) != `{"to":"a@example.com"}` {
 			t.Fatalf("stored task %+v, %v", got, err)
+		}
+	})
+
+	t.Run("Scheduled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, options{})
+		runAt := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+		for _, tc := range []struct{ body, what string }{
+			{`{"kind":"k","payload":1,"run_at":"` + runAt.Format(time.RFC3339Nano) + `","timeout_ms":2500}`, "run_at"},
+			{`{"kind":"k","payload":2,"delay_ms":60000}`, "delay_ms"},
+		} {
+			r := b.do(t, "POST", "/v1/tasks", tc.body)
+			if r.code != http.StatusCreated {
+				t.Fatalf("%s: %d %s", tc.what, r.code, r.body)
+			}
+			got, err := b.store.Get(context.Background(), decode[api.CreateResponse](t, r).ID)
+			if err != nil || got.Status != task.Queued || got.NextRetryAt == nil {
+				t.Fatalf("%s: stored %+v, %v; want QUEUED with a next_retry_at", tc.what, got, err)
+			}
+			switch tc.what {
+			case "run_at":
+				if !got.NextRetryAt.Equal(runAt) || got.TimeoutMS != 2500 {
+					t.Fatalf("run_at: next_retry_at %v timeout_ms %d, want %v and 2500", got.NextRetryAt, got.TimeoutMS, runAt)
+				}
+			case "delay_ms":
+				if d := got.NextRetryAt.Sub(got.CreatedAt); d != time.Minute {
+					t.Fatalf("delay_ms: due %s after creation, want 1m", d)
+				}
+			}
 		}
 	})
 
@@ -152,6 +183,12 @@ func TestCreate(t *testing.T) {
 			{"MaxAttemptsNotInt", `{"kind":"k","payload":1,"max_attempts":"3"}`, "max_attempts", "must be a JSON integer"},
 			{"UnknownField", `{"kind":"k","payload":1,"priority":5}`, "priority", "unknown field"},
 			{"LongIdempotencyKey", `{"kind":"k","payload":1,"idempotency_key":"` + strings.Repeat("i", 1001) + `"}`, "idempotency_key", "longer than"},
+			{"RunAtNotRFC3339", `{"kind":"k","payload":1,"run_at":"tomorrow"}`, "run_at", "RFC 3339"},
+			{"RunAtAndDelay", `{"kind":"k","payload":1,"run_at":"2030-01-01T00:00:00Z","delay_ms":5}`, "run_at", "exclusive"},
+			{"NegativeDelay", `{"kind":"k","payload":1,"delay_ms":-5}`, "delay_ms", ">= 0"},
+			{"HugeDelay", `{"kind":"k","payload":1,"delay_ms":9223372036854775807}`, "delay_ms", "out of range"},
+			{"NegativeTimeout", `{"kind":"k","payload":1,"timeout_ms":-1}`, "timeout_ms", ">= 0"},
+			{"TimeoutNotInt", `{"kind":"k","payload":1,"timeout_ms":1.5}`, "timeout_ms", "must be a JSON integer"},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -437,5 +474,116 @@ func TestProbesAndMetrics(t *testing.T) {
 	}
 	if r := b.do(t, "DELETE", "/v1/tasks", ""); r.code != http.StatusMethodNotAllowed {
 		t.Fatalf("DELETE /v1/tasks: %d, want 405", r.code)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := context.Background()
+	create := func() uuid.UUID {
+		res, err := b.store.Create(ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Task.ID
+	}
+	lastAudit := func(id uuid.UUID) (from, to, worker, msg string) {
+		_, recs, err := b.store.GetWithTransitions(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := recs[len(recs)-1]
+		return r.From, r.To, r.Worker, r.Message
+	}
+	t.Run("Queued", func(t *testing.T) {
+		id := create()
+		r := b.do(t, "POST", "/v1/tasks/"+id.String()+"/cancel", `{"reason": "not needed"}`)
+		got := decode[task.Task](t, r)
+		if r.code != http.StatusOK || got.Status != task.Cancelled || got.CancelReason != "not needed" || got.CancelRequestedBy != api.DefaultActor {
+			t.Fatalf("cancel of a QUEUED task: %d %s", r.code, r.body)
+		}
+		if from, to, worker, msg := lastAudit(id); from != "QUEUED" || to != "CANCELLED" || worker != api.DefaultActor || msg != "cancelled: not needed" {
+			t.Fatalf("audit %s -> %s by %q: %q", from, to, worker, msg)
+		}
+		// Terminal now: 409, and redrive brings it back.
+		r = b.do(t, "POST", "/v1/tasks/"+id.String()+"/cancel", "")
+		if msg, field := r.errorBody(t); r.code != http.StatusConflict || field != "id" || !strings.Contains(msg, "CANCELLED") {
+			t.Fatalf("cancel of a CANCELLED task: %d %s, want 409", r.code, r.body)
+		}
+		r = b.do(t, "POST", "/v1/tasks/"+id.String()+"/redrive", "")
+		if got := decode[api.RedriveResponse](t, r); r.code != http.StatusOK || got.Status != task.Queued {
+			t.Fatalf("redrive of a CANCELLED task: %d %s", r.code, r.body)
+		}
+	})
+	t.Run("RunningNoBody", func(t *testing.T) {
+		id := create()
+		if _, err := b.store.Start(ctx, "w", time.Minute, id); err != nil {
+			t.Fatal(err)
+		}
+		r := b.do(t, "POST", "/v1/tasks/"+id.String()+"/cancel", "")
+		got := decode[task.Task](t, r)
+		if r.code != http.StatusAccepted || got.Status != task.Running || got.CancelRequestedAt == nil {
+			t.Fatalf("cancel of a RUNNING task: %d %s, want 202 with the cancel requested", r.code, r.body)
+		}
+		if res, err := b.store.Succeed(ctx, "w", id); err != nil || res[0].Status != task.Cancelled {
+			t.Fatalf("completion after the cancel request: %+v %v", res, err)
+		}
+		if from, to, worker, msg := lastAudit(id); from != "RUNNING" || to != "CANCELLED" || worker != api.DefaultActor || msg != "cancelled" {
+			t.Fatalf("audit %s -> %s by %q: %q", from, to, worker, msg)
+		}
+	})
+	t.Run("Errors", func(t *testing.T) {
+		r := b.do(t, "POST", "/v1/tasks/"+uuid.NewString()+"/cancel", "")
+		if r.code != http.StatusNotFound {
+			t.Fatalf("cancel of an unknown task: %d %s, want 404", r.code, r.body)
+		}
+		r = b.do(t, "POST", "/v1/tasks/nope/cancel", "")
+		if _, field := r.errorBody(t); r.code != http.StatusBadRequest || field != "id" {
+			t.Fatalf("cancel with a bad id: %d %s", r.code, r.body)
+		}
+		id := create()
+		for body, field := range map[string]string{`{"reason": 1}`: "reason", `{"why": "x"}`: "why", `{"reason": "` + strings.Repeat("x", task.MaxCancelReasonBytes+1) + `"}`: "reason"} {
+			r = b.do(t, "POST", "/v1/tasks/"+id.String()+"/cancel", body)
+			if _, f := r.errorBody(t); r.code != http.StatusBadRequest || f != field {
+				t.Errorf("body %.40s: %d field %q, want 400 %s", body, r.code, f, field)
+			}
+		}
+		succeeded := create()
+		if _, err := b.store.Start(ctx, "w", time.Minute, succeeded); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.Succeed(ctx, "w", succeeded); err != nil {
+			t.Fatal(err)
+		}
+		r = b.do(t, "POST", "/v1/tasks/"+succeeded.String()+"/cancel", `{"reason": "late"}`)
+		if msg, _ := r.errorBody(t); r.code != http.StatusConflict || !strings.Contains(msg, "SUCCEEDED") {
+			t.Fatalf("cancel of a SUCCEEDED task: %d %s, want 409", r.code, r.body)
+		}
+	})
+}
+
+// TestPeriodic: GET /v1/periodic answers the next slot of every schedule,
+// an empty list without any, and needs the token like the task API.
+func TestPeriodic(t *testing.T) {
+	t.Parallel()
+	schedules, err := maintenance.ParseSchedules("INGEST_PERIODIC", []byte(`[{"kind":"sync","every":"30s"},{"kind":"report","cron":"0 3 * * *"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, options{token: "tok", periodic: func(now time.Time) []maintenance.Slot { return maintenance.NextSlots(schedules, now) }})
+	if r := b.do(t, "GET", "/v1/periodic", "", "Authorization", ""); r.code != http.StatusUnauthorized {
+		t.Fatalf("without the token: %d, want 401", r.code)
+	}
+	r := b.do(t, "GET", "/v1/periodic", "")
+	got := decode[api.PeriodicResponse](t, r)
+	if r.code != http.StatusOK || len(got.Schedules) != 2 || got.Schedules[0].Kind != "sync" ||
+		got.Schedules[0].At.Unix()%30 != 0 || !got.Schedules[0].At.After(time.Now().Add(-time.Second)) ||
+		got.Schedules[1].At.UTC().Hour() != 3 || got.Schedules[0].IdempotencyKey == "" {
+		t.Fatalf("GET /v1/periodic = %d %+v", r.code, got)
+	}
+	none := setup(t, options{})
+	if r := none.do(t, "GET", "/v1/periodic", ""); r.code != http.StatusOK || strings.TrimSpace(string(r.body)) != `{"schedules":[]}` {
+		t.Fatalf("no schedules: %d %s", r.code, r.body)
 	}
 }

@@ -1,5 +1,5 @@
 // Package api is the HTTP interface of an ingest-worker process: the task
-// API of DESIGN §7 on top of a task.Store, the probes and the Prometheus
+// API (docs/ARCHITECTURE.md §7.3) on top of a task.Store, the probes and the Prometheus
 // metrics.
 //
 // Routes:

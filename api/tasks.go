@@ -6,13 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/ingest-worker/ingest/internal/tracing"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/transition"
 )
@@ -24,6 +27,11 @@ type CreateRequest struct {
 	Payload        json.RawMessage `json:"payload"`
 	IdempotencyKey string          `json:"idempotency_key,omitempty"`
 	MaxAttempts    *int            `json:"max_attempts,omitempty"`
+	// RunAt (RFC 3339) or DelayMS delays the task; at most one may be set.
+	RunAt   string `json:"run_at,omitempty"`
+	DelayMS int64  `json:"delay_ms,omitempty"`
+	// TimeoutMS is the task's handler timeout; 0: the worker's default.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -60,6 +68,11 @@ type RedriveResponse struct {
 	Status task.State `json:"status"`
 }
 
+// CancelRequest is the optional body of POST /v1/tasks/{id}/cancel.
+type CancelRequest struct {
+	Reason string `json:"reason,omitempty"`
+}
+
 // inputError is a 4xx answer naming the bad input.
 type inputError struct {
 	code  int
@@ -84,7 +97,7 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	res, err := s.store.Create(r.Context(), nt)
+	res, err := s.store.Create(tracing.ExtractHeader(r.Context(), r.Header), nt)
 	if err != nil {
 		s.storeError(w, r, err, "")
 		return
@@ -125,7 +138,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		nts[i] = nt
 	}
-	res, err := s.store.CreateBatch(r.Context(), nts)
+	res, err := s.store.CreateBatch(tracing.ExtractHeader(r.Context(), r.Header), nts)
 	if err != nil {
 		s.storeError(w, r, err, "")
 		return
@@ -142,46 +155,50 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
 }
 
 // FieldError is the bad field of a create request.
-type FieldError struct {
-	Field string // kind, payload, idempotency_key or max_attempts
-	Msg   string
-	// TooLarge is set when the payload is over the size limit.
-	TooLarge bool
-}
-
-func (e *FieldError) Error() string { return e.Msg }
+type FieldError = task.FieldError
 
 // Validate checks a create request, with payloads limited to
 // maxPayloadBytes, and returns the task to create. The HTTP API and the
-// CLI's enqueue --file share it.
+// CLI's enqueue --file share it; the checks of the task itself are the
+// store's (task.NewTask.Validate).
 func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldError) {
-	bad := func(field, format string, args ...any) (task.NewTask, *FieldError) {
-		return task.NewTask{}, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
-	}
-	kind := strings.TrimSpace(req.Kind)
 	switch {
-	case kind == "":
-		return bad("kind", "kind is required")
-	case len(kind) > task.MaxKindLength:
-		return bad("kind", "kind is longer than %d bytes", task.MaxKindLength)
 	case len(req.Payload) == 0 || string(req.Payload) == "null":
-		return bad("payload", "payload is required (any JSON value but null)")
-	case len(req.Payload) > maxPayloadBytes:
-		return task.NewTask{}, &FieldError{Field: "payload", TooLarge: true,
-			Msg: fmt.Sprintf("payload is %d bytes, the limit is %d", len(req.Payload), maxPayloadBytes)}
-	case len(req.IdempotencyKey) > 1000:
-		return bad("idempotency_key", "idempotency_key is longer than 1000 bytes")
+		return task.NewTask{}, &FieldError{Field: "payload", Msg: "payload is required (any JSON value but null)"}
 	case req.MaxAttempts != nil && *req.MaxAttempts < 1:
-		return bad("max_attempts", "max_attempts must be >= 1, got %d", *req.MaxAttempts)
+		return task.NewTask{}, &FieldError{Field: "max_attempts", Msg: fmt.Sprintf("max_attempts must be >= 1, got %d", *req.MaxAttempts)}
 	}
-	if _, err := task.Canonical(req.Payload); err != nil {
-		return bad("payload", "payload %v", err)
+	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey}
+	if req.RunAt != "" {
+		at, err := time.Parse(time.RFC3339Nano, req.RunAt)
+		if err != nil {
+			return task.NewTask{}, &FieldError{Field: "run_at", Msg: fmt.Sprintf("run_at %q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", req.RunAt)}
+		}
+		nt.RunAt = at
 	}
-	nt := task.NewTask{Kind: kind, Payload: req.Payload, IdempotencyKey: req.IdempotencyKey}
+	var ok bool
+	if nt.Delay, ok = millis(req.DelayMS); !ok {
+		return task.NewTask{}, &FieldError{Field: "delay_ms", Msg: fmt.Sprintf("delay_ms %d is out of range", req.DelayMS)}
+	}
+	if nt.Timeout, ok = millis(req.TimeoutMS); !ok {
+		return task.NewTask{}, &FieldError{Field: "timeout_ms", Msg: fmt.Sprintf("timeout_ms %d is out of range", req.TimeoutMS)}
+	}
 	if req.MaxAttempts != nil {
 		nt.MaxAttempts = *req.MaxAttempts
 	}
+	if ferr := nt.Validate(maxPayloadBytes); ferr != nil {
+		return task.NewTask{}, ferr
+	}
 	return nt, nil
+}
+
+// millis converts a count of milliseconds to a duration, reporting false
+// when it does not fit (negative values are left to task.NewTask.Validate).
+func millis(ms int64) (time.Duration, bool) {
+	if ms > int64(math.MaxInt64/time.Millisecond) || ms < int64(math.MinInt64/time.Millisecond) {
+		return 0, false
+	}
+	return time.Duration(ms) * time.Millisecond, true
 }
 
 // newTask validates one create request; prefix is the batch position of
@@ -272,7 +289,41 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	case rr.Status == "":
 		writeError(w, http.StatusNotFound, fmt.Sprintf("task %s not found", id), "id")
 	default:
-		writeError(w, http.StatusConflict, fmt.Sprintf("task %s is %s; only DEAD tasks can be redriven", id, rr.Status), "id")
+		writeError(w, http.StatusConflict, fmt.Sprintf("task %s is %s; only DEAD and CANCELLED tasks can be redriven", id, rr.Status), "id")
+	}
+}
+
+// cancelTask answers POST /v1/tasks/{id}/cancel: 200 with the task once it
+// is CANCELLED (it was waiting, or its lease had expired), 202 with the
+// RUNNING task whose handler is being cancelled (it ends CANCELLED when the
+// handler returns; GET the task to follow it), 409 for a terminal task, 404
+// for an unknown one. The body {"reason": "..."} is optional.
+func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	var req CancelRequest // an empty body: no reason
+	if ierr := decodeJSON(w, r, s.cfg.MaxBodyBytes, &req, ""); ierr != nil && ierr.msg != emptyBodyMsg {
+		writeError(w, ierr.code, ierr.msg, ierr.field)
+		return
+	}
+	if len(req.Reason) > task.MaxCancelReasonBytes {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reason is %d bytes, the limit is %d", len(req.Reason), task.MaxCancelReasonBytes), "reason")
+		return
+	}
+	res, err := s.store.Cancel(r.Context(), s.cfg.Actor, req.Reason, id)
+	if err != nil {
+		s.storeError(w, r, err, "id")
+		return
+	}
+	switch res.Outcome {
+	case task.CancelDone:
+		writeJSON(w, http.StatusOK, res.Task)
+	case task.CancelRequested:
+		writeJSON(w, http.StatusAccepted, res.Task)
+	default:
+		writeError(w, http.StatusConflict, fmt.Sprintf("task %s is %s; only QUEUED, RETRYING and RUNNING tasks can be cancelled", id, res.Task.Status), "id")
 	}
 }
 
@@ -315,6 +366,9 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, dst any, pr
 	return decodeStrict(body, dst, prefix)
 }
 
+// emptyBodyMsg answers a request whose body is empty or only space.
+const emptyBodyMsg = "the request body is empty (want JSON)"
+
 func decodeStrict(body []byte, dst any, prefix string) *inputError {
 	field := func(name string) string {
 		if prefix == "" || name == "" {
@@ -323,7 +377,7 @@ func decodeStrict(body []byte, dst any, prefix string) *inputError {
 		return prefix + "." + name
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return badInput(prefix, "the request body is empty (want JSON)")
+		return badInput(prefix, emptyBodyMsg)
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

@@ -1,12 +1,16 @@
-// Package dlq owns the dead-letter stream (DESIGN §4): writing entries,
+// Package dlq owns the dead-letter stream (docs/ARCHITECTURE.md §4.3, §4.4): writing entries,
 // listing them, and replaying them.
 //
 // Writer moves a task-stream entry to the DLQ with one Lua script that
 // XADDs the DLQ entry and XACKs the source entry atomically: if the XADD
 // fails (a wrong key type, out of memory) nothing is acknowledged and the
 // source entry stays pending, never lost. The script writes only while the
-// source entry is pending, so a retried write adds no second entry. With no
-// DLQ key configured the writer only acknowledges (DEAD state only).
+// source entry is pending, so a retried write adds no second entry; and with
+// Entry.Death set it keeps a marker key per death (task id and time of
+// death, next to the DLQ key, expiring after MarkerTTL), so other entries of
+// the same task that carry the same death are only acknowledged: one DLQ
+// entry per death. With no DLQ key configured the writer only acknowledges
+// (DEAD state only).
 //
 // DLQ entry fields (contract): task_id, kind, attempt_count, last_error,
 // source_id (the task-stream entry id), dead_at (RFC 3339).

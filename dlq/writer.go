@@ -13,11 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// DefaultStream is the DLQ stream key of DESIGN §5.
+// DefaultStream is the default DLQ stream key (INGEST_REDIS_DLQ_STREAM_KEY,
+// docs/ARCHITECTURE.md §5).
 const DefaultStream = "ingest:tasks:dlq"
 
 // MaxErrorBytes bounds last_error in a DLQ entry.
-const MaxErrorBytes = 4096
+const MaxErrorBytes = clip.MaxErrorBytes
 
 // DLQ entry field names (contract).
 const (

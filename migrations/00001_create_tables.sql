@@ -1,5 +1,5 @@
 -- +goose Up
--- ingest_task: the source of truth for every task (DESIGN §3).
+-- ingest_task: the source of truth for every task (docs/ARCHITECTURE.md §3).
 CREATE TABLE ingest_task (
     id              uuid        PRIMARY KEY,
     kind            text        NOT NULL CHECK (kind <> '' AND length(kind) <= 200),
@@ -28,7 +28,8 @@ CREATE UNIQUE INDEX ingest_task_idempotency_key_idx ON ingest_task (kind, idempo
 -- Dedup-by-payload lookups.
 CREATE INDEX ingest_task_payload_sha_idx ON ingest_task (kind, payload_sha);
 -- Listing newest first (keyset) by status, by kind, and overall; the rescuer's
--- scan of QUEUED/RETRYING tasks uses the status index too.
+-- scan of QUEUED/RETRYING tasks used the status index too, until migration
+-- 00002 gave it ingest_task_rescue_idx.
 CREATE INDEX ingest_task_status_created_idx ON ingest_task (status, created_at DESC, id DESC);
 CREATE INDEX ingest_task_kind_created_idx ON ingest_task (kind, created_at DESC, id DESC);
 CREATE INDEX ingest_task_created_idx ON ingest_task (created_at DESC, id DESC);

@@ -4,16 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"strconv"
-	"strings"
 
 	"github.com/ingest-worker/ingest/internal/clip"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Defaults shared by the components (DESIGN §4, §5).
+// Defaults shared by the components (docs/ARCHITECTURE.md §4, §5).
 const (
 	// DefaultStream is the task stream (INGEST_REDIS_STREAM_KEY).
 	DefaultStream = "ingest:tasks"
@@ -55,54 +50,5 @@ func discardIfNil(l *slog.Logger) *slog.Logger {
 	return l
 }
 
-// register registers c on reg and returns the collector to use: c, or the
-// equal one registered before (several relays of one process share their
-// metrics). A nil reg registers nothing.
-func register[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	if reg == nil {
-		return c, nil
-	}
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("register metrics: %w", err)
-	}
-	return c, nil
-}
-
 // truncateError makes msg valid Postgres text of at most MaxErrorBytes.
 func truncateError(msg string) string { return clip.PGText(msg, MaxErrorBytes) }
-
-// streamID is a parsed Redis stream entry id "ms-seq".
-type streamID struct{ ms, seq uint64 }
-
-func parseStreamID(s string) (streamID, error) {
-	ms, seq, ok := strings.Cut(s, "-")
-	if !ok {
-		seq = "0"
-	}
-	a, err1 := strconv.ParseUint(ms, 10, 64)
-	b, err2 := strconv.ParseUint(seq, 10, 64)
-	if err1 != nil || err2 != nil {
-		return streamID{}, fmt.Errorf("bad stream entry id %q", s)
-	}
-	return streamID{a, b}, nil
-}
-
-func (id streamID) String() string { return fmt.Sprintf("%d-%d", id.ms, id.seq) }
-
-func (id streamID) less(o streamID) bool {
-	return id.ms < o.ms || (id.ms == o.ms && id.seq < o.seq)
-}
-
-// next is the smallest id greater than id.
-func (id streamID) next() streamID {
-	if id.seq == math.MaxUint64 {
-		return streamID{id.ms + 1, 0}
-	}
-	return streamID{id.ms, id.seq + 1}
-}

@@ -41,10 +41,16 @@ type Claim struct {
 	c     claimed
 }
 
+// insertClaimedSQL also reads each task's traceparent (the tasks were
+// written earlier in the same transaction).
 const insertClaimedSQL = `
-INSERT INTO outbox_event (task_id, stream, claimed_by, claimed_until)
-SELECT id, $2, $3, now() + $4 * interval '1 millisecond' FROM unnest($1::uuid[]) AS t(id)
-RETURNING id, task_id, created_at, claimed_until`
+WITH ins AS (
+    INSERT INTO outbox_event (task_id, stream, claimed_by, claimed_until)
+    SELECT id, $2, $3, now() + $4 * interval '1 millisecond' FROM unnest($1::uuid[]) AS t(id)
+    RETURNING id, task_id, created_at, claimed_until
+)
+SELECT ins.id, ins.task_id, ins.created_at, ins.claimed_until, coalesce(t.traceparent, '')
+FROM ins LEFT JOIN ingest_task t ON t.id = ins.task_id`
 
 // InsertClaimed writes one outbox row per task (taskIDs[i] of kind
 // kinds[i]) to stream in db's transaction, like Insert, but claimed by r
@@ -74,7 +80,7 @@ func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, ta
 	rows, err := db.Query(ctx, insertClaimedSQL, taskIDs, stream, r.cfg.ID, r.cfg.Lease.Milliseconds())
 	if err == nil {
 		var rw row
-		_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.createdAt, &c.until}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.createdAt, &c.until, &rw.traceparent}, func() error {
 			rw.stream, rw.kind = stream, kindOf[rw.taskID]
 			c.rows = append(c.rows, rw)
 			return nil
@@ -86,10 +92,6 @@ func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, ta
 	}
 	return Claim{relay: r, c: c}, nil
 }
-
-// Len is the number of rows the claim holds: 0 when they were written
-// unclaimed, for the relays' usual passes.
-func (c Claim) Len() int { return len(c.c.rows) }
 
 // Publish hands the claim, whose transaction has committed, to its relay,
 // which publishes the rows at once. It does not wait. A claim handed over

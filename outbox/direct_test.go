@@ -99,7 +99,7 @@ func TestDirectPublishing(t *testing.T) {
 		var claims []outbox.Claim
 		for range 2 {
 			_, c := b.insertClaimed(t, r, 1, true)
-			if c.Len() != 1 {
+			if outbox.ClaimLen(c) != 1 {
 				t.Fatalf("after discards, a new batch went unclaimed: the slots were not freed")
 			}
 			claims = append(claims, c)
@@ -119,8 +119,8 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 	r := b.relay(t, outbox.RelayConfig{ID: "fallback-relay", PublishInterval: time.Hour, DirectBacklog: 1})
 
 	ids, claim := b.insertClaimed(t, r, 2, true)
-	if by := b.claimedBy(t, ids); claim.Len() != 0 || by[ids[0]] != "" || by[ids[1]] != "" {
-		t.Fatalf("relay not running: a claim of %d rows, rows claimed by %v; want none", claim.Len(), by)
+	if by := b.claimedBy(t, ids); outbox.ClaimLen(claim) != 0 || by[ids[0]] != "" || by[ids[1]] != "" {
+		t.Fatalf("relay not running: a claim of %d rows, rows claimed by %v; want none", outbox.ClaimLen(claim), by)
 	}
 	claim.Publish() // a zero claim: a no-op
 	claim.Discard()
@@ -135,8 +135,8 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 	// moment, so the claims are told apart by what InsertClaimed returned.
 	_, first := b.insertClaimed(t, r, 1, true) // takes the only slot
 	_, over := b.insertClaimed(t, r, 1, true)
-	if first.Len() != 1 || over.Len() != 0 {
-		t.Fatalf("backlog of 1: claims of %d and %d rows, want 1 and 0", first.Len(), over.Len())
+	if outbox.ClaimLen(first) != 1 || outbox.ClaimLen(over) != 0 {
+		t.Fatalf("backlog of 1: claims of %d and %d rows, want 1 and 0", outbox.ClaimLen(first), outbox.ClaimLen(over))
 	}
 	first.Publish()
 	testenv.Eventually(t, 5*time.Second, "both rows published", func() bool { return b.unsent(t) == 0 })
@@ -148,8 +148,8 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 		t.Fatalf("Run returned %v", err)
 	}
 	ids, claim = b.insertClaimed(t, r, 1, true)
-	if by := b.claimedBy(t, ids)[ids[0]]; claim.Len() != 0 || by != "" {
-		t.Fatalf("relay stopped: a claim of %d rows, row claimed by %q; want none", claim.Len(), by)
+	if by := b.claimedBy(t, ids)[ids[0]]; outbox.ClaimLen(claim) != 0 || by != "" {
+		t.Fatalf("relay stopped: a claim of %d rows, row claimed by %q; want none", outbox.ClaimLen(claim), by)
 	}
 }
 
@@ -167,8 +167,8 @@ func TestDirectClaimNeverPublishedIsTakenOverAfterItsLease(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(dead) })
 	claimedAt := time.Now() // claimed_until is the insert's now() + lease
 	ids, claim := b.insertClaimed(t, dead, 2, true)
-	if claim.Len() != 2 {
-		t.Fatalf("a claim of %d rows, want 2", claim.Len())
+	if outbox.ClaimLen(claim) != 2 {
+		t.Fatalf("a claim of %d rows, want 2", outbox.ClaimLen(claim))
 	} // and lost with its process: never published
 	cancel()
 	if err := <-done; err != nil {
@@ -199,7 +199,11 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	r := b.relay(t, outbox.RelayConfig{ID: "store-relay", PublishInterval: 20 * time.Millisecond})
 	run(t, r.Run)
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
-	b.store.PublishThrough(r)
+	store, err := task.NewStore(b.store.Config(), b.db, task.PublishThrough(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.store = store
 	ctx := context.Background()
 
 	res, err := b.store.CreateBatch(ctx, []task.NewTask{

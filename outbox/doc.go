@@ -2,17 +2,20 @@
 // Postgres to the Redis task stream, and keeping the two consistent.
 //
 // Insert writes an event in the caller's transaction (task creation, redrive,
-// rescue); a statement-level trigger NOTIFYs relays on commit (channel
+// rescue, republish); a statement-level trigger NOTIFYs relays on commit (channel
 // NotifyChannel), never for a rolled-back transaction.
 //
-// Relay publishes events. Any number of relays may run at once: a pass
+// Relay publishes events through a Publisher: RedisPublisher (XADD, the
+// default) or, in Kafka mode, kafka.Publisher. Any number of relays may run at once: a pass
 // claims a batch of due rows (NEW or RETRYING, next_retry_at come, no live
 // claim) with FOR UPDATE SKIP LOCKED, setting claimed_by/claimed_until (a
 // lease); XADDs one entry {task_id, kind} per row to the row's stream in one
 // pipelined round trip; and marks each row SENT (stream_id, sent_at), or on
-// a failed XADD RETRYING with capped exponential backoff, DEAD after
-// MaxAttempts. Every update is guarded in SQL by the claim, so a relay that
-// stalled past its lease changes nothing. A relay never loses a row: any
+// a failed XADD RETRYING with capped exponential backoff (package
+// internal/backoff, the formula of failed tasks), DEAD after MaxAttempts
+// (next_retry_at cleared, as for a DEAD task). Every update is guarded in
+// SQL by the claim, so a relay that stalled past its lease changes
+// nothing. A relay never loses a row: any
 // failure leaves it NEW/RETRYING or claimed under a lease that expires.
 // Relays wake on NOTIFY within milliseconds of a commit and poll as a
 // fallback.
@@ -22,19 +25,24 @@
 // duplicate entry is harmless because starting a task is a guarded
 // transition (package task).
 //
-// Rescuer republishes tasks that should be in Redis but are not (trimmed,
-// deleted, or lost with Redis data): it gives each a new outbox row. Tasks
-// whose outbox row went DEAD are left to an operator.
+// InsertDue writes an event due later (a delayed task; Kafka mode brings a task back at its
+// retry time this way).
 //
-// Retention deletes old SENT rows (DEAD rows stay for forensics) and trims
-// the task stream, never past an entry that is pending or not yet delivered
-// to any consumer group.
+// InsertClaimed (direct publishing) writes a process's new rows already
+// claimed by its running relay and hands them over on commit, skipping the
+// NOTIFY and the claim; they are ordinary claimed rows, so any relay
+// publishes them once the claim expires if that process dies first.
 //
-// Metrics (DESIGN §6): outbox_backlog, outbox_backlog_age_seconds,
-// outbox_publish_total{result}, outbox_publish_seconds{result},
-// outbox_publish_delay_seconds; and outbox_rescued_total,
-// outbox_retention_deleted_total, outbox_stream_trimmed_total{stream},
-// outbox_maintenance_errors_total{component}.
+// Keeping Postgres and Redis consistent beyond the relay is the work of the
+// leader-run services of package maintenance: the rescuer republishes tasks
+// that should be in Redis but are not (trimmed, deleted, or lost with Redis
+// data) by giving each a new outbox row, and retention deletes old SENT rows
+// and trims the task stream. Their SQL, which knows task states, lives in
+// package task.
+//
+// Metrics (docs/ARCHITECTURE.md §6): outbox_backlog,
+// outbox_backlog_age_seconds, outbox_publish_total{result},
+// outbox_publish_seconds{result}, outbox_publish_delay_seconds.
 //
 // The consumer group must be created at id 0 (XGROUP CREATE ... 0 MKSTREAM)
 // when it is missing: entries the relay added before the group existed

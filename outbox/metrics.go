@@ -7,21 +7,23 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ingest-worker/ingest/internal/promreg"
 )
 
-// Publish results, the {result} label of outbox_publish_total and
-// outbox_publish_seconds (DESIGN §6).
+// Publish results, the {result} label of outbox_publish_total and (success
+// and failure only) of outbox_publish_seconds (docs/ARCHITECTURE.md §6).
 const (
 	resultSuccess = "success"
 	resultFailure = "failure"
 	resultDead    = "dead"
 )
 
-// relayMetrics are the relay's metrics (DESIGN §6).
+// relayMetrics are the relay's metrics (docs/ARCHITECTURE.md §6).
 type relayMetrics struct {
 	publishTotal   *prometheus.CounterVec   // outbox_publish_total{result}: rows
 	publishSeconds *prometheus.HistogramVec // outbox_publish_seconds{result}: one pipelined XADD round trip
-	publishDelay   prometheus.Histogram     // outbox_publish_delay_seconds: created_at → sent_at
+	publishDelay   prometheus.Histogram     // outbox_publish_delay_seconds: created_at (or due time) → sent_at
 }
 
 func newRelayMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog.Logger) (*relayMetrics, error) {
@@ -37,24 +39,24 @@ func newRelayMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog
 		}, []string{"result"}),
 		publishDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_publish_delay_seconds",
-			Help:    "Time from an outbox row's created_at to its sent_at.",
+			Help:    "Time from an outbox row's created_at (a delayed task's row: its due time) to its sent_at.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 	}
 	var err error
-	if m.publishTotal, err = register(reg, m.publishTotal); err != nil {
+	if m.publishTotal, err = promreg.Register(reg, m.publishTotal); err != nil {
 		return nil, err
 	}
-	if m.publishSeconds, err = register(reg, m.publishSeconds); err != nil {
+	if m.publishSeconds, err = promreg.Register(reg, m.publishSeconds); err != nil {
 		return nil, err
 	}
-	if m.publishDelay, err = register(reg, m.publishDelay); err != nil {
+	if m.publishDelay, err = promreg.Register(reg, m.publishDelay); err != nil {
 		return nil, err
 	}
 	for _, r := range []string{resultSuccess, resultFailure, resultDead} {
 		m.publishTotal.WithLabelValues(r)
 	}
-	if _, err := register(reg, &backlogCollector{pool: pool, logger: logger}); err != nil {
+	if _, err := promreg.Register(reg, &backlogCollector{pool: pool, logger: logger}); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -96,47 +98,4 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(n))
 	ch <- prometheus.MustNewConstMetric(backlogAgeDesc, prometheus.GaugeValue, age)
-}
-
-// maintenanceMetrics are the rescuer's and retention's counters.
-type maintenanceMetrics struct {
-	rescued  prometheus.Counter     // outbox_rescued_total
-	deleted  prometheus.Counter     // outbox_retention_deleted_total
-	trimmed  *prometheus.CounterVec // outbox_stream_trimmed_total{stream}
-	failures *prometheus.CounterVec // outbox_maintenance_errors_total{component}
-}
-
-func newMaintenanceMetrics(reg prometheus.Registerer) (*maintenanceMetrics, error) {
-	m := &maintenanceMetrics{
-		rescued: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_rescued_total",
-			Help: "Tasks the rescuer found missing from Redis and gave a new outbox row.",
-		}),
-		deleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_retention_deleted_total",
-			Help: "SENT outbox rows deleted by retention.",
-		}),
-		trimmed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outbox_stream_trimmed_total",
-			Help: "Entries trimmed from a task stream by retention (XTRIM MINID).",
-		}, []string{"stream"}),
-		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "outbox_maintenance_errors_total",
-			Help: "Failed passes of the outbox rescuer and retention.",
-		}, []string{"component"}),
-	}
-	var err error
-	if m.rescued, err = register(reg, m.rescued); err != nil {
-		return nil, err
-	}
-	if m.deleted, err = register(reg, m.deleted); err != nil {
-		return nil, err
-	}
-	if m.trimmed, err = register(reg, m.trimmed); err != nil {
-		return nil, err
-	}
-	if m.failures, err = register(reg, m.failures); err != nil {
-		return nil, err
-	}
-	return m, nil
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -18,15 +19,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/ingest-worker/ingest/internal/defaults"
+	"github.com/ingest-worker/ingest/internal/backoff"
 )
 
-// Relay defaults (DESIGN §5: INGEST_OUTBOX_*).
+// Relay defaults (docs/ARCHITECTURE.md §5: INGEST_OUTBOX_*); the retry
+// backoff's are package internal/backoff's.
 const (
 	DefaultMaxAttempts     = 10
-	DefaultBaseBackoff     = time.Second
-	DefaultMaxBackoff      = 600 * time.Second
-	DefaultBackoffJitter   = 0.1
 	DefaultBatchSize       = 20
 	DefaultPublishInterval = time.Second
 	DefaultLease           = 30 * time.Second
@@ -62,13 +61,12 @@ type RelayConfig struct {
 	// MaxAttempts is the number of failed publishes after which a row goes
 	// DEAD (INGEST_OUTBOX_MAX_ATTEMPTS).
 	MaxAttempts int
-	// BaseBackoff and MaxBackoff shape the retry delay after n failed
-	// publishes: min(BaseBackoff × 2^(n-1), MaxBackoff) × (1 ± BackoffJitter)
-	// (INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS, INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS).
-	BaseBackoff time.Duration
-	MaxBackoff  time.Duration
-	// BackoffJitter in [0, 1) spreads retries (0.1: ±10%). Negative: none.
-	BackoffJitter float64
+	// Backoff is the retry delay after failed publishes, the same policy
+	// and formula as a failed task's (package internal/backoff): Base and
+	// Max are INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS and
+	// INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS. The zero Policy takes
+	// backoff.Default.
+	Backoff backoff.Policy
 	// ListenRetryMin and ListenRetryMax bound the reconnect backoff of the
 	// LISTEN connection; the relay keeps polling while it is down.
 	ListenRetryMin time.Duration
@@ -83,34 +81,31 @@ type RelayConfig struct {
 	DirectBacklog int
 }
 
-func (c *RelayConfig) setDefaults() {
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c RelayConfig) WithDefaults() RelayConfig {
 	if c.ID == "" {
 		c.ID = defaultRelayID()
 	}
-	defaults.Set(&c.BatchSize, DefaultBatchSize)
-	defaults.Set(&c.PublishInterval, DefaultPublishInterval)
-	defaults.Set(&c.Lease, DefaultLease)
-	defaults.Set(&c.PublishTimeout, DefaultPublishTimeout)
-	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
-	defaults.Set(&c.BaseBackoff, DefaultBaseBackoff)
-	defaults.Set(&c.MaxBackoff, DefaultMaxBackoff)
-	defaults.Set(&c.ListenRetryMin, DefaultListenRetryMin)
-	defaults.Set(&c.ListenRetryMax, DefaultListenRetryMax)
-	defaults.Set(&c.Parallel, DefaultParallel)
-	defaults.Set(&c.DirectBacklog, DefaultDirectBacklog)
-	switch {
-	case c.BackoffJitter == 0:
-		c.BackoffJitter = DefaultBackoffJitter
-	case c.BackoffJitter < 0:
-		c.BackoffJitter = 0
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.PublishInterval = cmp.Or(c.PublishInterval, DefaultPublishInterval)
+	c.Lease = cmp.Or(c.Lease, DefaultLease)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, DefaultPublishTimeout)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.Backoff = cmp.Or(c.Backoff, backoff.Default)
+	c.ListenRetryMin = cmp.Or(c.ListenRetryMin, DefaultListenRetryMin)
+	c.ListenRetryMax = cmp.Or(c.ListenRetryMax, DefaultListenRetryMax)
+	c.Parallel = cmp.Or(c.Parallel, DefaultParallel)
+	c.DirectBacklog = cmp.Or(c.DirectBacklog, DefaultDirectBacklog)
+	return c
 }
 
 // Validate checks the configuration (zero fields taking their defaults)
 // and names the bad field.
 func (c RelayConfig) Validate() error {
-	c.setDefaults()
+	c = c.WithDefaults()
 	bad := func(format string, args ...any) error { return configErr("relay", format, args...) }
+	errBackoff := c.Backoff.Validate()
 	switch {
 	case len(c.ID) > 200:
 		return bad("ID is longer than 200 bytes")
@@ -124,12 +119,8 @@ func (c RelayConfig) Validate() error {
 		return bad("Lease (%s) must be longer than twice PublishTimeout (%s)", c.Lease, c.PublishTimeout)
 	case c.MaxAttempts < 1:
 		return bad("MaxAttempts must be >= 1, got %d", c.MaxAttempts)
-	case c.BaseBackoff < time.Millisecond:
-		return bad("BaseBackoff must be >= 1ms, got %s", c.BaseBackoff)
-	case c.MaxBackoff < c.BaseBackoff:
-		return bad("MaxBackoff (%s) must be >= BaseBackoff (%s)", c.MaxBackoff, c.BaseBackoff)
-	case c.BackoffJitter >= 1:
-		return bad("BackoffJitter must be in [0, 1), got %v", c.BackoffJitter)
+	case errBackoff != nil:
+		return bad("Backoff: %v", errBackoff)
 	case c.ListenRetryMin <= 0:
 		return bad("ListenRetryMin must be > 0, got %s", c.ListenRetryMin)
 	case c.Parallel < 1 || c.Parallel > 64:
@@ -168,13 +159,13 @@ type DrainResult struct {
 	Stale int
 }
 
-// Relay publishes outbox rows to Redis. Any number of relays may run at
+// Relay publishes outbox rows through its Publisher (Redis or Kafka). Any number of relays may run at
 // once, in one process or many: rows are claimed with FOR UPDATE SKIP LOCKED
 // under a lease.
 type Relay struct {
 	cfg     RelayConfig
 	pool    *pgxpool.Pool
-	rdb     redis.UniversalClient
+	pub     Publisher
 	logger  *slog.Logger
 	metrics *relayMetrics
 
@@ -193,22 +184,32 @@ type Relay struct {
 }
 
 // NewRelay returns a relay reading outbox_event through pool and publishing
-// to rdb. Its metrics are registered on reg (nil: none); several relays may
-// share one registerer.
+// to rdb (a RedisPublisher). Its metrics are registered on reg (nil: none);
+// several relays may share one registerer.
 func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
-	cfg.setDefaults()
+	var pub Publisher
+	if rdb != nil {
+		pub = NewRedisPublisher(rdb)
+	}
+	return NewRelayWith(cfg, pool, pub, logger, reg)
+}
+
+// NewRelayWith returns a relay publishing through pub (Kafka mode passes a
+// kafka.Publisher); otherwise it is NewRelay.
+func NewRelayWith(cfg RelayConfig, pool *pgxpool.Pool, pub Publisher, logger *slog.Logger, reg prometheus.Registerer) (*Relay, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || rdb == nil {
-		return nil, configErr("relay", "a Postgres pool and a Redis client are required")
+	if pool == nil || pub == nil {
+		return nil, configErr("relay", "a Postgres pool and a publisher (a Redis client) are required")
 	}
 	logger = discardIfNil(logger).With("component", "outbox-relay", "relay", cfg.ID)
 	m, err := newRelayMetrics(reg, pool, logger)
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{cfg: cfg, pool: pool, rdb: rdb, logger: logger, metrics: m,
+	return &Relay{cfg: cfg, pool: pool, pub: pub, logger: logger, metrics: m,
 		directSlots: make(chan struct{}, cfg.DirectBacklog), direct: make(chan claimed, cfg.DirectBacklog)}, nil
 }
 
@@ -216,8 +217,9 @@ func NewRelay(cfg RelayConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, lo
 func (r *Relay) Config() RelayConfig { return r.cfg }
 
 // Run publishes until ctx is cancelled, then returns nil once the pass in
-// flight has finished. It wakes on every NOTIFY of a committed outbox row
-// and polls every PublishInterval besides; while a pass claims a full
+// flight has finished. It wakes on every NOTIFY of a committed outbox row,
+// polls every PublishInterval besides, and after each poll sets a timer
+// for the earliest row that falls due before the next one (see armDue); while a pass claims a full
 // batch it goes on at once. A lost LISTEN connection is re-established
 // with backoff while polling continues.
 //
@@ -247,14 +249,48 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	ticker := time.NewTicker(r.cfg.PublishInterval)
 	defer ticker.Stop()
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	rearm := false
 	for {
 		r.drain(ctx)
+		if rearm {
+			r.armDue(ctx, due)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+			rearm = true
 		case <-wake:
+			rearm = false
+		case <-due.C:
+			rearm = true
 		}
+	}
+}
+
+// nextDueSQL returns how long until the earliest unsent row that is not
+// yet due falls due (NULL: none), by the database's clock, reading one
+// entry of outbox_event_claim_idx.
+const nextDueSQL = `
+SELECT extract(epoch FROM min(next_retry_at) - now())::float8 FROM outbox_event
+WHERE status IN ('NEW', 'RETRYING') AND next_retry_at > now()`
+
+// armDue sets timer to wake the relay when the earliest row not yet due
+// falls due, when that is before the next poll: a delayed task's row (or
+// a publish retry) is then claimed at its due time rather than up to
+// PublishInterval later. It runs after the pass of each poll and of each
+// such wake-up (not after NOTIFY wake-ups, which follow the commits); a
+// failure only leaves the row to the polls.
+func (r *Relay) armDue(ctx context.Context, timer *time.Timer) {
+	var secs *float64
+	if err := r.pool.QueryRow(ctx, nextDueSQL).Scan(&secs); err != nil || secs == nil {
+		return
+	}
+	if d := time.Duration(*secs * float64(time.Second)); d < r.cfg.PublishInterval {
+		timer.Reset(max(d, 0) + time.Millisecond)
 	}
 }
 
@@ -379,6 +415,8 @@ type row struct {
 	stream    string
 	kind      string
 	createdAt time.Time
+	// traceparent is the task's (ingest_task.traceparent), "" when none.
+	traceparent string
 }
 
 // claimed is the result of one claim: the rows and the claim's identity
@@ -406,7 +444,7 @@ WITH due AS (
     FROM due WHERE o.id = due.id
     RETURNING o.id, o.task_id, o.stream, o.next_retry_at, o.created_at, o.claimed_until
 )
-SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until
+SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until, coalesce(t.traceparent, '')
 FROM claimed c JOIN ingest_task t ON t.id = c.task_id
 ORDER BY c.next_retry_at, c.id`
 
@@ -432,7 +470,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 		if rows, err = br.Query(); err == nil {
 			c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 				var rw row
-				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until)
+				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until, &rw.traceparent)
 				return rw, err
 			})
 		}
@@ -443,30 +481,31 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	return c, nil
 }
 
-// publish XADDs one entry {task_id, kind} per row to the row's stream in
-// one pipelined round trip, and returns each entry's id or error.
+// publish hands one message per row to the relay's Publisher (one round
+// trip), times it, and returns each message's id or error.
 func (r *Relay) publish(ctx context.Context, rows []row) ([]string, []error) {
 	start := time.Now()
-	cmds := make([]*redis.StringCmd, len(rows))
-	_, _ = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, rw := range rows {
-			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{
-				Stream: rw.stream,
-				Values: []string{"task_id", rw.taskID.String(), "kind", rw.kind},
-			})
-		}
-		return nil
-	})
-	ids := make([]string, len(rows))
-	errs := make([]error, len(rows))
-	result := resultSuccess
-	for i, cmd := range cmds {
-		ids[i], errs[i] = cmd.Result()
-		if errs[i] != nil {
-			errs[i] = fmt.Errorf("xadd %s: %w", rows[i].stream, errs[i])
-			result = resultFailure
+	spans := startPublishSpans(rows)
+	msgs := make([]Message, len(rows))
+	for i, rw := range rows {
+		msgs[i] = Message{Stream: rw.stream, TaskID: rw.taskID, Kind: rw.kind, Traceparent: rw.traceparent}
+	}
+	ids, errs := r.pub.Publish(ctx, msgs)
+	if len(ids) != len(rows) || len(errs) != len(rows) {
+		err := fmt.Errorf("publisher returned %d ids and %d errors for %d messages", len(ids), len(errs), len(rows))
+		ids, errs = make([]string, len(rows)), make([]error, len(rows))
+		for i := range errs {
+			errs[i] = err
 		}
 	}
+	result := resultSuccess
+	for _, err := range errs {
+		if err != nil {
+			result = resultFailure
+			break
+		}
+	}
+	endPublishSpans(spans, ids, errs)
 	r.metrics.publishSeconds.WithLabelValues(result).Observe(time.Since(start).Seconds())
 	return ids, errs
 }
@@ -484,14 +523,17 @@ const lockClaimedSQL = `
 
 // markSentSQL marks published rows SENT ($4: their entry ids). The guard is
 // the claim: rows whose claim was taken over (claimed_by or claimed_until
-// changed) are left alone.
+// changed) are left alone. It returns each row's publish delay, from its
+// creation or, for a row written due later (a delayed task) and never
+// failed, from its due time.
 const markSentSQL = `
 WITH c AS (` + lockClaimedSQL + `
 )
 UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val
 FROM c
 WHERE o.id = c.id AND c.claimed_by = $1 AND c.claimed_until = $2 AND c.status IN ('NEW', 'RETRYING')
-RETURNING extract(epoch FROM o.sent_at - o.created_at)::float8`
+RETURNING extract(epoch FROM o.sent_at - CASE WHEN o.attempt_count = 0 THEN greatest(o.created_at, o.next_retry_at)
+                                                ELSE o.created_at END)::float8`
 
 func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs []string) (int, error) {
 	ids := make([]int64, len(rows))
@@ -514,19 +556,19 @@ func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs [
 }
 
 // markFailedSQL records a failed publish of rows $3 (errors $4) claimed by
-// ($1, $2): attempt_count + 1, then DEAD when that reaches $5 (max
-// attempts), else RETRYING due after min($6 × 2^(attempts-1), $7) ms ×
-// (1 ± $8). The claim is released. The decision is made here against the row's current
-// attempt_count.
-const markFailedSQL = `
+// ($1, $2): attempt_count + 1, then DEAD (no retry time) when that reaches
+// $5 (max attempts), else RETRYING due after package backoff's delay for
+// that many failures, with base $6 and max $7 in (fractional) ms and
+// jitter $8. The claim is released. The decision is made here against the
+// row's current attempt_count.
+var markFailedSQL = `
 WITH c AS (` + lockClaimedSQL + `
 )
 UPDATE outbox_event o SET
     attempt_count = o.attempt_count + 1,
     status        = CASE WHEN o.attempt_count + 1 >= $5 THEN 'DEAD' ELSE 'RETRYING' END,
-    next_retry_at = CASE WHEN o.attempt_count + 1 >= $5 THEN o.next_retry_at
-                         ELSE now() + least($6::float8 * power(2, least(o.attempt_count, 40)), $7::float8)
-                                      * (1 + $8::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
+    next_retry_at = CASE WHEN o.attempt_count + 1 >= $5 THEN NULL
+                         ELSE now() + ` + backoff.SQL("o.attempt_count + 1", "$6", "$7", "$8", "random()") + ` END,
     last_error    = c.val,
     claimed_by    = NULL,
     claimed_until = NULL
@@ -539,8 +581,8 @@ func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []st
 	for i, rw := range rows {
 		ids[i] = rw.id
 	}
-	dbRows, err := r.pool.Query(ctx, markFailedSQL, r.cfg.ID, c.until, ids, msgs, r.cfg.MaxAttempts,
-		float64(r.cfg.BaseBackoff.Milliseconds()), float64(r.cfg.MaxBackoff.Milliseconds()), r.cfg.BackoffJitter)
+	baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
+	dbRows, err := r.pool.Query(ctx, markFailedSQL, r.cfg.ID, c.until, ids, msgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("mark %d outbox rows failed: %w", len(rows), err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
@@ -246,7 +247,7 @@ func TestRelayRedisUnreachable(t *testing.T) {
 		const n = 50
 		b.create(t, n)
 		r := b.relay(t, outbox.RelayConfig{
-			BaseBackoff: 400 * time.Millisecond, MaxBackoff: time.Second, MaxAttempts: 100,
+			Backoff: backoff.Policy{Base: 400 * time.Millisecond, Max: time.Second, Jitter: 0.1}, MaxAttempts: 100,
 			PublishTimeout: time.Second, Lease: 5 * time.Second, BatchSize: 100,
 			PublishInterval: 20 * time.Millisecond,
 		})
@@ -285,7 +286,7 @@ func TestRelayRedisUnreachable(t *testing.T) {
 		const n = 10
 		b.create(t, n)
 		r := b.relay(t, outbox.RelayConfig{
-			MaxAttempts: 2, BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+			MaxAttempts: 2, Backoff: backoff.Policy{Base: time.Millisecond, Max: time.Millisecond, Jitter: 0.1},
 			PublishTimeout: time.Second, Lease: 5 * time.Second,
 		})
 		s.Kill()
@@ -308,8 +309,8 @@ func TestRelayRedisUnreachable(t *testing.T) {
 		if res, err := r.DrainOnce(ctx); err != nil || res.Claimed != 0 {
 			t.Fatalf("DrainOnce after Redis is back = %+v, %v; DEAD rows must stay", res, err)
 		}
-		if got := b.count(t, `status = 'DEAD' AND attempt_count = 2 AND last_error <> '' AND sent_at IS NULL`); got != n {
-			t.Fatalf("%d rows DEAD with 2 attempts and an error, want %d", got, n)
+		if got := b.count(t, `status = 'DEAD' AND attempt_count = 2 AND last_error <> '' AND sent_at IS NULL AND next_retry_at IS NULL`); got != n {
+			t.Fatalf("%d rows DEAD with 2 attempts, an error and no retry time, want %d", got, n)
 		}
 		if l := b.entries(t); len(l) != 0 {
 			t.Fatalf("%d entries published from DEAD rows", len(l))
@@ -318,6 +319,79 @@ func TestRelayRedisUnreachable(t *testing.T) {
 			t.Errorf("outbox_publish_total{result=dead} = %v, want %d", got, n)
 		}
 	})
+}
+
+// TestRelayFailedPublishBackoff checks the retry time a failed publish
+// sets: package backoff's delay for the row's failures so far (the formula
+// a failed task uses too), capped at Max, due at once under a zero policy,
+// and no retry time once the row is DEAD.
+func TestRelayFailedPublishBackoff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { down.Close() })
+	const maxAttempts = 6
+	// Row i has failed earlier[i] times before this pass; the last one
+	// fails for the last allowed time.
+	earlier := []int{0, 1, 2, 4, maxAttempts - 1}
+	policies := []struct {
+		name string
+		p    backoff.Policy
+	}{
+		{"Hours", backoff.Policy{Base: time.Hour, Max: 4 * time.Hour, Jitter: 0.1}},
+		{"SubMillisecond", backoff.Policy{Base: 1500 * time.Microsecond, Max: time.Minute}},
+		{"AtOnce", backoff.Policy{Jitter: 0.1}},
+	}
+	for _, pc := range policies {
+		t.Run(pc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupWith(t, down)
+			ids := b.create(t, len(earlier))
+			for i, id := range ids {
+				if _, err := b.db.Exec(ctx, `UPDATE outbox_event SET attempt_count = $2,
+					status = CASE WHEN $2 > 0 THEN 'RETRYING' ELSE 'NEW' END WHERE task_id = $1`, id, earlier[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := b.relay(t, outbox.RelayConfig{MaxAttempts: maxAttempts, Backoff: pc.p, PublishTimeout: time.Second, Lease: 5 * time.Second})
+			var before, after time.Time
+			if err := b.db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&before); err != nil {
+				t.Fatal(err)
+			}
+			res, err := r.DrainOnce(ctx)
+			if err != nil || res.Claimed != len(ids) || res.Retried != len(ids)-1 || res.Dead != 1 {
+				t.Fatalf("DrainOnce with Redis down = %+v, %v; want %d retried and 1 dead", res, err, len(ids)-1)
+			}
+			if err := b.db.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			for i, id := range ids {
+				var status string
+				var attempts int
+				var next *time.Time
+				if err := b.db.QueryRow(ctx, `SELECT status, attempt_count, next_retry_at FROM outbox_event WHERE task_id = $1`, id).
+					Scan(&status, &attempts, &next); err != nil {
+					t.Fatal(err)
+				}
+				attempt := earlier[i] + 1
+				if attempts != attempt {
+					t.Fatalf("row %d: attempt_count %d, want %d", i, attempts, attempt)
+				}
+				if attempt >= maxAttempts {
+					if status != string(outbox.StatusDead) || next != nil {
+						t.Fatalf("row %d: %s with next_retry_at %v after its last attempt, want DEAD with none", i, status, next)
+					}
+					continue
+				}
+				// The statement's now() lies between before and after.
+				lo, hi := pc.p.Bounds(attempt)
+				earliest, latest := before.Add(lo-time.Microsecond), after.Add(hi+time.Microsecond)
+				if status != string(outbox.StatusRetrying) || next == nil || next.Before(earliest) || next.After(latest) {
+					t.Fatalf("row %d: %s due %v after failure %d, want RETRYING due in [%v, %v]", i, status, next, attempt, earliest, latest)
+				}
+			}
+		})
+	}
 }
 
 func TestRelaySurvivesDroppedListenConnection(t *testing.T) {
@@ -395,12 +469,8 @@ func TestRelayMetrics(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	r := b.relay(t, outbox.RelayConfig{BatchSize: 100})
-	// A second relay, a rescuer and a retention on the same registry share
-	// their metrics.
+	// A second relay on the same registry shares its metrics.
 	b.relay(t, outbox.RelayConfig{})
-	b.rescuer(t, outbox.RescuerConfig{})
-	b.rescuer(t, outbox.RescuerConfig{})
-	b.retention(t, outbox.RetentionConfig{})
 	b.create(t, 5)
 	testenv.Eventually(t, 5*time.Second, "a backlog age", func() bool {
 		return gauge(t, b, "outbox_backlog_age_seconds") > 0
@@ -464,26 +534,11 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{"BatchSize", newRelay(outbox.RelayConfig{BatchSize: -1}), "BatchSize"},
 		{"Lease", newRelay(outbox.RelayConfig{Lease: time.Second, PublishTimeout: time.Second}), "Lease"},
 		{"MaxAttempts", newRelay(outbox.RelayConfig{MaxAttempts: -3}), "MaxAttempts"},
-		{"MaxBackoff", newRelay(outbox.RelayConfig{BaseBackoff: time.Minute, MaxBackoff: time.Second}), "MaxBackoff"},
-		{"BackoffJitter", newRelay(outbox.RelayConfig{BackoffJitter: 1.5}), "BackoffJitter"},
+		{"BackoffMax", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: time.Minute, Max: time.Second}}), "Backoff: invalid Max"},
+		{"BackoffBase", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: -time.Second, Max: time.Second}}), "Backoff: invalid Base"},
+		{"BackoffJitter", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: time.Second, Max: time.Second, Jitter: 1.5}}), "Backoff: invalid Jitter"},
 		{"PublishInterval", newRelay(outbox.RelayConfig{PublishInterval: -time.Second}), "PublishInterval"},
 		{"RelayNeedsPool", newRelay(outbox.RelayConfig{}), "pool"},
-		{"RescuerBatchSize", func() error {
-			_, err := outbox.NewRescuer(outbox.RescuerConfig{BatchSize: -1}, nil, rdb, nil, nil)
-			return err
-		}(), "BatchSize"},
-		{"RescuerGrace", func() error {
-			_, err := outbox.NewRescuer(outbox.RescuerConfig{Grace: -time.Second}, nil, rdb, nil, nil)
-			return err
-		}(), "Grace"},
-		{"RetentionStreams", func() error {
-			_, err := outbox.NewRetention(outbox.RetentionConfig{Streams: []string{"a", ""}}, nil, rdb, nil, nil)
-			return err
-		}(), "Streams[1]"},
-		{"RetentionAge", func() error {
-			_, err := outbox.NewRetention(outbox.RetentionConfig{Age: -time.Hour}, nil, rdb, nil, nil)
-			return err
-		}(), "Age"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -500,8 +555,8 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 	}
 	got := defaultsRelay.Config()
 	if got.BatchSize != 20 || got.PublishInterval != time.Second || got.MaxAttempts != 10 ||
-		got.BaseBackoff != time.Second || got.MaxBackoff != 600*time.Second || got.Lease != 30*time.Second || got.ID == "" {
-		t.Fatalf("defaults %+v do not match DESIGN §5", got)
+		got.Backoff != (backoff.Policy{Base: time.Second, Max: 600 * time.Second, Jitter: 0.1}) || got.Lease != 30*time.Second || got.ID == "" {
+		t.Fatalf("defaults %+v do not match docs/ARCHITECTURE.md §5", got)
 	}
 }
 

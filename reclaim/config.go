@@ -1,15 +1,15 @@
 package reclaim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/ingest-worker/ingest/internal/defaults"
 	"github.com/ingest-worker/ingest/stream"
 )
 
-// Defaults for Config (DESIGN §5: INGEST_REDIS_RECLAIM_*).
+// Defaults for Config (docs/ARCHITECTURE.md §5: INGEST_REDIS_RECLAIM_*).
 const (
 	// DefaultStream is the task stream (contract).
 	DefaultStream = stream.DefaultStream
@@ -24,11 +24,6 @@ const (
 	// DefaultBatchSize is XAUTOCLAIM's COUNT
 	// (INGEST_REDIS_RECLAIM_BATCH_SIZE).
 	DefaultBatchSize = 20
-	// DefaultConsumerIdleTimeout is how long a consumer with nothing pending
-	// may stay idle before it is removed from the group.
-	DefaultConsumerIdleTimeout = time.Hour
-	// DefaultConsumerCheckInterval is how often idle consumers are looked for.
-	DefaultConsumerCheckInterval = time.Minute
 	// MaxBatchSize bounds Config.BatchSize.
 	MaxBatchSize = 10000
 )
@@ -41,8 +36,7 @@ type Config struct {
 	// Group is the consumer group that reads Stream.
 	Group string
 	// Consumer is this process's consumer name: claimed entries become its
-	// pending entries, and it is never removed by the consumer hygiene.
-	// Required.
+	// pending entries. Required.
 	Consumer string
 	// Interval is the time between two rounds. A due retry runs at most
 	// about one Interval after it falls due.
@@ -54,27 +48,23 @@ type Config struct {
 	// BatchSize is the most entries claimed with one XAUTOCLAIM (its COUNT),
 	// 1..MaxBatchSize. Fewer are claimed when the Sink has fewer free slots.
 	BatchSize int
-	// ConsumerIdleTimeout is how long a consumer with no pending entries may
-	// stay idle (XINFO CONSUMERS idle) before it is removed from the group.
-	ConsumerIdleTimeout time.Duration
-	// ConsumerCheckInterval is the least time between two looks for idle
-	// consumers (XINFO CONSUMERS is O(consumers), so not every round).
-	ConsumerCheckInterval time.Duration
 }
 
-func (c *Config) setDefaults() {
-	defaults.Set(&c.Stream, DefaultStream)
-	defaults.Set(&c.Group, DefaultGroup)
-	defaults.Set(&c.Interval, DefaultInterval)
-	defaults.Set(&c.MinIdle, DefaultMinIdle)
-	defaults.Set(&c.BatchSize, DefaultBatchSize)
-	defaults.Set(&c.ConsumerIdleTimeout, DefaultConsumerIdleTimeout)
-	defaults.Set(&c.ConsumerCheckInterval, DefaultConsumerCheckInterval)
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c Config) WithDefaults() Config {
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.Group = cmp.Or(c.Group, DefaultGroup)
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	return c
 }
 
-// Validate checks a configuration (with defaults applied) and names the bad
-// field.
+// Validate checks the configuration, zero fields taking their defaults,
+// and names the bad field.
 func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.Stream == "":
 		return errors.New("field Stream must not be empty")
@@ -88,10 +78,29 @@ func (c Config) Validate() error {
 		return fmt.Errorf("MinIdle must be >= 1ms, got %s", c.MinIdle)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
 		return fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize)
-	case c.ConsumerIdleTimeout < time.Millisecond:
-		return fmt.Errorf("ConsumerIdleTimeout must be >= 1ms, got %s", c.ConsumerIdleTimeout)
-	case c.ConsumerCheckInterval <= 0:
-		return fmt.Errorf("ConsumerCheckInterval must be > 0, got %s", c.ConsumerCheckInterval)
 	}
 	return nil
+}
+
+// boundTo returns c serving binding b: fields left zero take b's values;
+// a field set to another value is an error naming it.
+func (c Config) boundTo(b stream.Binding) (Config, error) {
+	type pair struct {
+		field     string
+		own, want string
+	}
+	for _, p := range []pair{
+		{"Stream", c.Stream, b.Stream},
+		{"Group", c.Group, b.Group},
+		{"Consumer", c.Consumer, b.Consumer},
+	} {
+		if p.own != "" && p.own != p.want {
+			return c, fmt.Errorf("field %s is %q but the sink serves %q: leave it zero to take the sink's", p.field, p.own, p.want)
+		}
+	}
+	if c.MinIdle != 0 && c.MinIdle != b.ClaimIdle {
+		return c, fmt.Errorf("field MinIdle is %s but the sink leaves entries pending relative to %s: leave it zero to take the sink's", c.MinIdle, b.ClaimIdle)
+	}
+	c.Stream, c.Group, c.Consumer, c.MinIdle = b.Stream, b.Group, b.Consumer, b.ClaimIdle
+	return c, nil
 }

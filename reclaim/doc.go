@@ -1,6 +1,6 @@
 // Package reclaim owns the reclaimer: the component every worker process
 // runs to take over stream entries that another consumer (or this one) read
-// but did not finish, and to keep the consumer group clean.
+// but did not finish.
 //
 // Each round, the Reclaimer pages through the group's pending entries list
 // (PEL) with XAUTOCLAIM and claims, for its own consumer, the entries idle for
@@ -27,17 +27,16 @@
 // trimmed or deleted. The reclaimer maps each id back to its task through
 // outbox_event.stream_id and, when the task is not terminal and no later
 // outbox event exists for it, republishes it from Postgres by inserting a new
-// outbox event (package outbox) in a transaction. Ids that cannot be
+// outbox event in a transaction (task.RepublishDeleted). Ids that cannot be
 // republished at once (Postgres down) are retried in the next rounds; the
-// outbox rescuer is the last line for a process that dies meanwhile.
+// rescuer (package maintenance) is the last line for a process that dies
+// meanwhile.
 //
-// Consumer hygiene: consumers idle for longer than Config.ConsumerIdleTimeout
-// with no pending entries are removed with XGROUP DELCONSUMER. The check and
-// the removal run in one Lua script (XINFO CONSUMERS, then DELCONSUMER), so a
-// consumer that has pending entries is never removed: DELCONSUMER would drop
-// them. This process's own consumer is never removed.
+// Idle consumers are not removed here: the leader-run consumer cleanup of
+// package maintenance does it.
 //
 // Metrics: ingest_stream_reclaim_total{result} counts claimed entries
 // (claimed), deleted entry ids reported by XAUTOCLAIM (deleted) and failed
-// operations (error).
+// operations (error; the idle-consumer cleanup of package maintenance
+// counts its failures there too, see ErrorCounter).
 package reclaim

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // fakeSink is a stream.Sink with a fixed number of handler slots. Entries
@@ -152,7 +153,7 @@ func (b *bundle) add(t *testing.T, n int) []string {
 	ids := make([]string, n)
 	for i := range ids {
 		id, err := b.rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: b.stream,
-			Values: []string{"task_id", uuid.NewString(), "kind", "test"}}).Result()
+			Values: stream.Entry{TaskID: uuid.New(), Kind: "test"}.Values()}).Result()
 		if err != nil {
 			t.Fatalf("XADD: %v", err)
 		}
@@ -243,25 +244,25 @@ func sorted(s []string) []string {
 	return s
 }
 
-// PublishOutbox publishes the unsent outbox events of stream like the relay
-// does (XADD task_id and kind, then SENT with the entry id) and returns how
+// PublishOutbox publishes the unsent outbox events of key like the relay
+// does (XADD a stream.Entry, then SENT with the entry id) and returns how
 // many it published. Tests use it where the relay itself is not the subject.
-func PublishOutbox(t testing.TB, db *pgxpool.Pool, rdb redis.UniversalClient, stream string) int {
+func PublishOutbox(t testing.TB, db *pgxpool.Pool, rdb redis.UniversalClient, key string) int {
 	t.Helper()
 	ctx := context.Background()
-	rows, err := db.Query(ctx, `SELECT e.id, e.task_id::text, t.kind FROM outbox_event e JOIN ingest_task t ON t.id = e.task_id
-		WHERE e.stream = $1 AND e.status IN ('NEW', 'RETRYING') ORDER BY e.id`, stream)
+	rows, err := db.Query(ctx, `SELECT e.id, e.task_id, t.kind FROM outbox_event e JOIN ingest_task t ON t.id = e.task_id
+		WHERE e.stream = $1 AND e.status IN ('NEW', 'RETRYING') ORDER BY e.id`, key)
 	if err != nil {
 		t.Fatalf("read outbox: %v", err)
 	}
 	type event struct {
-		id         int64
-		task, kind string
+		id    int64
+		entry stream.Entry
 	}
 	var events []event
 	for rows.Next() {
 		var e event
-		if err := rows.Scan(&e.id, &e.task, &e.kind); err != nil {
+		if err := rows.Scan(&e.id, &e.entry.TaskID, &e.entry.Kind); err != nil {
 			t.Fatal(err)
 		}
 		events = append(events, e)
@@ -270,7 +271,7 @@ func PublishOutbox(t testing.TB, db *pgxpool.Pool, rdb redis.UniversalClient, st
 		t.Fatal(err)
 	}
 	for _, e := range events {
-		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: []string{"task_id", e.task, "kind", e.kind}}).Result()
+		id, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: e.entry.Values()}).Result()
 		if err != nil {
 			t.Fatalf("XADD: %v", err)
 		}

@@ -1,7 +1,8 @@
 package reclaim
 
 import (
-	"errors"
+	"github.com/ingest-worker/ingest/internal/promreg"
+
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,18 +27,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "ingest_stream_reclaim_total",
 		Help: "Pending stream entries handled by the reclaimer, by result: claimed, deleted (trimmed or deleted entries XAUTOCLAIM reported), error (failed operations).",
 	}, []string{"result"})
-	if reg != nil {
-		if err := reg.Register(total); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("register ingest_stream_reclaim_total: %w", err)
-			}
-			existing, ok := are.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, fmt.Errorf("register ingest_stream_reclaim_total: %w", err)
-			}
-			total = existing
-		}
+	total, err := promreg.Register(reg, total)
+	if err != nil {
+		return nil, fmt.Errorf("ingest_stream_reclaim_total: %w", err)
 	}
 	for _, r := range []string{resultClaimed, resultDeleted, resultError} {
 		total.WithLabelValues(r) // export zeros from the start
@@ -49,4 +41,17 @@ func (m *metrics) add(result string, n int) {
 	if n > 0 {
 		m.total.WithLabelValues(result).Add(float64(n))
 	}
+}
+
+// ErrorCounter returns ingest_stream_reclaim_total{result="error"},
+// registered on reg (nil: not registered) or shared with the reclaimer
+// that registered it there: the idle-consumer cleanup (package
+// maintenance) counts its failures on it, as it did when the reclaimer ran
+// it.
+func ErrorCounter(reg prometheus.Registerer) (prometheus.Counter, error) {
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("reclaim: %w", err)
+	}
+	return m.total.WithLabelValues(resultError), nil
 }

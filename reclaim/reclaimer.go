@@ -17,8 +17,8 @@ import (
 
 // Reclaimer claims idle pending entries of the task stream for this
 // process's consumer and hands them to the Sink; it also republishes the
-// tasks of pending entries that were trimmed or deleted, and removes idle
-// consumers. See the package documentation.
+// tasks of pending entries that were trimmed or deleted. See the package
+// documentation.
 type Reclaimer struct {
 	cfg     Config
 	rdb     redis.UniversalClient
@@ -33,18 +33,28 @@ type Reclaimer struct {
 	backlog []string
 	// noGroup is true while the group is missing (logged once).
 	noGroup bool
-	// lastConsumerCheck is when idle consumers were last looked for.
-	lastConsumerCheck time.Time
 }
 
-// maxBacklog bounds Reclaimer.backlog; the outbox rescuer republishes tasks
+// maxBacklog bounds Reclaimer.backlog; the rescuer republishes tasks
 // whose ids had to be dropped.
 const maxBacklog = 100_000
 
 // New returns a Reclaimer. sink is the processing path of fresh deliveries;
 // reg receives the metrics (nil: none are registered).
+//
+// When sink is a stream.BoundSink (a worker's, see ingest.Worker.Sink), the
+// reclaimer serves its binding: Stream, Group, Consumer and MinIdle left
+// zero are taken from it, and one set to another value is an error, so a
+// reclaimer can never claim with another idle time than the worker leaves
+// its entries with.
 func New(cfg Config, rdb redis.UniversalClient, db *pgxpool.Pool, sink stream.Sink, logger *slog.Logger, reg prometheus.Registerer) (*Reclaimer, error) {
-	cfg.setDefaults()
+	if bs, ok := sink.(stream.BoundSink); ok {
+		var err error
+		if cfg, err = cfg.boundTo(bs.Binding()); err != nil {
+			return nil, fmt.Errorf("reclaim config: %w", err)
+		}
+	}
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("reclaim config: %w", err)
 	}
@@ -97,13 +107,12 @@ type roundResult struct {
 	Claimed     int  // entries claimed and handed to the sink
 	Deleted     int  // deleted entry ids XAUTOCLAIM reported
 	Republished int  // tasks republished through a new outbox event
-	Removed     int  // idle consumers removed
 	Skipped     bool // the sink had no free slot: (the rest of) the round was skipped
 }
 
-// runOnce runs one round: republish the backlog, claim idle entries page by
-// page within the sink's free capacity, and (when due) remove idle
-// consumers. Errors are logged and counted here.
+// runOnce runs one round: republish the backlog, then claim idle entries
+// page by page within the sink's free capacity. Errors are logged and
+// counted here.
 func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -114,15 +123,6 @@ func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 		res.Republished += r.handleDeleted(ctx, ids)
 	}
 	r.claim(ctx, &res)
-	if time.Since(r.lastConsumerCheck) >= r.cfg.ConsumerCheckInterval && ctx.Err() == nil {
-		r.lastConsumerCheck = time.Now()
-		n, err := r.removeIdleConsumers(ctx)
-		res.Removed = n
-		if err != nil {
-			r.metrics.add(resultError, 1)
-			r.logger.Error("remove idle consumers", "err", err)
-		}
-	}
 	if res.Claimed > 0 || res.Deleted > 0 || res.Republished > 0 {
 		r.logger.Info("reclaimed pending entries", "claimed", res.Claimed, "deleted", res.Deleted, "republished", res.Republished)
 	}
@@ -178,7 +178,7 @@ func (r *Reclaimer) claimFailed(ctx context.Context, err error) {
 		return // shutting down
 	}
 	if stream.IsNoGroup(err) {
-		// The consumer recreates the group (MKSTREAM); the outbox rescuer
+		// The consumer recreates the group (MKSTREAM); the rescuer
 		// republishes what was lost with it.
 		if !r.noGroup {
 			r.noGroup = true

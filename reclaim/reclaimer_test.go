@@ -3,7 +3,6 @@ package reclaim
 import (
 	"context"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +14,7 @@ import (
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	valid := func(c Config) Config { c.Consumer = "me"; c.setDefaults(); return c }
+	valid := func(c Config) Config { c.Consumer = "me"; c = c.WithDefaults(); return c }
 	tests := []struct {
 		name string
 		cfg  Config
@@ -28,8 +27,6 @@ func TestConfigValidate(t *testing.T) {
 		{"BatchSizeNegative", valid(Config{BatchSize: -1}), "BatchSize"},
 		{"BatchSizeTooLarge", valid(Config{BatchSize: MaxBatchSize + 1}), "BatchSize"},
 		{"BatchSizeMax", valid(Config{BatchSize: MaxBatchSize}), ""},
-		{"ConsumerIdleTimeoutNegative", valid(Config{ConsumerIdleTimeout: -time.Hour}), "ConsumerIdleTimeout"},
-		{"ConsumerCheckIntervalNegative", valid(Config{ConsumerCheckInterval: -1}), "ConsumerCheckInterval"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -47,9 +44,9 @@ func TestConfigValidate(t *testing.T) {
 func TestConfigDefaults(t *testing.T) {
 	t.Parallel()
 	c := Config{Consumer: "me"}
-	c.setDefaults()
+	c = c.WithDefaults()
 	want := Config{Stream: "ingest:tasks", Group: "ingest-workers", Consumer: "me", Interval: 5 * time.Second,
-		MinIdle: 10 * time.Minute, BatchSize: 20, ConsumerIdleTimeout: time.Hour, ConsumerCheckInterval: time.Minute}
+		MinIdle: 10 * time.Minute, BatchSize: 20}
 	if c != want {
 		t.Fatalf("defaults = %+v, want %+v", c, want)
 	}
@@ -248,7 +245,7 @@ func TestPagesThroughThePendingList(t *testing.T) {
 func TestMissingGroupSkipsRound(t *testing.T) {
 	t.Parallel()
 	testenv.RedisBackends(t, func(t *testing.T, be testenv.Backend) {
-		b := setup(t, be.Client, testenv.DB(t), 10, Config{ConsumerCheckInterval: time.Nanosecond})
+		b := setup(t, be.Client, testenv.DB(t), 10, Config{})
 		ctx := context.Background()
 		if err := b.rdb.Del(ctx, b.stream).Err(); err != nil {
 			t.Fatal(err)
@@ -302,79 +299,4 @@ func TestRunClaimsEveryIntervalUntilCancelled(t *testing.T) {
 			t.Fatal("Run did not return after cancel")
 		}
 	})
-}
-
-// TestRemovesIdleConsumersOnly runs on real Redis only: miniredis v2.40
-// does not track consumer idle times for XREADGROUP or XGROUP
-// CREATECONSUMER (XINFO CONSUMERS reports -1), so its consumers never look
-// idle.
-func TestRemovesIdleConsumersOnly(t *testing.T) {
-	t.Parallel()
-	const idleTimeout = 300 * time.Millisecond
-	b := setup(t, testenv.Redis(t), testenv.DB(t), 100, Config{ConsumerIdleTimeout: idleTimeout})
-	ctx := context.Background()
-	b.add(t, 3)
-	busy := b.read(t, "busy", 3) // 3 pending, idle as long as the others
-	for i := range 50 {
-		if err := b.rdb.XGroupCreateConsumer(ctx, b.stream, b.group, "idle-"+strconv.Itoa(i)).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := b.rdb.XGroupCreateConsumer(ctx, b.stream, b.group, "self").Err(); err != nil {
-		t.Fatal(err)
-	}
-	pendingBefore := b.pendingTotal(t)
-	testenv.Eventually(t, 5*time.Second, "52 consumers idle past the timeout", func() bool {
-		cs, err := b.rdb.XInfoConsumers(ctx, b.stream, b.group).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range cs {
-			if c.Idle < idleTimeout+50*time.Millisecond {
-				return false
-			}
-		}
-		return len(cs) == 52
-	})
-	if err := b.rdb.XGroupCreateConsumer(ctx, b.stream, b.group, "fresh").Err(); err != nil {
-		t.Fatal(err)
-	}
-
-	removed, err := b.r.removeIdleConsumers(ctx)
-	if err != nil {
-		t.Fatalf("removeIdleConsumers: %v", err)
-	}
-	if removed != 50 {
-		t.Fatalf("removed %d consumers, want the 50 idle ones", removed)
-	}
-	cs, err := b.rdb.XInfoConsumers(ctx, b.stream, b.group).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, c := range cs {
-		names = append(names, c.Name)
-	}
-	if want := []string{"busy", "fresh", "self"}; !slices.Equal(sorted(names), want) {
-		t.Fatalf("consumers left: %v, want %v", names, want)
-	}
-	if after := b.pendingTotal(t); after != pendingBefore || after != int64(len(busy)) {
-		t.Fatalf("XPENDING total %d after the cleanup, want %d (unchanged)", after, pendingBefore)
-	}
-	if v := b.counter(t, "error"); v != 0 {
-		t.Errorf("error counter = %v, want 0", v)
-	}
-	// runOnce does it too, at most once per ConsumerCheckInterval.
-	if res := b.r.runOnce(ctx); res.Removed != 0 {
-		t.Errorf("round removed %d, want 0 (nothing idle left)", res.Removed)
-	}
-}
-
-func (b *bundle) pendingTotal(t *testing.T) int64 {
-	t.Helper()
-	p, err := b.rdb.XPending(context.Background(), b.stream, b.group).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p.Count
 }

@@ -48,9 +48,6 @@ func NewConsumer(cfg Config, rdb redis.UniversalClient, sink Sink, logger *slog.
 		log: logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)}, nil
 }
 
-// Group returns the consumer's group handle.
-func (c *Consumer) Group() *Group { return c.group }
-
 // Run creates the group if needed, re-reads this consumer's own pending
 // entries, then reads new entries until ctx is cancelled. A read in
 // progress when ctx is cancelled completes (within Config.Block) and its

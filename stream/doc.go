@@ -1,9 +1,21 @@
-// Package stream owns the Redis Stream side of task delivery: the consumer
-// group (creation, acknowledgement, idle-time control), the consumer loop
-// that reads entries into a Sink, and the producer that adds task entries.
+// Package stream owns the consumer side of the Redis task stream and the
+// format of its entries:
 //
-// Entries carry two fields, task_id and kind (DESIGN §4); the payload stays
-// in Postgres. ParseEntry tells a valid entry from a poison one.
+//   - Group: the consumer group (creation with MKSTREAM, acknowledgement
+//     and idle-time control of pending entries, stream length and pending
+//     count).
+//   - Consumer: the loop that reads this consumer's entries into a Sink.
+//   - Sink: the processing path the consumer and the reclaimer both feed,
+//     and the reserve-then-read protocol that keeps reads within its free
+//     handler slots.
+//   - Entry: the entry codec. Entry.Values encodes an entry for XADD and
+//     ParseEntry decodes one and tells a valid entry from a poison one. An
+//     entry carries task_id and kind (docs/ARCHITECTURE.md §4); the payload
+//     stays in Postgres.
+//
+// Entries are added by the outbox relay (package outbox), which encodes
+// them with Entry.Values; idle entries are claimed by package reclaim,
+// which feeds the same Sink.
 //
 // Guarantees:
 //

@@ -10,15 +10,18 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Entry field names (DESIGN §4, contract).
+// Field names of a task entry (a contract: docs/ARCHITECTURE.md §4).
+// Entry.Values writes them and ParseEntry reads them; nothing else spells
+// them out.
 const (
-	FieldTaskID = "task_id"
-	FieldKind   = "kind"
+	FieldTaskID      = "task_id"
+	FieldKind        = "kind"
+	FieldTraceparent = "traceparent"
 )
 
-// MaxFields is the most fields a task entry may have. Entries carry two;
-// a few more are tolerated for forward compatibility, more is a poison
-// message.
+// MaxFields is the most fields a task entry may have. Entries carry two or
+// three; a few more are tolerated for forward compatibility, more is a
+// poison message.
 const MaxFields = 16
 
 // Sentinel errors of ParseEntry.
@@ -31,37 +34,63 @@ var (
 	ErrDeleted = errors.New("entry deleted from the stream")
 )
 
-// ParseEntry returns the task id and kind of a task entry. An entry
-// without a valid task_id (missing, not a canonical UUID, the nil UUID) or
-// with more than MaxFields fields is ErrPoison, wrapped with the reason; an
-// entry without fields is ErrDeleted. kind is informational: Postgres holds
-// the task's kind.
-func ParseEntry(msg redis.XMessage) (taskID uuid.UUID, kind string, err error) {
+// Entry is the content of one task-stream entry: which task to run. The
+// payload stays in Postgres. Values encodes an Entry for XADD and
+// ParseEntry decodes one read back; a field added to Entry is added in
+// those two places, in this file.
+type Entry struct {
+	// TaskID is the task's id (ingest_task.id).
+	TaskID uuid.UUID
+	// Kind is the task's kind. It is informational (logs, dead letters):
+	// Postgres holds the task's kind.
+	Kind string
+	// Traceparent is the W3C traceparent of the task's parent span, when
+	// it has one (written only when set). Informational, like Kind: the
+	// worker prefers the task's own (ingest_task.traceparent).
+	Traceparent string
+}
+
+// Values returns the entry's fields as XADD field-value pairs, for
+// redis.XAddArgs.Values.
+func (e Entry) Values() []string {
+	if e.Traceparent != "" {
+		return []string{FieldTaskID, e.TaskID.String(), FieldKind, e.Kind, FieldTraceparent, e.Traceparent}
+	}
+	return []string{FieldTaskID, e.TaskID.String(), FieldKind, e.Kind}
+}
+
+// ParseEntry decodes a task entry read from the stream. An entry without a
+// valid task_id (missing, not a canonical UUID, the nil UUID) or with more
+// than MaxFields fields is ErrPoison, wrapped with the reason, and the
+// returned Entry then holds its kind (if any) and the nil TaskID; an entry
+// without fields is ErrDeleted.
+func ParseEntry(msg redis.XMessage) (Entry, error) {
 	if len(msg.Values) == 0 {
-		return uuid.Nil, "", ErrDeleted
+		return Entry{}, ErrDeleted
 	}
 	if len(msg.Values) > MaxFields {
-		return uuid.Nil, "", fmt.Errorf("%w: %d fields, at most %d are allowed", ErrPoison, len(msg.Values), MaxFields)
+		return Entry{}, fmt.Errorf("%w: %d fields, at most %d are allowed", ErrPoison, len(msg.Values), MaxFields)
 	}
-	kind = FieldString(msg, FieldKind)
+	e := Entry{Kind: FieldString(msg, FieldKind), Traceparent: FieldString(msg, FieldTraceparent)}
 	raw, ok := msg.Values[FieldTaskID]
 	if !ok {
-		return uuid.Nil, kind, fmt.Errorf("%w: no %s field", ErrPoison, FieldTaskID)
+		return e, fmt.Errorf("%w: no %s field", ErrPoison, FieldTaskID)
 	}
 	s, _ := raw.(string)
 	// Only the canonical 36-character form: uuid.Parse also accepts
 	// braces, urn: prefixes and hex without dashes.
 	if len(s) != 36 {
-		return uuid.Nil, kind, fmt.Errorf("%w: %s %s is not a UUID", ErrPoison, FieldTaskID, Quote(s, 64))
+		return e, fmt.Errorf("%w: %s %s is not a UUID", ErrPoison, FieldTaskID, Quote(s, 64))
 	}
-	id, perr := uuid.Parse(s)
-	if perr != nil {
-		return uuid.Nil, kind, fmt.Errorf("%w: %s %s is not a UUID", ErrPoison, FieldTaskID, Quote(s, 64))
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return e, fmt.Errorf("%w: %s %s is not a UUID", ErrPoison, FieldTaskID, Quote(s, 64))
 	}
 	if id == uuid.Nil {
-		return uuid.Nil, kind, fmt.Errorf("%w: %s is the nil UUID", ErrPoison, FieldTaskID)
+		return e, fmt.Errorf("%w: %s is the nil UUID", ErrPoison, FieldTaskID)
 	}
-	return id, kind, nil
+	e.TaskID = id
+	return e, nil
 }
 
 // FieldString returns a field of msg as a string ("" when absent).

@@ -16,7 +16,8 @@ import (
 // FuzzParseEntry: whatever a stream entry holds, ParseEntry does not panic,
 // accepts only entries whose task_id is a canonical non-nil UUID, and
 // otherwise returns ErrDeleted (no fields) or ErrPoison with a short,
-// printable reason. Run: go test -run='^$' -fuzz='^FuzzParseEntry$' ./stream
+// printable reason. An accepted entry encodes (Entry.Values) to one that
+// decodes to it again. Run: go test -run='^$' -fuzz='^FuzzParseEntry$' ./stream
 func FuzzParseEntry(f *testing.F) {
 	f.Add("0b6f0f43-6f4e-4f43-9a5e-0e6a8d1c2b3a", "ok", uint8(0), false, false)
 	f.Add("0B6F0F43-6F4E-4F43-9A5E-0E6A8D1C2B3A", "ok", uint8(1), false, false)
@@ -44,7 +45,8 @@ func FuzzParseEntry(f *testing.F) {
 				msg.Values[fmt.Sprintf("x%d", i)] = taskID
 			}
 		}
-		id, gotKind, err := stream.ParseEntry(msg)
+		e, err := stream.ParseEntry(msg)
+		id, gotKind := e.TaskID, e.Kind
 		if err != nil {
 			if id != uuid.Nil {
 				t.Fatalf("error %v with a non-nil id %s", err, id)
@@ -71,8 +73,20 @@ func FuzzParseEntry(f *testing.F) {
 		if gotKind != kind {
 			t.Fatalf("kind %q, want %q", gotKind, kind)
 		}
+		if again, err := stream.ParseEntry(redis.XMessage{ID: "1-2", Values: valuesMap(e.Values())}); err != nil || again != e {
+			t.Fatalf("re-encoded entry %+v parsed as %+v, %v", e, again, err)
+		}
 		if tr := stream.Truncate(kind, 200); len(tr) > 200+len("…") || (utf8.ValidString(kind) && !utf8.ValidString(tr)) {
 			t.Fatalf("Truncate(%q, 200) = %q", kind, tr)
 		}
 	})
+}
+
+// valuesMap turns XADD field-value pairs into the map XREAD returns.
+func valuesMap(pairs []string) map[string]any {
+	m := make(map[string]any, len(pairs)/2)
+	for i := 0; i+1 < len(pairs); i += 2 {
+		m[pairs[i]] = pairs[i+1]
+	}
+	return m
 }

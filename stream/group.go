@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,11 +9,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/ingest-worker/ingest/internal/defaults"
 )
 
-// Defaults of DESIGN §4 and §5.
+// Defaults (docs/ARCHITECTURE.md §4 and §5).
 const (
 	DefaultStream = "ingest:tasks"
 	DefaultGroup  = "ingest-workers"
@@ -43,16 +42,21 @@ type Config struct {
 	ErrorBackoff time.Duration
 }
 
-func (c *Config) setDefaults() {
-	defaults.Set(&c.Stream, DefaultStream)
-	defaults.Set(&c.Group, DefaultGroup)
-	defaults.Set(&c.Block, DefaultBlock)
-	defaults.Set(&c.Count, DefaultCount)
-	defaults.Set(&c.ErrorBackoff, DefaultErrorBackoff)
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c Config) WithDefaults() Config {
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.Group = cmp.Or(c.Group, DefaultGroup)
+	c.Block = cmp.Or(c.Block, DefaultBlock)
+	c.Count = cmp.Or(c.Count, DefaultCount)
+	c.ErrorBackoff = cmp.Or(c.ErrorBackoff, DefaultErrorBackoff)
+	return c
 }
 
-// Validate checks the configuration and names the bad field.
+// Validate checks the configuration, zero fields taking their defaults,
+// and names the bad field.
 func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.Stream == "":
 		return errors.New("invalid Stream: required")
@@ -80,7 +84,7 @@ type Group struct {
 
 // NewGroup returns the group handle of cfg.Consumer.
 func NewGroup(cfg Config, rdb redis.UniversalClient) (*Group, error) {
-	cfg.setDefaults()
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("stream config: %w", err)
 	}
@@ -117,18 +121,6 @@ func (g *Group) EnsureGroup(ctx context.Context) error {
 	err := g.rdb.XGroupCreateMkStream(ctx, g.cfg.Stream, g.cfg.Group, "0").Err()
 	if err != nil && !isBusyGroup(err) {
 		return fmt.Errorf("xgroup create %s %s: %w", g.cfg.Stream, g.cfg.Group, err)
-	}
-	return nil
-}
-
-// Ack acknowledges entries (XACK); acknowledging an entry that is not
-// pending is a no-op.
-func (g *Group) Ack(ctx context.Context, ids ...string) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	if err := g.rdb.XAck(ctx, g.cfg.Stream, g.cfg.Group, ids...).Err(); err != nil {
-		return fmt.Errorf("xack %s %d entries: %w", g.cfg.Stream, len(ids), err)
 	}
 	return nil
 }
@@ -173,11 +165,6 @@ func (g *Group) SetIdle(ctx context.Context, idle time.Duration, ids ...string) 
 	return nil
 }
 
-// SetIdles sets a different idle time on each entry, in one pipeline.
-func (g *Group) SetIdles(ctx context.Context, idles ...Idle) error {
-	return g.Apply(ctx, nil, idles)
-}
-
 // Apply acknowledges acks and sets idles, in one pipeline: the form the
 // worker's completer uses after a commit.
 func (g *Group) Apply(ctx context.Context, acks []string, idles []Idle) error {
@@ -220,9 +207,24 @@ func (g *Group) Stats(ctx context.Context) (length, pending int64, err error) {
 	return l.Val(), pending, nil
 }
 
-// PendingCount returns the number of pending entries of the group (0 when
-// the group does not exist).
-func (g *Group) PendingCount(ctx context.Context) (int64, error) {
-	_, p, err := g.Stats(ctx)
-	return p, err
+// Overdue returns how long the most idle of the group's pending entries
+// idle for at least minIdle has been idle beyond minIdle (0 when none is,
+// or the group does not exist). It looks at the first scan such entries in
+// id order (XPENDING ... IDLE minIdle - + scan), so with more of them the
+// answer is a lower bound.
+func (g *Group) Overdue(ctx context.Context, minIdle time.Duration, scan int64) (time.Duration, error) {
+	ps, err := g.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: g.cfg.Stream, Group: g.cfg.Group, Idle: minIdle, Start: "-", End: "+", Count: scan,
+	}).Result()
+	switch {
+	case IsNoGroup(err) || errors.Is(err, redis.Nil):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("xpending %s %s idle %s: %w", g.cfg.Stream, g.cfg.Group, minIdle, err)
+	}
+	var most time.Duration
+	for _, p := range ps {
+		most = max(most, p.Idle-minIdle)
+	}
+	return most, nil
 }

@@ -1,6 +1,8 @@
 package stream
 
 import (
+	"time"
+
 	"context"
 
 	"github.com/redis/go-redis/v9"
@@ -22,4 +24,22 @@ type Sink interface {
 	// when that entry's handling ends, and gives back the rest at once.
 	// It does not block on handlers; errors are handled (and logged) inside.
 	Process(ctx context.Context, msgs []redis.XMessage, reserved int)
+}
+
+// Binding is the place in the queue a sink serves: entries of Stream that
+// Consumer of Group reads, left pending with idle times relative to
+// ClaimIdle, the idle time after which a reclaimer claims a pending entry.
+type Binding struct {
+	Stream    string
+	Group     string
+	Consumer  string
+	ClaimIdle time.Duration
+}
+
+// BoundSink is a Sink that serves one Binding (a worker's processing path
+// is one). A reclaimer feeding it takes its stream, group, consumer and
+// min-idle time from the binding, so the two cannot disagree.
+type BoundSink interface {
+	Sink
+	Binding() Binding
 }

@@ -41,12 +41,15 @@ func TestParseEntry(t *testing.T) {
 		{"too many fields", many, stream.ErrPoison, "21 fields"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, kind, err := stream.ParseEntry(redis.XMessage{ID: "1-1", Values: tc.values})
+			got, err := stream.ParseEntry(redis.XMessage{ID: "1-1", Values: tc.values})
 			if !errors.Is(err, tc.err) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("err = %v, want %v containing %q", err, tc.err, tc.want)
 			}
-			if err == nil && (got != id || kind != tc.values["kind"] && tc.values["kind"] != nil) {
-				t.Fatalf("got %s %q", got, kind)
+			if err == nil && (got.TaskID != id || got.Kind != tc.values["kind"] && tc.values["kind"] != nil) {
+				t.Fatalf("got %+v", got)
+			}
+			if err != nil && got.TaskID != uuid.Nil {
+				t.Fatalf("error %v with task id %s", err, got.TaskID)
 			}
 			if err != nil && len(err.Error()) > 300 {
 				t.Fatalf("error too long: %d bytes", len(err.Error()))
@@ -54,6 +57,70 @@ func TestParseEntry(t *testing.T) {
 		})
 	}
 }
+
+// TestEntryRoundTrip: an Entry encoded with Values, added with XADD and read
+// back with XREAD decodes to the same Entry, and on the wire it is the
+// contract's fields: task_id and kind, and traceparent only when set.
+func TestEntryRoundTrip(t *testing.T) {
+	t.Parallel()
+	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
+		t.Parallel()
+		ctx := context.Background()
+		key, _ := testenv.Keys(t)
+		entries := []stream.Entry{
+			{TaskID: uuid.New(), Kind: "email"},
+			{TaskID: uuid.New(), Kind: ""},
+			{TaskID: uuid.New(), Kind: "kind with spaces, ünïcödé and \x00\xff bytes"},
+			{TaskID: uuid.MustParse("ffffffff-ffff-ffff-ffff-ffffffffffff"), Kind: strings.Repeat("k", 200)},
+			{TaskID: uuid.New(), Kind: "traced", Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		}
+		ids := add(t, b.Client, key, entries...)
+		res, err := b.Client.XRead(ctx, &redis.XReadArgs{Streams: []string{key, "0"}, Count: 100, Block: -1}).Result()
+		if err != nil || len(res) != 1 || len(res[0].Messages) != len(entries) {
+			t.Fatalf("xread: %v %v", res, err)
+		}
+		for i, msg := range res[0].Messages {
+			if msg.ID != ids[i] {
+				t.Errorf("entry %d: id %s, XADD returned %s", i, msg.ID, ids[i])
+			}
+			want := map[string]any{"task_id": entries[i].TaskID.String(), "kind": entries[i].Kind}
+			if tp := entries[i].Traceparent; tp != "" {
+				want["traceparent"] = tp
+			}
+			if len(msg.Values) != len(want) || msg.Values["task_id"] != want["task_id"] || msg.Values["kind"] != want["kind"] ||
+				msg.Values["traceparent"] != want["traceparent"] {
+				t.Errorf("entry %d on the wire: %q, want %q", i, msg.Values, want)
+			}
+			got, err := stream.ParseEntry(msg)
+			if err != nil || got != entries[i] {
+				t.Errorf("entry %d: ParseEntry = %+v, %v; want %+v", i, got, err, entries[i])
+			}
+		}
+	})
+}
+
+// add XADDs entries to key in one pipeline and returns their ids in order.
+func add(t *testing.T, rdb redis.UniversalClient, key string, entries ...stream.Entry) []string {
+	t.Helper()
+	ctx := context.Background()
+	cmds := make([]*redis.StringCmd, len(entries))
+	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, e := range entries {
+			cmds[i] = p.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: e.Values()})
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("xadd %s: %v", key, err)
+	}
+	ids := make([]string, len(cmds))
+	for i, c := range cmds {
+		ids[i] = c.Val()
+	}
+	return ids
+}
+
+// newEntry returns an entry of a fresh task id.
+func newEntry(kind string) stream.Entry { return stream.Entry{TaskID: uuid.New(), Kind: kind} }
 
 // recordingSink has a fixed number of slots, records what it is given and
 // keeps every slot until release is called.
@@ -154,11 +221,7 @@ func TestGroup(t *testing.T) {
 		if n, err := b.Client.XLen(ctx, key).Result(); err != nil || n != 0 {
 			t.Fatalf("MKSTREAM: xlen %d %v", n, err)
 		}
-		p, _ := stream.NewProducer(key, b.Client)
-		ids, err := p.AddBatch(ctx, stream.Message{TaskID: uuid.New(), Kind: "a"}, stream.Message{TaskID: uuid.New(), Kind: "b"})
-		if err != nil || len(ids) != 2 {
-			t.Fatalf("AddBatch: %v %v", ids, err)
-		}
+		ids := add(t, b.Client, key, newEntry("a"), newEntry("b"))
 		res, err := b.Client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.DefaultGroup, Consumer: "c1",
 			Streams: []string{key, ">"}, Count: 10, Block: -1}).Result()
 		if err != nil || len(res[0].Messages) != 2 {
@@ -171,14 +234,14 @@ func TestGroup(t *testing.T) {
 			}
 			return ps[0]
 		}
-		if err := g.SetIdles(ctx, stream.Idle{ID: ids[0], Idle: time.Minute}, stream.Idle{ID: ids[1], Idle: 2 * time.Minute}); err != nil {
+		if err := g.Apply(ctx, nil, []stream.Idle{{ID: ids[0], Idle: time.Minute}, {ID: ids[1], Idle: 2 * time.Minute}}); err != nil {
 			t.Fatal(err)
 		}
 		if i := idle(ids[0]).Idle; i < time.Minute || i > time.Minute+5*time.Second {
-			t.Errorf("idle after SetIdle(1m) = %s", i)
+			t.Errorf("idle after Apply(idle 1m) = %s", i)
 		}
 		if i := idle(ids[1]).Idle; i < 2*time.Minute || i > 2*time.Minute+5*time.Second {
-			t.Errorf("idle after SetIdle(2m) = %s", i)
+			t.Errorf("idle after Apply(idle 2m) = %s", i)
 		}
 		if err := g.Touch(ctx, ids...); err != nil {
 			t.Fatal(err)
@@ -229,22 +292,13 @@ func TestConsumerReadsOwnPendingFirst(t *testing.T) {
 		if err := g.EnsureGroup(ctx); err != nil {
 			t.Fatal(err)
 		}
-		p, _ := stream.NewProducer(key, b.Client)
-		var old []string
-		for range 3 {
-			id, _ := p.Add(ctx, stream.Message{TaskID: uuid.New(), Kind: "k"})
-			old = append(old, id)
-		}
+		old := add(t, b.Client, key, newEntry("k"), newEntry("k"), newEntry("k"))
 		// An earlier run of c1 read them and died.
 		if err := b.Client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.DefaultGroup, Consumer: "c1",
 			Streams: []string{key, ">"}, Count: 10, Block: -1}).Err(); err != nil {
 			t.Fatal(err)
 		}
-		var fresh []string
-		for range 2 {
-			id, _ := p.Add(ctx, stream.Message{TaskID: uuid.New(), Kind: "k"})
-			fresh = append(fresh, id)
-		}
+		fresh := add(t, b.Client, key, newEntry("k"), newEntry("k"))
 		sink := newSink(100)
 		c, err := stream.NewConsumer(cfg, b.Client, sink, nil)
 		if err != nil {
@@ -273,13 +327,9 @@ func TestConsumerNeverOverrunsSlots(t *testing.T) {
 	t.Parallel()
 	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
 		t.Parallel()
-		ctx := context.Background()
 		key, _ := testenv.Keys(t)
-		p, _ := stream.NewProducer(key, b.Client)
 		for range 10 {
-			if _, err := p.Add(ctx, stream.Message{TaskID: uuid.New(), Kind: "k"}); err != nil {
-				t.Fatal(err)
-			}
+			add(t, b.Client, key, newEntry("k"))
 		}
 		sink := newSink(3)
 		c, _ := stream.NewConsumer(stream.Config{Stream: key, Consumer: "c1", Block: 20 * time.Millisecond}, b.Client, sink, nil)
@@ -305,21 +355,15 @@ func TestConsumerRecreatesDeletedGroup(t *testing.T) {
 		t.Parallel()
 		ctx := context.Background()
 		key, _ := testenv.Keys(t)
-		p, _ := stream.NewProducer(key, b.Client)
 		sink := newSink(100)
 		c, _ := stream.NewConsumer(stream.Config{Stream: key, Consumer: "c1", Block: 50 * time.Millisecond}, b.Client, sink, nil)
 		runConsumer(t, c)
-		if _, err := p.Add(ctx, stream.Message{TaskID: uuid.New(), Kind: "k"}); err != nil {
-			t.Fatal(err)
-		}
+		add(t, b.Client, key, newEntry("k"))
 		testenv.Eventually(t, 5*time.Second, "first entry", func() bool { return len(sink.ids()) == 1 })
 		if err := b.Client.Del(ctx, key).Err(); err != nil {
 			t.Fatal(err)
 		}
-		id, err := p.Add(ctx, stream.Message{TaskID: uuid.New(), Kind: "k"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		id := add(t, b.Client, key, newEntry("k"))[0]
 		testenv.Eventually(t, 5*time.Second, "entry after DEL", func() bool {
 			ids := sink.ids()
 			return len(ids) == 2 && ids[1] == id

@@ -63,7 +63,7 @@ func TestAuditTrailProperty(t *testing.T) {
 			owner := fmt.Sprintf("w%d", rng.IntN(2))
 			var err error
 			// Weights keep tasks moving: SUCCEEDED is terminal, so succeed is
-			// rare; DEAD comes back through redrive.
+			// rare; DEAD and CANCELLED come back through redrive.
 			switch op := pickOp(rng); op {
 			case "start", "takeover":
 				if op == "takeover" {
@@ -112,7 +112,13 @@ func TestAuditTrailProperty(t *testing.T) {
 				rs, err = b.store.Redrive(b.ctx, "operator", pick...)
 				countResults("redrive", rs)
 			case "renew":
-				_, err = b.store.Renew(b.ctx, owner, time.Hour, pick...)
+				_, _, err = b.store.Renew(b.ctx, owner, time.Hour, pick...)
+			case "cancel":
+				var r task.CancelResult
+				r, err = b.store.Cancel(b.ctx, "operator", fmt.Sprintf("step %d", step), pick[0])
+				if r.Outcome == task.CancelDone {
+					observe("cancel", pick[0])
+				}
 			}
 			if err != nil {
 				t.Errorf("worker %d step %d: %v", w, step, err)
@@ -149,11 +155,12 @@ func TestAuditTrailProperty(t *testing.T) {
 			if !task.CanTransition(task.State(r.From), task.State(r.To)) {
 				t.Errorf("task %s: transition %d %s -> %s is not allowed", id, i, r.From, r.To)
 			}
-			if r.AttemptCount < 0 || r.AttemptCount > tk.MaxAttempts {
-				t.Errorf("task %s: transition %d has attempt_count %d of %d", id, i, r.AttemptCount, tk.MaxAttempts)
+			if max := tk.EffectiveMaxAttempts(b.store.Config().MaxAttempts); r.AttemptCount < 0 || r.AttemptCount > max {
+				t.Errorf("task %s: transition %d has attempt_count %d of %d", id, i, r.AttemptCount, max)
 			}
-			// Attempts grow by at most one per transition; only a redrive resets them.
-			if r.From == string(task.Dead) {
+			// Attempts grow by at most one per transition; only a redrive
+			// (from DEAD or CANCELLED) resets them.
+			if r.To == string(task.Queued) {
 				if r.AttemptCount != 0 {
 					t.Errorf("task %s: redrive %d kept attempt_count %d", id, i, r.AttemptCount)
 				}
@@ -188,7 +195,7 @@ func pickOp(rng *rand.Rand) string {
 	weights := []struct {
 		op string
 		w  int
-	}{{"start", 30}, {"takeover", 10}, {"succeed", 4}, {"fail", 26}, {"release", 10}, {"redrive", 15}, {"renew", 5}}
+	}{{"start", 28}, {"takeover", 10}, {"succeed", 4}, {"fail", 25}, {"release", 10}, {"redrive", 15}, {"renew", 4}, {"cancel", 4}}
 	n := rng.IntN(100)
 	for _, x := range weights {
 		if n < x.w {

@@ -8,13 +8,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/internal/tracing"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/transition"
 )
@@ -28,11 +32,30 @@ type NewTask struct {
 	// IdempotencyKey, when set, makes a repeat with the same Kind return the
 	// existing task instead of creating a second one.
 	IdempotencyKey string
-	// MaxAttempts overrides the store's default when > 0.
+	// MaxAttempts, when > 0, is the task's own limit of runs. When 0 the
+	// task has none (max_attempts NULL) and the MaxAttempts of the store
+	// that records a failed run decides (a worker's
+	// INGEST_REDIS_MAX_ATTEMPTS), whichever process created it.
 	MaxAttempts int
 	// DedupByPayload returns the existing non-DEAD task of the same Kind with
 	// the same canonical payload instead of creating a second one.
 	DedupByPayload bool
+	// Traceparent, when set, is the W3C traceparent of the task's parent
+	// span. When empty the span in the context given to Create (through
+	// the create span) is, if there is one.
+	Traceparent string
+	// RunAt delays the task: it is QUEUED with next_retry_at = RunAt, and
+	// its outbox row is due then, so it is published to the stream (and
+	// started) only once RunAt has come. A RunAt in the past means now. At
+	// most one of RunAt and Delay may be set.
+	RunAt time.Time
+	// Delay delays the task by this long from its creation (the database's
+	// clock), like RunAt.
+	Delay time.Duration
+	// Timeout, when > 0, is the deadline of each run of the task's handler
+	// (stored as timeout_ms; see the worker for the defaults that apply
+	// otherwise). It is kept to the millisecond.
+	Timeout time.Duration
 }
 
 // CreateResult is the outcome of creating one task.
@@ -63,7 +86,7 @@ func (s *Store) CreateBatch(ctx context.Context, nts []NewTask) ([]CreateResult,
 	if _, nested := s.db.(pgx.Tx); !nested {
 		// Inside a caller's transaction the commit is not ours: the
 		// entries must wait for it, which the NOTIFY does.
-		relay = s.relay.Load()
+		relay = s.relay
 	}
 	var res []CreateResult
 	var claim outbox.Claim
@@ -81,13 +104,6 @@ func (s *Store) CreateBatch(ctx context.Context, nts []NewTask) ([]CreateResult,
 	return res, nil
 }
 
-// PublishThrough makes Create and CreateBatch hand the tasks they commit to
-// relay r, which publishes them at once while it runs, instead of leaving
-// them to the next relay pass that a NOTIFY wakes (see
-// outbox.Relay.InsertClaimed). The guarantees are the same either way; nil
-// turns it off. NewService does this with the service's relay.
-func (s *Store) PublishThrough(r *outbox.Relay) { s.relay.Store(r) }
-
 // CreateTx creates tasks inside the caller's transaction, so they commit
 // (and are published) atomically with the caller's own writes, or not at
 // all. Each task gets its QUEUED audit row and a NEW outbox event.
@@ -99,16 +115,17 @@ func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, nts ...NewTask) ([]Crea
 // createTx is CreateTx, writing the outbox rows claimed by relay when it is
 // not nil, and returns their claim (zero when they went unclaimed, and on
 // an error: the claim is taken last).
-func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nts []NewTask) ([]CreateResult, outbox.Claim, error) {
-	var claim outbox.Claim
+func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nts []NewTask) (res []CreateResult, claim outbox.Claim, err error) {
 	if len(nts) == 0 {
 		return nil, claim, nil
 	}
-	items, err := s.prepare(nts)
+	ctx, span := startCreateSpan(ctx, nts)
+	defer func() { endCreateSpan(span, res, err) }()
+	items, err := s.prepare(ctx, nts)
 	if err != nil {
 		return nil, claim, err
 	}
-	res := make([]CreateResult, len(items))
+	res = make([]CreateResult, len(items))
 	done := make([]bool, len(items))
 
 	if err := s.dedupByPayload(ctx, tx, items, res, done); err != nil {
@@ -126,8 +143,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 		cols := struct {
 			ids              []uuid.UUID
 			kinds, shas, key []string
-			payloads         []string
+			payloads, tps    []string
 			max              []int32
+			runAt            []*time.Time
+			delay, timeout   []int64
 		}{}
 		for _, i := range ins {
 			it := items[i]
@@ -137,8 +156,17 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 			cols.shas = append(cols.shas, it.sha)
 			cols.key = append(cols.key, it.IdempotencyKey)
 			cols.max = append(cols.max, int32(it.MaxAttempts))
+			var runAt *time.Time
+			if !it.RunAt.IsZero() {
+				runAt = &it.RunAt
+			}
+			cols.runAt = append(cols.runAt, runAt)
+			cols.delay = append(cols.delay, it.Delay.Milliseconds())
+			cols.timeout = append(cols.timeout, it.Timeout.Milliseconds())
+			cols.tps = append(cols.tps, it.Traceparent)
 		}
-		rows, err := tx.Query(ctx, insertTasksSQL, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max)
+		rows, err := tx.Query(ctx, insertTasksSQL, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
+			cols.runAt, cols.delay, cols.timeout, cols.tps)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -154,12 +182,20 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 	// Rows not inserted lost to an idempotency key: a task that existed
 	// before, or an earlier item of this batch.
 	var recs []transition.Record
-	var newIDs []uuid.UUID
+	var newIDs, delayedIDs []uuid.UUID
+	var due []*time.Time
 	for _, i := range ins {
 		it := items[i]
 		if t, ok := inserted[it.id]; ok {
 			res[i] = CreateResult{Task: t}
 			recs = append(recs, transition.Record{TaskID: t.ID, To: string(Queued), Message: "created"})
+			if t.NextRetryAt != nil {
+				// Delayed: its outbox row is due when the task is, and
+				// is never claimed for direct publishing.
+				delayedIDs = append(delayedIDs, t.ID)
+				due = append(due, t.NextRetryAt)
+				continue
+			}
 			newIDs = append(newIDs, t.ID)
 			continue
 		}
@@ -170,6 +206,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 		res[i] = CreateResult{Task: t, Existing: true}
 	}
 	if err := transition.Insert(ctx, tx, recs...); err != nil {
+		return nil, claim, err
+	}
+	if err := outbox.InsertDue(ctx, tx, s.cfg.Stream, delayedIDs, due); err != nil {
 		return nil, claim, err
 	}
 	if relay == nil {
@@ -194,11 +233,18 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 	return res, claim, nil
 }
 
+// insertTasksSQL inserts the tasks. A delayed task (run_at $7 in the
+// future, or delay_ms $8 > 0, the latter from the database's clock) is due
+// at that time; any other is due now (next_retry_at NULL). A timeout_ms
+// $9 of 0 is stored as NULL (none of its own).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts)
-SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), max_attempts
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, ord)
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, timeout_ms, traceparent)
+SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0),
+    CASE WHEN run_at > now() THEN run_at
+         WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END,
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, '')
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, ord)
 ORDER BY ord
 ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + taskColumns
@@ -261,7 +307,8 @@ type prepared struct {
 // it unambiguous whatever the kind contains.
 func (p prepared) dedupKey() string { return p.Kind + "/" + p.sha }
 
-func (s *Store) prepare(nts []NewTask) ([]prepared, error) {
+func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) {
+	traceparent := tracing.Inject(ctx)
 	items := make([]prepared, len(nts))
 	for i, nt := range nts {
 		where := ""
@@ -269,28 +316,12 @@ func (s *Store) prepare(nts []NewTask) ([]prepared, error) {
 			where = fmt.Sprintf("task %d: ", i)
 		}
 		nt.Kind = strings.TrimSpace(nt.Kind)
-		switch {
-		case nt.Kind == "":
-			return nil, fmt.Errorf("%w: %skind is required", ErrInvalidTask, where)
-		case len(nt.Kind) > MaxKindLength:
-			return nil, fmt.Errorf("%w: %skind is longer than %d bytes", ErrInvalidTask, where, MaxKindLength)
-		case !validText(nt.Kind):
-			return nil, fmt.Errorf("%w: %skind must be valid UTF-8 without NUL characters", ErrInvalidTask, where)
-		case len(nt.IdempotencyKey) > 1000:
-			return nil, fmt.Errorf("%w: %sidempotency_key is longer than 1000 bytes", ErrInvalidTask, where)
-		case !validText(nt.IdempotencyKey):
-			return nil, fmt.Errorf("%w: %sidempotency_key must be valid UTF-8 without NUL characters", ErrInvalidTask, where)
-		case nt.MaxAttempts < 0:
-			return nil, fmt.Errorf("%w: %smax_attempts must be >= 1, got %d", ErrInvalidTask, where, nt.MaxAttempts)
-		case len(nt.Payload) > s.cfg.MaxPayloadBytes:
-			return nil, fmt.Errorf("%w: %spayload is %d bytes, the limit is %d", ErrPayloadTooLarge, where, len(nt.Payload), s.cfg.MaxPayloadBytes)
+		canonical, ferr := nt.check(s.cfg.MaxPayloadBytes)
+		if ferr != nil {
+			return nil, fmt.Errorf("%w: %s%s", ferr.Unwrap(), where, ferr.Msg)
 		}
-		if nt.MaxAttempts == 0 {
-			nt.MaxAttempts = s.cfg.MaxAttempts
-		}
-		canonical, err := Canonical(nt.Payload)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %spayload: %v", ErrInvalidTask, where, err)
+		if nt.Traceparent == "" {
+			nt.Traceparent = traceparent
 		}
 		sum := sha256.Sum256(canonical)
 		id, err := uuid.NewV7()
@@ -300,6 +331,90 @@ func (s *Store) prepare(nts []NewTask) ([]prepared, error) {
 		items[i] = prepared{NewTask: nt, id: id, canonical: canonical, sha: hex.EncodeToString(sum[:]), sameAs: -1}
 	}
 	return items, nil
+}
+
+// MaxDelay is the longest Delay accepted (a RunAt may be any time).
+const MaxDelay = 100 * 365 * 24 * time.Hour
+
+// MaxTimeout is the longest Timeout accepted: timeout_ms is an int column.
+const MaxTimeout = time.Duration(math.MaxInt32) * time.Millisecond
+
+// MaxIdempotencyKeyLength is the longest idempotency key accepted.
+const MaxIdempotencyKeyLength = 1000
+
+// FieldError is the bad field of a new task.
+type FieldError struct {
+	// Field is kind, payload, idempotency_key, max_attempts, run_at,
+	// delay_ms, timeout_ms or traceparent.
+	Field string
+	Msg   string
+	// TooLarge is set when the payload is over the size limit.
+	TooLarge bool
+}
+
+func (e *FieldError) Error() string { return e.Msg }
+
+// Unwrap returns ErrPayloadTooLarge or ErrInvalidTask.
+func (e *FieldError) Unwrap() error {
+	if e.TooLarge {
+		return ErrPayloadTooLarge
+	}
+	return ErrInvalidTask
+}
+
+// Validate checks a new task as Create would, with payloads limited to
+// maxPayloadBytes, and names the first bad field. Kind is checked with
+// surrounding white space trimmed, as Create stores it.
+func (nt NewTask) Validate(maxPayloadBytes int) *FieldError {
+	nt.Kind = strings.TrimSpace(nt.Kind)
+	_, ferr := nt.check(maxPayloadBytes)
+	return ferr
+}
+
+// check validates nt (its kind already trimmed) and returns its canonical
+// payload.
+func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
+	bad := func(field, format string, args ...any) ([]byte, *FieldError) {
+		return nil, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case nt.Kind == "":
+		return bad("kind", "kind is required")
+	case len(nt.Kind) > MaxKindLength:
+		return bad("kind", "kind is longer than %d bytes", MaxKindLength)
+	case !validText(nt.Kind):
+		return bad("kind", "kind must be valid UTF-8 without NUL characters")
+	case len(nt.IdempotencyKey) > MaxIdempotencyKeyLength:
+		return bad("idempotency_key", "idempotency_key is longer than %d bytes", MaxIdempotencyKeyLength)
+	case !validText(nt.IdempotencyKey):
+		return bad("idempotency_key", "idempotency_key must be valid UTF-8 without NUL characters")
+	case nt.Traceparent != "" && !tracing.Valid(nt.Traceparent):
+		return bad("traceparent", "traceparent %q is not a valid W3C traceparent", clip.String(nt.Traceparent, 64))
+	case nt.MaxAttempts < 0:
+		return bad("max_attempts", "max_attempts must be >= 1, got %d", nt.MaxAttempts)
+	case nt.Delay < 0:
+		return bad("delay_ms", "delay_ms must be >= 0, got %d", nt.Delay.Milliseconds())
+	case nt.Delay > MaxDelay:
+		return bad("delay_ms", "delay_ms must be at most %d (%s), got %d", MaxDelay.Milliseconds(), MaxDelay, nt.Delay.Milliseconds())
+	case nt.Delay > 0 && !nt.RunAt.IsZero():
+		return bad("run_at", "run_at and delay_ms are exclusive: set at most one")
+	case !nt.RunAt.IsZero() && (nt.RunAt.Year() < 1 || nt.RunAt.Year() > 9999):
+		return bad("run_at", "run_at %s is out of range (years 1 to 9999)", nt.RunAt.Format(time.RFC3339))
+	case nt.Timeout < 0:
+		return bad("timeout_ms", "timeout_ms must be >= 0 (0: the default), got %d", nt.Timeout.Milliseconds())
+	case nt.Timeout > MaxTimeout:
+		return bad("timeout_ms", "timeout_ms must be at most %d, got %d", MaxTimeout.Milliseconds(), nt.Timeout.Milliseconds())
+	case nt.Timeout > 0 && nt.Timeout < time.Millisecond:
+		return bad("timeout_ms", "timeout_ms must be at least 1 ms, got %s", nt.Timeout)
+	case len(nt.Payload) > maxPayloadBytes:
+		return nil, &FieldError{Field: "payload", TooLarge: true,
+			Msg: fmt.Sprintf("payload is %d bytes, the limit is %d", len(nt.Payload), maxPayloadBytes)}
+	}
+	canonical, err := Canonical(nt.Payload)
+	if err != nil {
+		return bad("payload", "payload: %v", err)
+	}
+	return canonical, nil
 }
 
 // validText reports whether s can be stored in a Postgres text column.

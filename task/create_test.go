@@ -99,7 +99,7 @@ func TestCreateBatchAllOrNothing(t *testing.T) {
 		{Kind: "a", Payload: json.RawMessage(`1`)},
 		{Kind: "b", Payload: json.RawMessage(`2`), MaxAttempts: 7},
 	})
-	if err != nil || len(res) != 2 || res[0].Task.Kind != "a" || res[1].Task.Kind != "b" || res[1].Task.MaxAttempts != 7 {
+	if err != nil || len(res) != 2 || res[0].Task.Kind != "a" || res[1].Task.Kind != "b" || res[0].Task.MaxAttempts != nil || res[1].Task.MaxAttempts == nil || *res[1].Task.MaxAttempts != 7 {
 		t.Fatalf("CreateBatch = %+v, %v; want both tasks in order", res, err)
 	}
 	if got := b.rows(t); got != [3]int{2, 2, 2} {
@@ -347,6 +347,13 @@ func TestCreateValidation(t *testing.T) {
 		{"KeyInvalidUTF8", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), IdempotencyKey: "a\xffb"}, task.ErrInvalidTask, []string{"idempotency_key"}},
 		{"LongKey", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), IdempotencyKey: strings.Repeat("i", 1001)}, task.ErrInvalidTask, []string{"idempotency_key"}},
 		{"NegativeMaxAttempts", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), MaxAttempts: -1}, task.ErrInvalidTask, []string{"max_attempts"}},
+		{"RunAtAndDelay", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Now().Add(time.Hour), Delay: time.Minute}, task.ErrInvalidTask, []string{"run_at", "delay_ms", "exclusive"}},
+		{"NegativeDelay", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Delay: -time.Second}, task.ErrInvalidTask, []string{"delay_ms", "-1000"}},
+		{"HugeDelay", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Delay: task.MaxDelay + time.Millisecond}, task.ErrInvalidTask, []string{"delay_ms", "at most"}},
+		{"RunAtOutOfRange", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, task.ErrInvalidTask, []string{"run_at", "out of range"}},
+		{"NegativeTimeout", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Timeout: -time.Second}, task.ErrInvalidTask, []string{"timeout_ms", "-1000"}},
+		{"SubMillisecondTimeout", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Timeout: time.Microsecond}, task.ErrInvalidTask, []string{"timeout_ms", "1 ms"}},
+		{"HugeTimeout", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Timeout: task.MaxTimeout + time.Millisecond}, task.ErrInvalidTask, []string{"timeout_ms", "at most"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -396,5 +403,56 @@ func TestCreateValidationWritesNothing(t *testing.T) {
 	}
 	if got := b.rows(t); got != [3]int{0, 0, 0} {
 		t.Fatalf("invalid creates left %v rows", got)
+	}
+}
+
+// TestDelayedCreate checks that a delayed task is QUEUED with next_retry_at
+// at its due time, that its outbox row is due then too, that it cannot be
+// started before, and that a run_at in the past means now.
+func TestDelayedCreate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	runAt := time.Now().Add(time.Hour).Truncate(time.Microsecond)
+	res, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+		{Kind: "k", Payload: json.RawMessage(`1`), RunAt: runAt, Timeout: 1500 * time.Millisecond},
+		{Kind: "k", Payload: json.RawMessage(`2`), Delay: 300 * time.Millisecond},
+		{Kind: "k", Payload: json.RawMessage(`3`), RunAt: time.Now().Add(-time.Hour)},
+		{Kind: "k", Payload: json.RawMessage(`4`)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, delayed, past, now := res[0].Task, res[1].Task, res[2].Task, res[3].Task
+	if at.Status != task.Queued || at.NextRetryAt == nil || !at.NextRetryAt.Equal(runAt) {
+		t.Fatalf("run_at task: status %s next_retry_at %v, want QUEUED at %v", at.Status, at.NextRetryAt, runAt)
+	}
+	if at.TimeoutMS != 1500 || now.TimeoutMS != 0 {
+		t.Fatalf("timeout_ms = %d and %d, want 1500 and 0 (none)", at.TimeoutMS, now.TimeoutMS)
+	}
+	if delayed.NextRetryAt == nil || delayed.NextRetryAt.Sub(delayed.CreatedAt) != 300*time.Millisecond {
+		t.Fatalf("delay_ms task: next_retry_at %v, created %v: want 300ms after", delayed.NextRetryAt, delayed.CreatedAt)
+	}
+	if past.NextRetryAt != nil || now.NextRetryAt != nil {
+		t.Fatalf("a past run_at and no delay must be due now (no next_retry_at): %v, %v", past.NextRetryAt, now.NextRetryAt)
+	}
+	// Each outbox row is due when its task is.
+	for _, tk := range []task.Task{at, delayed, past, now} {
+		var due, created time.Time
+		if err := b.db.QueryRow(b.ctx, `SELECT next_retry_at, created_at FROM outbox_event WHERE task_id = $1`, tk.ID).Scan(&due, &created); err != nil {
+			t.Fatal(err)
+		}
+		want := created
+		if tk.NextRetryAt != nil {
+			want = *tk.NextRetryAt
+		}
+		if !due.Equal(want) {
+			t.Errorf("task %s: outbox row due %v, want %v", tk.ID, due, want)
+		}
+	}
+	b.start(t, "w", time.Minute, at.ID, task.NotDue)
+	b.start(t, "w", time.Minute, past.ID, task.Started)
+	r := b.startWhenDue(t, "w", time.Minute, delayed.ID)
+	if since := time.Since(delayed.CreatedAt); r.Outcome != task.Started || since < 300*time.Millisecond {
+		t.Fatalf("the delayed task started (%s) %s after its creation, before its delay of 300ms", r.Outcome, since)
 	}
 }

@@ -1,13 +1,23 @@
 // Package task owns the task state machine and its store in Postgres.
 //
-// States and the allowed transitions are those of DESIGN §2. Every state
-// change is ONE conditional UPDATE whose WHERE clause is the guard (status,
-// lease owner, due time), run together with the insert of its audit row
-// (package transition) in one transaction. A change whose guard does not
-// match changes nothing and is reported as not applied: it is never an error.
-// Decisions that depend on the row (RETRYING or DEAD, the backoff delay) are
-// made inside the UPDATE against the row's current attempt_count, never
-// against a copy in memory.
+// States and the allowed transitions are those of docs/ARCHITECTURE.md §2.
+// Every state change is ONE conditional UPDATE whose WHERE clause is the
+// guard (status, lease owner, due time), and its audit row in
+// ingest_task_transition commits with it:
+//
+//   - Start, Succeed, Fail and Release write their audit rows themselves:
+//     the UPDATE and an INSERT INTO ingest_task_transition are CTEs of one
+//     statement (task/transitions.go), so change and audit row are one
+//     implicit transaction and one round trip.
+//   - Creation and Redrive insert theirs with transition.Insert in the same
+//     pgx.Tx as the change.
+//
+// A change whose guard does not match changes nothing, writes no audit row
+// and is reported as not applied: it is never an error. Decisions that
+// depend on the row (RETRYING or DEAD, the backoff delay) are made inside
+// the UPDATE against the row's current attempt_count, never against a copy
+// in memory. Renew extends a lease; it is no state change and writes no
+// audit row.
 //
 // Every operation after creation takes many ids at once, so a consumer
 // starts or completes a whole read batch in one statement. Rows are locked
@@ -16,4 +26,12 @@
 // Creating a task also writes its outbox_event row (package outbox) in the
 // same transaction; with CreateTx that is the caller's own pgx.Tx, so a task
 // commits atomically with the caller's business data.
+//
+// No SQL outside this package (and the migrations) names a task state. The
+// statements other components need that select tasks by state live here as
+// functions on a DB (a pool or a transaction): the rescuer's
+// (RescueCandidates, Rescue), the reclaimer's republishing of deleted
+// stream entries (RepublishDeleted) and outbox retention
+// (DeleteSentOutbox). Their guards (a task is due, startable, terminal)
+// are SQL fragments written once (guards.go), shared with Start.
 package task

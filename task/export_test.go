@@ -6,11 +6,23 @@ package task
 func HotStatements() map[string][2]string {
 	const ids, owner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
 	return map[string][2]string{
-		"start":   {startSQL, ids + ", " + owner + ", 60000, 1024"},
+		"start":   {startSQL, ids + ", " + owner + ", 60000, 1024, 10"},
 		"renew":   {renewSQL, ids + ", " + owner + ", 60000"},
 		"succeed": {succeedSQL, ids + ", " + owner},
-		"fail":    {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}'`},
+		"fail":    {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`},
 		"release": {releaseSQL, ids + ", " + owner},
 		"redrive": {redriveSQL, ids},
+	}
+}
+
+// RescueStatements are the rescuer's candidate queries and its re-check,
+// each with example arguments as SQL literals (for the plan test).
+func RescueStatements() map[string][2]string {
+	const page = `'-infinity', '00000000-0000-0000-0000-000000000000', 100, 60000`
+	return map[string][2]string{
+		"queued":        {rescueSQL[RescueQueued], page},
+		"retrying":      {rescueSQL[RescueRetrying], page},
+		"running":       {rescueSQL[RescueRunning], page},
+		"still-missing": {stillMissingSQL, `'{00000000-0000-7000-8000-000000000001}', '{0}'`},
 	}
 }

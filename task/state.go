@@ -1,5 +1,7 @@
 package task
 
+import "slices"
+
 // State is the status of a task (column ingest_task.status).
 type State string
 
@@ -17,10 +19,13 @@ const (
 	// Dead: terminal until an operator redrives it; attempts are exhausted
 	// or the failure was permanent.
 	Dead State = "DEAD"
+	// Cancelled: terminal until an operator redrives it; an operator
+	// cancelled the task (Store.Cancel), before it ran or while it ran.
+	Cancelled State = "CANCELLED"
 )
 
 // States lists every state.
-var States = []State{Queued, Running, Retrying, Succeeded, Dead}
+var States = []State{Queued, Running, Retrying, Succeeded, Dead, Cancelled}
 
 // Valid reports whether s is a known state.
 func (s State) Valid() bool {
@@ -32,23 +37,25 @@ func (s State) Valid() bool {
 	return false
 }
 
-// Terminal reports whether no worker will run a task in state s again.
-func (s State) Terminal() bool { return s == Succeeded || s == Dead }
+// Terminal reports whether no worker will run a task in state s again:
+// SUCCEEDED, DEAD or CANCELLED (see terminalStates).
+func (s State) Terminal() bool { return slices.Contains(terminalStates, s) }
 
-// allowed is the transition table of DESIGN §2; "" is the state before
+// allowed is the transition table of docs/ARCHITECTURE.md §2.2; "" is the state before
 // creation.
 var allowed = map[State][]State{
 	"":        {Queued},
-	Queued:    {Running},
-	Retrying:  {Running},
-	Running:   {Running, Succeeded, Retrying, Dead},
+	Queued:    {Running, Cancelled},
+	Retrying:  {Running, Cancelled},
+	Running:   {Running, Succeeded, Retrying, Dead, Cancelled},
 	Dead:      {Queued},
+	Cancelled: {Queued},
 	Succeeded: {},
 }
 
 // CanTransition reports whether from → to is an allowed transition ("" as
 // from means creation). Running → Running is the takeover of an expired
-// lease.
+// lease; Dead → Queued and Cancelled → Queued are the redrive.
 func CanTransition(from, to State) bool {
 	for _, s := range allowed[from] {
 		if s == to {
@@ -64,7 +71,9 @@ type StartOutcome string
 const (
 	// Started: the task is RUNNING under the caller's lease.
 	Started StartOutcome = "STARTED"
-	// Skipped: the task is terminal, or RUNNING under another live lease.
+	// Skipped: the task is terminal, or RUNNING under another live lease,
+	// or this call's takeover used up its last attempt and moved it to DEAD
+	// (StartResult.Died).
 	Skipped StartOutcome = "SKIPPED"
 	// NotDue: the task is RETRYING (or QUEUED) with next_retry_at in the
 	// future.

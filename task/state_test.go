@@ -10,16 +10,20 @@ import (
 
 func TestCanTransition(t *testing.T) {
 	t.Parallel()
-	// The table of DESIGN §2, written out independently of the code's.
+	// The table of docs/ARCHITECTURE.md §2.2, written out independently of the code's.
 	allowed := map[[2]task.State]bool{
-		{"", task.Queued}:              true, // enqueue
-		{task.Queued, task.Running}:    true, // start
-		{task.Retrying, task.Running}:  true, // start when due
-		{task.Running, task.Running}:   true, // takeover of an expired lease
-		{task.Running, task.Succeeded}: true,
-		{task.Running, task.Retrying}:  true, // failure with attempts left, or release
-		{task.Running, task.Dead}:      true, // exhausted or permanent
-		{task.Dead, task.Queued}:       true, // redrive
+		{"", task.Queued}:               true, // enqueue
+		{task.Queued, task.Running}:     true, // start
+		{task.Retrying, task.Running}:   true, // start when due
+		{task.Running, task.Running}:    true, // takeover of an expired lease
+		{task.Running, task.Succeeded}:  true,
+		{task.Running, task.Retrying}:   true, // failure with attempts left, or release
+		{task.Running, task.Dead}:       true, // exhausted or permanent
+		{task.Dead, task.Queued}:        true, // redrive
+		{task.Queued, task.Cancelled}:   true, // cancel of a waiting task
+		{task.Retrying, task.Cancelled}: true,
+		{task.Running, task.Cancelled}:  true, // cancel of a running task, at its completion
+		{task.Cancelled, task.Queued}:   true, // redrive
 	}
 	all := append([]task.State{""}, task.States...)
 	all = append(all, "BOGUS")
@@ -63,6 +67,7 @@ func TestState(t *testing.T) {
 		{task.Retrying, true, false},
 		{task.Succeeded, true, true},
 		{task.Dead, true, true},
+		{task.Cancelled, true, true},
 		{"", false, false},
 		{"queued", false, false},
 		{"BOGUS", false, false},
@@ -75,7 +80,7 @@ func TestState(t *testing.T) {
 			t.Errorf("State(%q).Terminal() = %v, want %v", tt.state, got, tt.terminal)
 		}
 	}
-	if len(task.States) != 5 {
-		t.Errorf("States has %d entries, want the 5 of DESIGN §2", len(task.States))
+	if len(task.States) != 6 {
+		t.Errorf("States has %d entries, want the 6 of docs/ARCHITECTURE.md §2.1", len(task.States))
 	}
 }

@@ -1,20 +1,21 @@
 package task
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/clip"
-	"github.com/ingest-worker/ingest/internal/defaults"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // DB is what the store runs statements on: a *pgxpool.Pool, a *pgx.Conn or
@@ -28,13 +29,20 @@ type DB interface {
 
 // Defaults for Config.
 const (
-	DefaultStream          = "ingest:tasks"
+	DefaultStream          = stream.DefaultStream
 	DefaultMaxAttempts     = 10
 	DefaultMaxPayloadBytes = 1 << 20
 	// MaxErrorBytes is the limit last_error and error_message are cut to
 	// (at a rune boundary, so they stay valid UTF-8).
-	MaxErrorBytes = 4096
+	MaxErrorBytes = clip.MaxErrorBytes
 )
+
+// Backoff is the retry delay policy of failed runs; package
+// internal/backoff owns its formula, defaults and validation.
+type Backoff = backoff.Policy
+
+// DefaultBackoff is the policy used when none is configured.
+var DefaultBackoff = backoff.Default
 
 // Sentinel errors.
 var (
@@ -47,7 +55,11 @@ var (
 type Config struct {
 	// Stream is the Redis stream that outbox events of new tasks go to.
 	Stream string
-	// MaxAttempts is the max_attempts of tasks created without one.
+	// MaxAttempts is the limit of runs of the tasks that have none of their
+	// own (created without max_attempts): the statements that record a
+	// failed or abandoned run decide RETRYING or DEAD against it. So the
+	// workers' setting (INGEST_REDIS_MAX_ATTEMPTS) governs such tasks, not
+	// the setting of the process that created them.
 	MaxAttempts int
 	// MaxPayloadBytes bounds the size of a task's JSON payload.
 	MaxPayloadBytes int
@@ -55,15 +67,20 @@ type Config struct {
 	Backoff Backoff
 }
 
-func (c *Config) setDefaults() {
-	defaults.Set(&c.Stream, DefaultStream)
-	defaults.Set(&c.MaxAttempts, DefaultMaxAttempts)
-	defaults.Set(&c.MaxPayloadBytes, DefaultMaxPayloadBytes)
-	defaults.Set(&c.Backoff, DefaultBackoff)
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c Config) WithDefaults() Config {
+	c.Stream = cmp.Or(c.Stream, DefaultStream)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
+	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
+	return c
 }
 
-// Validate checks the configuration and names the bad field.
+// Validate checks the configuration, zero fields taking their defaults,
+// and names the bad field.
 func (c Config) Validate() error {
+	c = c.WithDefaults()
 	switch {
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("MaxAttempts must be >= 1, got %d", c.MaxAttempts)
@@ -80,16 +97,31 @@ func (c Config) Validate() error {
 type Store struct {
 	db    DB
 	cfg   Config
-	relay atomic.Pointer[outbox.Relay] // see PublishThrough
+	relay *outbox.Relay // see PublishThrough
 }
 
+// Option changes how a Store works.
+type Option func(*Store)
+
+// PublishThrough makes Create and CreateBatch hand the tasks they commit to
+// relay r, which publishes them at once while it runs, instead of leaving
+// them to the next relay pass that a NOTIFY wakes (see
+// outbox.Relay.InsertClaimed). The guarantees are the same either way; a
+// relay that is not running is simply not used. NewService builds its
+// store with the service's relay.
+func PublishThrough(r *outbox.Relay) Option { return func(s *Store) { s.relay = r } }
+
 // NewStore returns a store on db (usually a *pgxpool.Pool).
-func NewStore(cfg Config, db DB) (*Store, error) {
-	cfg.setDefaults()
+func NewStore(cfg Config, db DB, opts ...Option) (*Store, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("task store config: %w", err)
 	}
-	return &Store{db: db, cfg: cfg}, nil
+	s := &Store{db: db, cfg: cfg}
+	for _, o := range opts {
+		o(s)
+	}
+	return s, nil
 }
 
 // Config returns the store's configuration with defaults filled in.
@@ -104,33 +136,58 @@ type Task struct {
 	IdempotencyKey string          `json:"idempotency_key,omitempty"`
 	Status         State           `json:"status"`
 	AttemptCount   int             `json:"attempt_count"`
-	MaxAttempts    int             `json:"max_attempts"`
-	NextRetryAt    *time.Time      `json:"next_retry_at,omitempty"`
-	LastError      string          `json:"last_error,omitempty"`
-	ErrorMessage   string          `json:"error_message,omitempty"`
-	LeaseOwner     string          `json:"lease_owner,omitempty"`
-	LeaseUntil     *time.Time      `json:"lease_until,omitempty"`
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
-	FinishedAt     *time.Time      `json:"finished_at,omitempty"`
+	// MaxAttempts is the task's own limit of runs; nil when it has none and
+	// the MaxAttempts of the worker that records a failure applies (see
+	// EffectiveMaxAttempts).
+	MaxAttempts  *int       `json:"max_attempts"`
+	NextRetryAt  *time.Time `json:"next_retry_at,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+	ErrorMessage string     `json:"error_message,omitempty"`
+	LeaseOwner   string     `json:"lease_owner,omitempty"`
+	LeaseUntil   *time.Time `json:"lease_until,omitempty"`
+	CreatedAt    time.Time  `json:"created_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+	// TimeoutMS is the task's own handler timeout (timeout_ms); 0: none
+	// of its own, the worker's default applies.
+	TimeoutMS int `json:"timeout_ms,omitempty"`
+	// CancelRequestedAt, CancelReason and CancelRequestedBy record an
+	// operator's cancel (Store.Cancel): set on a RUNNING task whose handler
+	// is being cancelled, and kept on the CANCELLED task.
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
+	CancelReason      string     `json:"cancel_reason,omitempty"`
+	CancelRequestedBy string     `json:"cancel_requested_by,omitempty"`
+	// Traceparent is the W3C traceparent of the span the task was created
+	// under (its publish and attempt spans' parent); "" when none.
+	Traceparent string `json:"traceparent,omitempty"`
+}
+
+// EffectiveMaxAttempts returns the task's own limit of runs, or workerMax
+// (a worker's MaxAttempts) when it has none.
+func (t Task) EffectiveMaxAttempts(workerMax int) int {
+	if t.MaxAttempts != nil {
+		return *t.MaxAttempts
+	}
+	return workerMax
 }
 
 // taskColumns are the columns scanTask reads, in order.
 const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, ''), status, attempt_count, max_attempts,
 	next_retry_at, coalesce(last_error, ''), coalesce(error_message, ''), coalesce(lease_owner, ''), lease_until,
-	created_at, updated_at, finished_at`
+	created_at, updated_at, finished_at, cancel_requested_at, coalesce(cancel_reason, ''), coalesce(cancel_requested_by, ''),
+	coalesce(traceparent, ''), coalesce(timeout_ms, 0)`
 
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
 	dest := append([]any{&t.ID, &t.Kind, &t.Payload, &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
-		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt}, extra...)
+		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS}, extra...)
 	err := row.Scan(dest...)
 	return t, err
 }
 
 // truncateError makes msg valid Postgres text of at most MaxErrorBytes.
-func truncateError(msg string) string { return clip.PGText(msg, MaxErrorBytes) }
+func truncateError(msg string) string { return clip.Error(msg) }
 
 // inTx runs f in a transaction of s.db, retrying on deadlock or
 // serialization failure (f must be safe to run again).

@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/transition"
 )
@@ -35,43 +36,46 @@ type StartResult struct {
 // locked takes the row locks in id order and, being FOR NO KEY UPDATE,
 // reads the latest committed version of each row (the ids are joined from
 // unnest, so the rows are found through the primary key alone, whatever
-// the other indexes hold). The UPDATE's WHERE is the guard of DESIGN §2,
+// the other indexes hold). The UPDATE's WHERE is the guard of docs/ARCHITECTURE.md §2.2,
 // on locked's columns (see lockRunning)
 // (due QUEUED/RETRYING, or RUNNING with an expired lease: a takeover, which
 // counts the abandoned run as a failure and goes DEAD when it was the last
-// attempt). audit inserts one transition row per changed row. Rows the
+// attempt, or CANCELLED, uncounted, when a cancel had been requested; a
+// task created without max_attempts has $5, this store's MaxAttempts).
+// audit inserts one transition row per changed row. Rows the
 // guard refuses come back unchanged with started = false.
-const startSQL = `
+var startSQL = `
 WITH locked AS (
     SELECT t.* FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
     ORDER BY t.id FOR NO KEY UPDATE OF t
 ), upd AS (
     UPDATE ingest_task t SET
-        status        = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RUNNING' END,
-        attempt_count = t.attempt_count + CASE WHEN l.status = 'RUNNING' THEN 1 ELSE 0 END,
-        lease_owner   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN NULL ELSE $2 END,
-        lease_until   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN NULL
+        status        = CASE WHEN l.status = 'RUNNING' AND ` + cancelRequested("t") + ` THEN 'CANCELLED'
+                             WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= coalesce(t.max_attempts, $5) THEN 'DEAD' ELSE 'RUNNING' END,
+        attempt_count = t.attempt_count + CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN 1 ELSE 0 END,
+        lease_owner   = CASE WHEN l.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN NULL ELSE $2 END,
+        lease_until   = CASE WHEN l.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN NULL
                              ELSE now() + $3 * interval '1 millisecond' END,
-        finished_at   = CASE WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= t.max_attempts THEN now() END,
-        last_error    = CASE WHEN l.status = 'RUNNING' THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.last_error END,
-        error_message = CASE WHEN l.status = 'RUNNING' THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.error_message END,
+        finished_at   = CASE WHEN l.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN now() END,
+        last_error    = CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.last_error END,
+        error_message = CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.error_message END,
         next_retry_at = NULL,
         updated_at    = now()
     FROM locked l
     WHERE t.id = l.id AND (
-           (l.status IN ('QUEUED', 'RETRYING') AND (l.next_retry_at IS NULL OR l.next_retry_at <= now()))
-        OR (l.status = 'RUNNING' AND l.lease_until < now()))
+           ` + startable("l", "\n        ") + `)
       -- The same guard on the target row: re-checked by Postgres on the
       -- row's latest version, so a version older than the locked one is
       -- never written (the SET reads t). Wrapped in CASE so that no plan
       -- uses it to scan a status index (see targetGuard).
-      AND CASE WHEN (t.status IN ('QUEUED', 'RETRYING') AND (t.next_retry_at IS NULL OR t.next_retry_at <= now()))
-                 OR (t.status = 'RUNNING' AND t.lease_until < now()) THEN true ELSE false END
+      AND CASE WHEN ` + startable("t", "\n                 ") + ` THEN true ELSE false END
     RETURNING t.*, l.status AS from_status, coalesce(l.lease_owner, '') AS prev_owner
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
     SELECT id, from_status, status, attempt_count,
-           CASE WHEN from_status = 'RUNNING' THEN NULLIF(last_error, '') ELSE 'attempt ' || (attempt_count + 1) END, $2
+           CASE WHEN status = 'CANCELLED' THEN ` + cancelMessage("upd") + `
+                WHEN from_status = 'RUNNING' THEN NULLIF(last_error, '') ELSE 'attempt ' || (attempt_count + 1) END,
+           CASE WHEN status = 'CANCELLED' THEN cancel_requested_by ELSE $2 END
     FROM upd
 )
 SELECT ` + taskColumns + `, from_status, prev_owner, true FROM upd
@@ -90,7 +94,7 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 	byID := make(map[uuid.UUID]StartResult, len(ids))
 	err := s.retry(ctx, func() error {
 		clear(byID)
-		rows, err := s.db.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4)
+		rows, err := s.db.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
 		if err != nil {
 			return err
 		}
@@ -109,7 +113,7 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 				r.TookOver = true
 				r.Died = t.Status == Dead
 				r.Outcome = Started
-				if r.Died {
+				if r.Died || t.Status == Cancelled {
 					r.Outcome = Skipped
 				}
 			case started:
@@ -160,36 +164,49 @@ type Result struct {
 	LastError string
 	// LeaseOwner is the current lease owner (for reporting conflicts).
 	LeaseOwner string
-	// FinishedAt is when a SUCCEEDED or DEAD task finished; with the id it
-	// identifies one death of a task (a redriven task can die again).
+	// FinishedAt is when a SUCCEEDED, DEAD or CANCELLED task finished;
+	// with the id it identifies one death of a task (a redriven task can
+	// die again).
 	FinishedAt *time.Time
+	// From is the status before the call, for an applied redrive.
+	From State
 }
 
-const renewSQL = `
+var renewSQL = `
 WITH l AS (` + lockRunning + `
 )
 UPDATE ingest_task t SET lease_until = now() + $3 * interval '1 millisecond', updated_at = now()
 FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
       AND ` + targetGuard + `
-RETURNING t.id`
+RETURNING t.id, ` + cancelRequested("t")
 
 // Renew extends owner's lease on the RUNNING tasks of ids and returns the
-// ids whose lease it renewed; the others were lost (taken over or finished).
-// A renewal is no state change and writes no audit row.
-func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) ([]uuid.UUID, error) {
+// ids whose lease it renewed (the others were lost: taken over or
+// finished) and, among them, those whose cancel was requested (Cancel):
+// their handlers are to be cancelled. A renewal is no state change and
+// writes no audit row.
+func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) (renewed, cancel []uuid.UUID, err error) {
 	ids = distinct(ids)
 	if len(ids) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	rows, err := s.db.Query(ctx, renewSQL, ids, owner, lease.Milliseconds())
 	if err != nil {
-		return nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
+		return nil, nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
 	}
-	renewed, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	var id uuid.UUID
+	var cancelled bool
+	_, err = pgx.ForEachRow(rows, []any{&id, &cancelled}, func() error {
+		renewed = append(renewed, id)
+		if cancelled {
+			cancel = append(cancel, id)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
+		return nil, nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
 	}
-	return renewed, nil
+	return renewed, cancel, nil
 }
 
 // The completion statements below each change the rows of $1 that owner
@@ -229,22 +246,39 @@ const lockRunning = `
 const targetGuard = `CASE WHEN t.status = 'RUNNING' AND t.lease_owner = $2 THEN true ELSE false END`
 
 // guardedReturning is the RETURNING list of u.
-const guardedReturning = `RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, '') AS last_error, t.finished_at`
+// cancel_reason and cancel_requested_by feed the audit row of a
+// completion that a cancel request turned into CANCELLED.
+const guardedReturning = `RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, '') AS last_error, t.finished_at,
+        t.cancel_reason, t.cancel_requested_by`
 
-const succeedSQL = `
+// The completions below end a run whose cancel was requested (Cancel) in
+// CANCELLED, whatever the handler returned: the request committed first,
+// and the caller was told the task is being cancelled. The audit row then
+// carries the cancel's reason and its actor as the worker.
+var (
+	// cancelAuditMessage is the audit message of a completion of u that
+	// went CANCELLED (NULL for the others).
+	cancelAuditMessage = `CASE WHEN u.status = 'CANCELLED' THEN ` + cancelMessage("u") + ` END`
+	// cancelAuditWorker is the audit worker of a completion of u: the
+	// cancel's actor for CANCELLED, else the lease owner $2.
+	cancelAuditWorker = `CASE WHEN u.status = 'CANCELLED' THEN u.cancel_requested_by ELSE $2 END`
+)
+
+var succeedSQL = `
 WITH l AS (` + lockRunning + `
 ), u AS (
-    UPDATE ingest_task t SET status = 'SUCCEEDED', lease_owner = NULL, lease_until = NULL, next_retry_at = NULL,
-        finished_at = now(), updated_at = now()
+    UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'SUCCEEDED' END,
+        lease_owner = NULL, lease_until = NULL, next_retry_at = NULL, finished_at = now(), updated_at = now()
     FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
       AND ` + targetGuard + `
     ` + guardedReturning + `
 ), audit AS (
-    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, worker)
-    SELECT id, 'RUNNING', 'SUCCEEDED', attempt_count, $2 FROM u
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+    SELECT id, 'RUNNING', status, attempt_count, ` + cancelAuditMessage + `, ` + cancelAuditWorker + ` FROM u
 )` + guardedTail
 
-// Succeed moves the tasks of ids that owner holds RUNNING to SUCCEEDED.
+// Succeed moves the tasks of ids that owner holds RUNNING to SUCCEEDED (to
+// CANCELLED if their cancel was requested).
 func (s *Store) Succeed(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
 	return s.guardedStatement(ctx, "succeed", ids, succeedSQL, ids, owner)
@@ -263,22 +297,25 @@ type Failure struct {
 // failSQL records failed runs. Inputs are parallel arrays: id, error,
 // permanent, retry-after µs (0: use the backoff), audit message. RETRYING
 // or DEAD is decided here from the row's attempt_count; the backoff is
-// min($3 * 2^(attempt-1), $4) * (1 ± $5), in (fractional) ms.
-const failSQL = `
+// package backoff's delay after attempt_count + 1 failures, with base $3
+// and max $4 in (fractional) ms and jitter $5. A task created without
+// max_attempts has $10, the failing store's MaxAttempts (so the workers'
+// INGEST_REDIS_MAX_ATTEMPTS governs it). DEAD clears next_retry_at.
+var failSQL = `
 WITH f AS (
     SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[], $9::text[]) AS f(id, err, permanent, retry_after_us, msg)
 ), l AS (` + lockRunning + `
 ), u AS (
     UPDATE ingest_task t SET
-        attempt_count = t.attempt_count + 1,
-        status        = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN 'DEAD' ELSE 'RETRYING' END,
-        next_retry_at = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN NULL
+        attempt_count = t.attempt_count + CASE WHEN ` + cancelRequested("t") + ` THEN 0 ELSE 1 END,
+        status        = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED'
+                             WHEN f.permanent OR t.attempt_count + 1 >= coalesce(t.max_attempts, $10) THEN 'DEAD' ELSE 'RETRYING' END,
+        next_retry_at = CASE WHEN ` + cancelRequested("t") + ` OR f.permanent OR t.attempt_count + 1 >= coalesce(t.max_attempts, $10) THEN NULL
                              WHEN f.retry_after_us > 0 THEN now() + f.retry_after_us * interval '1 microsecond'
-                             ELSE now() + least($3::float8 * power(2::float8, least(t.attempt_count, 62)), $4::float8)
-                                          * (1 + $5::float8 * (2 * random() - 1)) * interval '1 millisecond' END,
-        finished_at   = CASE WHEN f.permanent OR t.attempt_count + 1 >= t.max_attempts THEN now() END,
-        last_error    = f.err,
-        error_message = f.err,
+                             ELSE now() + ` + backoff.SQL("t.attempt_count + 1", "$3", "$4", "$5", "random()") + ` END,
+        finished_at   = CASE WHEN ` + cancelRequested("t") + ` OR f.permanent OR t.attempt_count + 1 >= coalesce(t.max_attempts, $10) THEN now() END,
+        last_error    = CASE WHEN ` + cancelRequested("t") + ` THEN t.last_error ELSE f.err END,
+        error_message = CASE WHEN ` + cancelRequested("t") + ` THEN t.error_message ELSE f.err END,
         lease_owner   = NULL,
         lease_until   = NULL,
         updated_at    = now()
@@ -288,12 +325,15 @@ WITH f AS (
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
-    SELECT u.id, 'RUNNING', u.status, u.attempt_count, NULLIF(f.msg, ''), $2 FROM u JOIN f ON f.id = u.id
+    SELECT u.id, 'RUNNING', u.status, u.attempt_count, coalesce(` + cancelAuditMessage + `, NULLIF(f.msg, '')), ` + cancelAuditWorker + `
+    FROM u JOIN f ON f.id = u.id
 )` + guardedTail
 
 // Fail records failed runs of tasks that owner holds RUNNING: each goes
 // RETRYING (due after the backoff, or RetryAfter) while attempts remain, and
-// DEAD when they are exhausted or the failure is permanent.
+// DEAD when they are exhausted or the failure is permanent. A run whose
+// cancel was requested goes CANCELLED instead, not counted as a failure and
+// its error not stored (it is usually the cancelled context's).
 func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Result, error) {
 	seen := map[uuid.UUID]bool{}
 	var ids []uuid.UUID
@@ -316,44 +356,81 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 		perm = append(perm, f.Permanent)
 		after = append(after, f.RetryAfter.Microseconds())
 	}
-	b := s.cfg.Backoff
-	return s.guardedStatement(ctx, "fail", ids, failSQL, ids, owner, ms(b.Base), ms(b.Max), b.Jitter, errs, perm, after, msgs)
+	baseMS, maxMS, jitter := s.cfg.Backoff.SQLArgs()
+	return s.guardedStatement(ctx, "fail", ids, failSQL, ids, owner, baseMS, maxMS, jitter, errs, perm, after, msgs, s.cfg.MaxAttempts)
 }
 
-// ms is d in fractional milliseconds: a policy such as 1.5 ms keeps its
-// sub-millisecond part (Duration.Milliseconds would truncate it).
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-const releaseSQL = `
+var releaseSQL = `
 WITH l AS (` + lockRunning + `
 ), u AS (
-    UPDATE ingest_task t SET status = 'RETRYING', next_retry_at = now(), lease_owner = NULL, lease_until = NULL, updated_at = now()
+    UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'RETRYING' END,
+        next_retry_at = CASE WHEN ` + cancelRequested("t") + ` THEN NULL ELSE now() END,
+        finished_at = CASE WHEN ` + cancelRequested("t") + ` THEN now() END,
+        lease_owner = NULL, lease_until = NULL, updated_at = now()
     FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
       AND ` + targetGuard + `
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
-    SELECT id, 'RUNNING', 'RETRYING', attempt_count, 'released at shutdown', $2 FROM u
+    SELECT id, 'RUNNING', status, attempt_count, coalesce(` + cancelAuditMessage + `, 'released at shutdown'), ` + cancelAuditWorker + ` FROM u
 )` + guardedTail
 
 // Release hands back tasks that owner holds RUNNING without counting a
-// failure (graceful shutdown): they go RETRYING, due at once.
+// failure (graceful shutdown): they go RETRYING, due at once (CANCELLED if
+// their cancel was requested).
 func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
 	return s.guardedStatement(ctx, "release", ids, releaseSQL, ids, owner)
 }
 
-const redriveSQL = `
+var redriveSQL = `
 UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, finished_at = NULL,
-    lease_owner = NULL, lease_until = NULL, updated_at = now()
-FROM (SELECT id FROM ingest_task WHERE id = ANY($1::uuid[])
-      AND CASE WHEN status = 'DEAD' THEN true ELSE false END ORDER BY id FOR NO KEY UPDATE) l
-WHERE t.id = l.id AND CASE WHEN t.status = 'DEAD' THEN true ELSE false END
-RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), '', t.finished_at`
+    lease_owner = NULL, lease_until = NULL, cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL,
+    updated_at = now()
+FROM (SELECT id, status FROM ingest_task WHERE id = ANY($1::uuid[])
+      AND CASE WHEN status IN ` + redrivableSQL + ` THEN true ELSE false END ORDER BY id FOR NO KEY UPDATE) l
+WHERE t.id = l.id AND CASE WHEN t.status IN ` + redrivableSQL + ` THEN true ELSE false END
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), '', t.finished_at, l.status`
 
-// Redrive moves DEAD tasks back to QUEUED with their attempts reset (the
-// audit trail keeps the history) and a new outbox event, in one
-// transaction. actor is recorded as the transition's worker.
+// republishWaitingSQL gives a new outbox row (to stream $2) to each task
+// of $1 that still waits to run and whose latest outbox row is DEAD: the
+// relay gave up publishing it (the queue was unreachable for all its
+// attempts), so the task never reached a worker. The caller holds the row
+// locks.
+var republishWaitingSQL = `
+INSERT INTO outbox_event (task_id, stream)
+SELECT t.id, $2
+FROM ingest_task t
+JOIN LATERAL (SELECT o.status FROM outbox_event o WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1) last ON true
+WHERE t.id = ANY($1::uuid[]) AND t.status IN ` + waitingSQL + ` AND last.status = 'DEAD'
+RETURNING task_id`
+
+// republishWaiting runs republishWaitingSQL in tx and returns the tasks it
+// gave a new outbox row.
+func republishWaiting(ctx context.Context, tx pgx.Tx, stream string, ids []uuid.UUID) ([]uuid.UUID, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rows, err := tx.Query(ctx, republishWaitingSQL, ids, stream)
+	if err != nil {
+		return nil, fmt.Errorf("republish %d waiting tasks: %w", len(ids), err)
+	}
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, fmt.Errorf("republish waiting tasks: %w", err)
+	}
+	return ids, nil
+}
+
+// Redrive moves DEAD and CANCELLED tasks back to QUEUED with their
+// attempts reset and their cancel request cleared (the audit trail keeps
+// the history) and a new outbox event, in one transaction. actor is
+// recorded as the transition's worker.
+//
+// A QUEUED or RETRYING task whose latest outbox event is DEAD (publishing
+// gave up while the queue was unreachable, so the task never reached a
+// worker) is redriven too: it gets a new outbox event and keeps its state
+// (Applied, no transition).
 func (s *Store) Redrive(ctx context.Context, actor string, ids ...uuid.UUID) ([]Result, error) {
 	var res []Result
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -367,22 +444,45 @@ func (s *Store) Redrive(ctx context.Context, actor string, ids ...uuid.UUID) ([]
 // RedriveTx is Redrive inside the caller's transaction.
 func (s *Store) RedriveTx(ctx context.Context, tx pgx.Tx, actor string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	// Every row is locked first, in id order, as every other statement of
+	// this package locks: the redrive and the republish below lock two
+	// subsets one after the other, which alone could deadlock with them.
+	if _, err := tx.Exec(ctx, lockTasksSQL, ids); err != nil {
+		return nil, fmt.Errorf("redrive: %w", err)
+	}
 	res, err := s.guardedTx(ctx, tx, ids, func(tx pgx.Tx) (pgx.Rows, error) {
 		return tx.Query(ctx, redriveSQL, ids)
 	}, func(r Result) transition.Record {
-		return transition.Record{TaskID: r.ID, From: string(Dead), To: string(Queued), AttemptCount: 0, Worker: actor, Message: "redrive"}
+		return transition.Record{TaskID: r.ID, From: string(r.From), To: string(Queued), AttemptCount: 0, Worker: actor, Message: "redrive"}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("redrive: %w", err)
 	}
-	var applied []uuid.UUID
+	var applied, waiting []uuid.UUID
 	for _, r := range res {
-		if r.Applied {
+		switch {
+		case r.Applied:
 			applied = append(applied, r.ID)
+		case r.Status == Queued || r.Status == Retrying:
+			waiting = append(waiting, r.ID)
 		}
 	}
 	if err := outbox.Insert(ctx, tx, s.cfg.Stream, applied...); err != nil {
 		return nil, err
+	}
+	republished, err := republishWaiting(ctx, tx, s.cfg.Stream, waiting)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range republished {
+		for i := range res {
+			if res[i].ID == id {
+				res[i].Applied = true
+			}
+		}
 	}
 	return res, nil
 }
@@ -467,7 +567,11 @@ func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query
 	if err != nil {
 		return nil, err
 	}
-	applied, err := pgx.CollectRows(rows, scanResult)
+	applied, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Result, error) {
+		var r Result
+		err := row.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.LeaseOwner, &r.FinishedAt, &r.From)
+		return r, err
+	})
 	if err != nil {
 		return nil, err
 	}

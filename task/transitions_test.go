@@ -17,8 +17,8 @@ func TestAllowedTransitions(t *testing.T) {
 	t.Run("Enqueue", func(t *testing.T) {
 		t.Parallel()
 		tk := b.create(t, task.NewTask{Kind: "enqueue"})
-		if tk.Status != task.Queued || tk.AttemptCount != 0 || tk.MaxAttempts != 3 || tk.NextRetryAt != nil || tk.LeaseOwner != "" {
-			t.Fatalf("created task = %+v, want QUEUED, 0 of 3 attempts, no retry time, no lease", tk)
+		if tk.Status != task.Queued || tk.AttemptCount != 0 || tk.MaxAttempts != nil || tk.EffectiveMaxAttempts(3) != 3 || tk.NextRetryAt != nil || tk.LeaseOwner != "" {
+			t.Fatalf("created task = %+v, want QUEUED, 0 attempts, no limit of its own (the workers' applies), no retry time, no lease", tk)
 		}
 		recs := b.transitions(t, tk.ID)
 		if len(recs) != 1 || recs[0].From != "" || recs[0].To != string(task.Queued) || recs[0].AttemptCount != 0 {
@@ -328,7 +328,7 @@ func TestRefusedTransitions(t *testing.T) {
 				t.Parallel()
 				id := st.make(t)
 				before := b.snapshot(t, id)
-				renewed, err := b.store.Renew(b.ctx, "w1", time.Hour, id)
+				renewed, _, err := b.store.Renew(b.ctx, "w1", time.Hour, id)
 				if st.state == task.Running {
 					if err != nil || len(renewed) != 1 {
 						t.Fatalf("Renew by the owner = %v, %v; want the id", renewed, err)
@@ -346,7 +346,7 @@ func TestRefusedTransitions(t *testing.T) {
 				t.Parallel()
 				id := st.make(t)
 				before := b.snapshot(t, id)
-				renewed, err := b.store.Renew(b.ctx, "intruder", time.Hour, id)
+				renewed, _, err := b.store.Renew(b.ctx, "intruder", time.Hour, id)
 				if err != nil || len(renewed) != 0 {
 					t.Fatalf("Renew by an intruder = %v, %v; want nothing renewed", renewed, err)
 				}
@@ -369,7 +369,7 @@ func TestRefusedTransitions(t *testing.T) {
 				t.Fatalf("%s of an unknown id = %+v, %v; want not applied with no status", op.name, rs, err)
 			}
 		}
-		if renewed, err := b.store.Renew(b.ctx, "w1", time.Minute, id); err != nil || len(renewed) != 0 {
+		if renewed, _, err := b.store.Renew(b.ctx, "w1", time.Minute, id); err != nil || len(renewed) != 0 {
 			t.Fatalf("Renew of an unknown id = %v, %v", renewed, err)
 		}
 		if _, err := b.store.Get(b.ctx, id); err == nil || !strings.Contains(err.Error(), id.String()) {
@@ -388,7 +388,7 @@ func TestRenew(t *testing.T) {
 	if err != nil || rs[0].Outcome != task.Started || rs[1].Outcome != task.Started {
 		t.Fatalf("Start = %+v, %v", rs, err)
 	}
-	renewed, err := b.store.Renew(b.ctx, "w1", time.Hour, ids[0], ids[1], ids[0])
+	renewed, _, err := b.store.Renew(b.ctx, "w1", time.Hour, ids[0], ids[1], ids[0])
 	if err != nil || len(renewed) != 2 {
 		t.Fatalf("Renew = %v, %v; want both ids once", renewed, err)
 	}

@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,9 +16,11 @@ import (
 	"unicode"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/internal/tracing"
 )
 
 // Defaults for Config.
@@ -55,8 +58,19 @@ type Request struct {
 // IdempotencyKeyHeader carries the task id.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
-// Validate checks the configuration and names the bad field.
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c Config) WithDefaults() Config {
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
+	c.UserAgent = cmp.Or(c.UserAgent, DefaultUserAgent)
+	return c
+}
+
+// Validate checks the configuration, zero fields taking their defaults,
+// and names the bad field.
 func (c Config) Validate() error {
+	c = c.WithDefaults()
 	if c.URL == "" {
 		return errors.New("the URL is required")
 	}
@@ -88,17 +102,9 @@ type handler struct {
 
 // New returns a handler that POSTs each task run to cfg.URL.
 func New(cfg Config) (ingest.Handler, error) {
+	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("webhook config: %w", err)
-	}
-	if cfg.Timeout == 0 {
-		cfg.Timeout = DefaultTimeout
-	}
-	if cfg.MaxRetryAfter == 0 {
-		cfg.MaxRetryAfter = DefaultMaxRetryAfter
-	}
-	if cfg.UserAgent == "" {
-		cfg.UserAgent = DefaultUserAgent
 	}
 	client := &http.Client{}
 	if cfg.Client != nil {
@@ -106,6 +112,9 @@ func New(cfg Config) (ingest.Handler, error) {
 		client = &c
 	}
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	// A client span per POST, a child of the attempt's, whose traceparent
+	// the request carries (docs/ARCHITECTURE.md §7.4).
+	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithPropagators(tracing.Propagator()))
 	h := &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}
 	return h.handle, nil
 }

@@ -22,6 +22,12 @@ Modes: --preload inserts all tasks first, then times the worker working them
 off; without it, tasks are inserted and worked at the same time, as fast as
 possible or at --rate tasks/s.
 
+--payload-bytes N adds a string of N bytes to each task's payload.
+--fail-rate F makes the first attempt of a fraction F of the tasks (chosen
+by a hash of the task id) return an error; they are retried once, with a
+short backoff and a fast reclaimer (the report says which) so that the run
+measures work, not waiting. The time counts until every task is SUCCEEDED.
+
 Without INGEST_DATABASE_URL / INGEST_REDIS_URL the bench starts its own
 servers: a throwaway PostgreSQL with fsync and synchronous_commit ON (as in
 production, so the numbers are honest) and a redis-server on a free port (an
@@ -43,7 +49,8 @@ func (a *app) benchCommand() *cobra.Command {
 		Example: `  ingest-worker bench --preload --tasks 200000
   ingest-worker bench --tasks 200000
   ingest-worker bench --tasks 60000 --rate 2000
-  ingest-worker bench --tasks 2000 --json`,
+  ingest-worker bench --tasks 2000 --json
+  ingest-worker bench --preload --tasks 200000 --payload-bytes 1024 --fail-rate 0.05`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := a.load(cmd, map[string]string{"INGEST_LOG_LEVEL": "warn"}); err != nil {
@@ -52,6 +59,11 @@ func (a *app) benchCommand() *cobra.Command {
 			if err := opts.Validate(); err != nil {
 				return usageErr(err)
 			}
+			stopTracing, err := a.startTracing(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
 			return a.bench(cmd, opts)
 		},
 	}
@@ -60,6 +72,8 @@ func (a *app) benchCommand() *cobra.Command {
 	f.BoolVar(&opts.Preload, "preload", false, "insert all tasks first, then work them (default: insert and work at once)")
 	f.Float64Var(&opts.Rate, "rate", 0, "continuous mode: offered load in tasks/s (0: as fast as possible)")
 	f.DurationVar(&opts.HandlerSleep, "handler-sleep", 0, "the handler's fixed work time (0: no-op)")
+	f.IntVar(&opts.PayloadBytes, "payload-bytes", 0, "length of a string carried in each task's payload (0: none)")
+	f.Float64Var(&opts.FailRate, "fail-rate", 0, "fraction of tasks whose first attempt fails, chosen from the task id; they are retried once, soon")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "handler slots of the worker")
 	f.IntVar(&opts.ReadCount, "read-count", bench.DefaultReadCount, "most entries per stream read (all started in one statement)")
 	f.IntVar(&opts.CompleteBatch, "complete-batch", bench.DefaultCompleteBatch, "most outcomes per completion statement")

@@ -127,11 +127,28 @@ func TestBinary(t *testing.T) {
 		if r := runBin(t, bin, nil, "", "task", "show", "not-a-uuid"); r.code != exitUsage {
 			t.Errorf("task show with a bad id: exit %d, want 2", r.code)
 		}
+		if r := runBin(t, bin, nil, "", "task", "cancel", "not-a-uuid"); r.code != exitUsage {
+			t.Errorf("task cancel with a bad id: exit %d, want 2", r.code)
+		}
 		if r := runBin(t, bin, nil, "", "healthcheck", "--http-addr", freeAddr(t)); r.code != exitRuntime {
 			t.Errorf("healthcheck with nothing listening: exit %d, want 1", r.code)
 		}
 		if r := runBin(t, bin, nil, "", "enqueue", "--kind", "k"); r.code != exitUsage || !strings.Contains(r.stderr, "--payload") {
 			t.Errorf("enqueue without a payload: exit %d %s, want 2", r.code, r.stderr)
+		}
+		for _, c := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--run-at", "2030-01-01T00:00:00Z", "--delay", "1s"}, "exclusive"},
+			{[]string{"--run-at", "tomorrow"}, "--run-at"},
+			{[]string{"--delay", "-1s"}, "--delay"},
+			{[]string{"--timeout", "0s"}, "--timeout"},
+		} {
+			args := append([]string{"enqueue", "--kind", "k", "--payload", "1"}, c.args...)
+			if r := runBin(t, bin, nil, "", args...); r.code != exitUsage || !strings.Contains(r.stderr, c.want) {
+				t.Errorf("%v: exit %d %s, want 2 naming %s", c.args, r.code, r.stderr, c.want)
+			}
 		}
 	})
 
@@ -146,7 +163,7 @@ func TestBinary(t *testing.T) {
 		}{
 			{env: "INGEST_WORKER_CONCURRENCY=lots", want: "INGEST_WORKER_CONCURRENCY"},
 			{env: "INGEST_REDIS_RECLAIM_IDLE_MS=-1", want: "INGEST_REDIS_RECLAIM_IDLE_MS"},
-			{env: "INGEST_REDIS_RECLAIM_IDLE_MS=1000", want: "INGEST_REDIS_RECLAIM_INTERVAL_MS"},
+			{env: "INGEST_REDIS_RETRY_MAX_BACKOFF_MS=500", want: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS"},
 			{env: "INGEST_REDIS_URL=localhost:6379", want: "INGEST_REDIS_URL"},
 			{env: "INGEST_TASK_LEASE_MS=abc", want: "INGEST_TASK_LEASE_MS"},
 			{env: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE=0", want: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE"},
@@ -164,6 +181,29 @@ func TestBinary(t *testing.T) {
 			if strings.Contains(r.stdout+r.stderr, pw) {
 				t.Errorf("run with %s: the password appears in the output:\n%s%s", tt.env, r.stdout, r.stderr)
 			}
+		}
+	})
+
+	t.Run("Periodic", func(t *testing.T) {
+		t.Parallel()
+		env := []string{`INGEST_PERIODIC=[{"kind":"sync","every":"30s"},{"name":"nightly","kind":"report","cron":"0 3 * * *"}]`}
+		var out struct {
+			Schedules []struct {
+				Name           string    `json:"name"`
+				Kind           string    `json:"kind"`
+				IdempotencyKey string    `json:"idempotency_key"`
+				NextSlot       time.Time `json:"next_slot"`
+			} `json:"schedules"`
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "periodic", "--json")), &out); err != nil {
+			t.Fatal(err)
+		}
+		if len(out.Schedules) != 2 || out.Schedules[0].Kind != "sync" || out.Schedules[0].NextSlot.Unix()%30 != 0 ||
+			out.Schedules[1].NextSlot.UTC().Hour() != 3 || !strings.HasPrefix(out.Schedules[1].IdempotencyKey, "periodic:nightly:") {
+			t.Fatalf("periodic --json = %+v", out)
+		}
+		if r := runBin(t, bin, []string{`INGEST_PERIODIC=[{"kind":"x","every":"soon"}]`}, "", "periodic"); r.code != exitUsage || !strings.Contains(r.stderr, "INGEST_PERIODIC") {
+			t.Fatalf("a bad schedule: exit %d %q, want 2 naming INGEST_PERIODIC", r.code, r.stderr)
 		}
 	})
 
@@ -241,13 +281,18 @@ func TestBinary(t *testing.T) {
 	t.Run("SigtermDuringWork", func(t *testing.T) { t.Parallel(); testSigterm(t, bin) })
 	t.Run("Demo", func(t *testing.T) { t.Parallel(); testDemo(t, bin, true) })
 	t.Run("DemoZeroSetup", func(t *testing.T) { t.Parallel(); testDemo(t, bin, false) })
+	t.Run("DemoKafka", func(t *testing.T) { t.Parallel(); testDemoKafka(t, bin) })
 }
 
 func testEndToEnd(t *testing.T, bin string) {
 	ctx := context.Background()
 	db := testenv.NewEmptyDatabase(t)
 	stream, dlqKey := testenv.Keys(t)
-	rc, hook := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, req webhook.Request) {
+	rc, hook := newReceiver(t, func(w http.ResponseWriter, r *http.Request, req webhook.Request) {
+		if req.Kind == "e2e.hang" { // until the worker gives up the request
+			<-r.Context().Done()
+			return
+		}
 		if req.Kind == "e2e.reject" {
 			http.Error(w, "no such account", http.StatusBadRequest)
 			return
@@ -256,8 +301,9 @@ func testEndToEnd(t *testing.T, bin string) {
 	})
 	addr := freeAddr(t)
 	const token = "e2e-api-token-123"
+	redisURL := testenv.RedisURL(t)
 	env := []string{
-		"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_URL=" + testenv.RedisURL(t),
+		"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_URL=" + redisURL,
 		"INGEST_REDIS_STREAM_KEY=" + stream, "INGEST_REDIS_DLQ_STREAM_KEY=" + dlqKey,
 		"INGEST_WEBHOOK_URL=" + hook.URL + "/hook", "INGEST_API_TOKEN=" + token,
 		"INGEST_CONSUMER_NAME=e2e-" + uuid.NewString()[:8], "INGEST_LOG_LEVEL=debug", "INGEST_WORKER_CONCURRENCY=4",
@@ -308,6 +354,7 @@ func testEndToEnd(t *testing.T, bin string) {
 		{"enqueue", "--kind", "e2e.cli", "--payload", `{"n": 1}`},
 		{"enqueue", "--kind", "e2e.cli", "--payload", "@" + payloadFile, "--idempotency-key", "cli-2", "--max-attempts", "4"},
 		{"enqueue", "--file", ndjson},
+		{"enqueue", "--kind", "e2e.cli", "--payload", "3", "--delay", "500ms", "--timeout", "30s"},
 	} {
 		for _, line := range strings.Fields(mustRun(t, bin, env, "", args...)) {
 			id, err := uuid.Parse(line)
@@ -319,8 +366,8 @@ func testEndToEnd(t *testing.T, bin string) {
 	}
 	stdinID := strings.TrimSpace(mustRun(t, bin, env, `{"from":"stdin"}`, "enqueue", "--kind", "e2e.cli", "--payload", "@-"))
 	ids = append(ids, uuid.MustParse(stdinID))
-	if len(ids) != 10 {
-		t.Fatalf("enqueued %d tasks, want 10", len(ids))
+	if len(ids) != 11 {
+		t.Fatalf("enqueued %d tasks, want 11", len(ids))
 	}
 	// A bad line rejects the whole file, nothing created.
 	bad := filepath.Join(dir, "bad.ndjson")
@@ -371,12 +418,25 @@ func testEndToEnd(t *testing.T, bin string) {
 	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "task", "list", "--status", "succeeded", "--kind", "e2e.file", "--json")), &list); err != nil || len(list.Tasks) != 3 {
 		t.Fatalf("task list: %+v %v", list, err)
 	}
+	// The stream length pending reports is XLEN's; the leader's retention
+	// may trim acknowledged entries at any time, so it is bracketed by
+	// XLEN before and after.
+	rdb := testenv.Client(t, redisURL)
+	before, err := rdb.XLen(ctx, stream).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var pend pendingReport
 	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "pending", "--json")), &pend); err != nil {
 		t.Fatal(err)
 	}
-	if !pend.GroupExists || pend.Pending != 0 || pend.Outbox.Backlog != 0 || pend.StreamLength < int64(len(ids)) || pend.Tasks["SUCCEEDED"] != int64(len(ids)) {
-		t.Fatalf("pending: %+v", pend)
+	after, err := rdb.XLen(ctx, stream).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pend.GroupExists || pend.Pending != 0 || pend.Outbox.Backlog != 0 || pend.StreamLength > before || pend.StreamLength < after ||
+		pend.Tasks["SUCCEEDED"] != int64(len(ids)) {
+		t.Fatalf("pending: %+v (XLEN %d before, %d after)", pend, before, after)
 	}
 
 	// A 400 from the webhook is permanent: DEAD at once, in the DLQ; replay
@@ -411,6 +471,40 @@ func testEndToEnd(t *testing.T, bin string) {
 		t.Fatalf("dlq replay: %+v %v", replay, err)
 	}
 	testenv.Eventually(t, 20*time.Second, "the replayed task to run again", func() bool { return rc.count(rejectID) == 2 })
+
+	// task cancel: a running task's webhook call is cut off and the task
+	// ends CANCELLED, audited with the reason and the CLI as the actor.
+	hangID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.hang", "--payload", "{}")))
+	testenv.Eventually(t, 20*time.Second, "the hanging task's webhook call", func() bool { return rc.count(hangID) == 1 })
+	if out := mustRun(t, bin, env, "", "task", "cancel", hangID.String(), "--reason", "e2e says stop"); !strings.Contains(out, "cancel requested") {
+		t.Fatalf("task cancel of a running task: %q", out)
+	}
+	var shown struct {
+		Task        struct{ Status string } `json:"task"`
+		Transitions []struct {
+			To      string `json:"to_status"`
+			Worker  string `json:"worker"`
+			Message string `json:"message"`
+		} `json:"transitions"`
+		Redis struct{ Entries []struct{ Pending bool } } `json:"redis"`
+	}
+	testenv.Eventually(t, 10*time.Second, "the cancelled task CANCELLED", func() bool {
+		if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "task", "show", hangID.String(), "--json")), &shown); err != nil {
+			t.Fatal(err)
+		}
+		return shown.Task.Status == "CANCELLED" && len(shown.Redis.Entries) == 1 && !shown.Redis.Entries[0].Pending
+	})
+	if last := shown.Transitions[len(shown.Transitions)-1]; last.To != "CANCELLED" || !strings.HasPrefix(last.Worker, "cli:") || last.Message != "cancelled: e2e says stop" {
+		t.Fatalf("audit row of the cancel: %+v", last)
+	}
+	if r := runBin(t, bin, env, "", "task", "cancel", hangID.String()); r.code != exitRuntime || !strings.Contains(r.stderr, "CANCELLED") {
+		t.Fatalf("task cancel of a CANCELLED task: exit %d %s, want 1", r.code, r.stderr)
+	}
+	// Over the API: a queued task is cancelled at once (200), a terminal one is 409.
+	code, body = apiCall(t, "POST", base+"/v1/tasks/"+hangID.String()+"/cancel", token, "")
+	if code != http.StatusConflict {
+		t.Fatalf("API cancel of a CANCELLED task: %d %s, want 409", code, body)
+	}
 
 	worker.signal(syscall.SIGTERM)
 	if code := worker.wait(15 * time.Second); code != 0 {
@@ -565,5 +659,37 @@ func testDemo(t *testing.T, bin string, withDatabase bool) {
 	var transitions int
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ingest_task_transition`).Scan(&transitions); err != nil || transitions < sum.Tasks*3 {
 		t.Errorf("%d transitions recorded for %d tasks (%v)", transitions, sum.Tasks, err)
+	}
+}
+
+// testDemoKafka: `demo --queue kafka` runs the script on an in-process
+// Kafka cluster with the same outcome as on Redis, the DLQ entries read
+// back from the DLQ topic; and `pending` shows the group's lag.
+func testDemoKafka(t *testing.T, bin string) {
+	db := testenv.NewEmptyDatabase(t)
+	r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + db.URL}, "", "demo", "--queue", "kafka", "--json")
+	if r.code != 0 {
+		t.Fatalf("demo --queue kafka: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	var sum demoSummary
+	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil {
+		t.Fatalf("demo --json output: %v\n%s", err, r.stdout)
+	}
+	wantOK, wantDead := demoOK+demoFlaky, demoBroken+1
+	if sum.Tasks != wantOK+wantDead || sum.ByStatus["SUCCEEDED"] != wantOK || sum.ByStatus["DEAD"] != wantDead || len(sum.DLQ) != wantDead {
+		t.Fatalf("demo summary %+v: want %d SUCCEEDED, %d DEAD and %d DLQ records", sum, wantOK, wantDead, wantDead)
+	}
+	for _, e := range sum.DLQ {
+		if !strings.HasPrefix(e.ID, "ingest.tasks.dlq/") || !strings.HasPrefix(e.SourceID, "ingest.tasks/") {
+			t.Errorf("DLQ entry %+v: want a record of the DLQ topic naming its task record", e)
+		}
+	}
+	joined := strings.Join(sum.Commands, "\n")
+	if strings.Contains(joined, "redis-cli") || !strings.Contains(joined, "INGEST_QUEUE=kafka") {
+		t.Errorf("demo commands %q: want the Kafka-mode commands", sum.Commands)
+	}
+	var unsent int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event WHERE status <> 'SENT' OR stream_id NOT LIKE 'ingest.tasks/%'`).Scan(&unsent); err != nil || unsent != 0 {
+		t.Errorf("%d outbox rows not SENT to the topic (%v)", unsent, err)
 	}
 }

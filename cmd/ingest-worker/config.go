@@ -16,12 +16,22 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/kafka"
+	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/stream"
+	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/webhook"
 )
 
 // Config is the resolved configuration of one invocation: every setting of
-// DESIGN §5 plus a few additions, from flags, the environment and defaults
-// (in that order of precedence).
+// docs/ARCHITECTURE.md §5, from flags, the environment and defaults (in
+// that order of precedence).
 type Config struct {
 	DatabaseURL string
 	RedisURL    string
@@ -54,9 +64,22 @@ type Config struct {
 	APIToken                string
 	WebhookURL              string
 	WebhookTimeout          time.Duration
+	Periodic                string // INGEST_PERIODIC, validated JSON (see periodic)
 	LogLevel                slog.Level
 	LogFormat               string // text or json
 	consumerNameFromDefault bool
+
+	// Queue is the transport: queueRedis or queueKafka (INGEST_QUEUE).
+	Queue                 string
+	KafkaBrokers          string // comma-separated host:port
+	KafkaTopic            string
+	KafkaGroup            string
+	KafkaDLQTopic         string // "": no DLQ topic, DEAD state only
+	KafkaMaxAttempts      int
+	KafkaRetryBaseBackoff time.Duration
+	KafkaRetryMaxBackoff  time.Duration
+	KafkaPublishBatchSize int
+	KafkaPublishInterval  time.Duration
 }
 
 // scope says which commands carry a setting's flag. Every setting is read
@@ -90,7 +113,8 @@ func (s setting) flagName() string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.env, "INGEST_")), "_", "-")
 }
 
-// settings lists every setting; the table in docs/README-binary.md follows
+// settings lists every setting; the configuration tables of README.md
+// (checked by TestDocsListEverySetting) and docs/ARCHITECTURE.md §5 follow
 // it.
 var settings = []setting{
 	{env: "INGEST_DATABASE_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
@@ -99,52 +123,52 @@ var settings = []setting{
 	{env: "INGEST_REDIS_URL", def: "redis://127.0.0.1:6379/0", typ: "url", scope: scopeGlobal, secret: true,
 		usage: "Redis URL (rediss:// for TLS)",
 		set:   func(c *Config, v string) error { c.RedisURL = v; return checkRedisURL(v) }},
-	{env: "INGEST_REDIS_STREAM_KEY", def: "ingest:tasks", typ: "key", scope: scopeGlobal,
+	{env: "INGEST_REDIS_STREAM_KEY", def: stream.DefaultStream, typ: "key", scope: scopeGlobal,
 		usage: "task stream key",
 		set:   setString(func(c *Config) *string { return &c.StreamKey })},
-	{env: "INGEST_REDIS_GROUP", def: "ingest-workers", typ: "name", scope: scopeGlobal,
+	{env: "INGEST_REDIS_GROUP", def: stream.DefaultGroup, typ: "name", scope: scopeGlobal,
 		usage: "consumer group of the task stream",
 		set:   setString(func(c *Config) *string { return &c.Group })},
-	{env: "INGEST_REDIS_DLQ_STREAM_KEY", def: "ingest:tasks:dlq", typ: "key", scope: scopeGlobal, emptyMeansEmpty: true,
+	{env: "INGEST_REDIS_DLQ_STREAM_KEY", def: dlq.DefaultStream, typ: "key", scope: scopeGlobal, emptyMeansEmpty: true,
 		usage: "dead-letter stream key (empty: no DLQ stream, DEAD state only)",
 		set:   func(c *Config, v string) error { c.DLQStreamKey = v; return nil }},
-	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: "10", typ: "int", scope: scopeWorker,
+	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
 		usage: "runs a task gets before it is DEAD (tasks created without max_attempts)",
 		set:   setInt(func(c *Config) *int { return &c.MaxAttempts }, 1)},
-	{env: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS", def: "1000", typ: "ms", scope: scopeWorker,
-		usage: "retry delay after the first failure; doubles per failure",
-		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryBaseBackoff }, 1)},
-	{env: "INGEST_REDIS_RETRY_MAX_BACKOFF_MS", def: "600000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
+		usage: "retry delay after the first failure; doubles per failure (0: retry at once)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryBaseBackoff }, 0)},
+	{env: "INGEST_REDIS_RETRY_MAX_BACKOFF_MS", def: ms(backoff.DefaultMax), typ: "ms", scope: scopeWorker,
 		usage: "longest retry delay",
-		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryMaxBackoff }, 1)},
+		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryMaxBackoff }, 0)},
 	{env: "INGEST_REDIS_RECLAIM_ENABLED", def: "true", typ: "bool", scope: scopeWorker,
 		usage: "run the reclaimer (XAUTOCLAIM of idle pending entries, due retries)",
 		set:   setBool(func(c *Config) *bool { return &c.ReclaimEnabled })},
-	{env: "INGEST_REDIS_RECLAIM_INTERVAL_MS", def: "5000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_REDIS_RECLAIM_INTERVAL_MS", def: ms(reclaim.DefaultInterval), typ: "ms", scope: scopeWorker,
 		usage: "time between reclaim rounds",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimInterval }, 1)},
-	{env: "INGEST_REDIS_RECLAIM_IDLE_MS", def: "600000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_REDIS_RECLAIM_IDLE_MS", def: ms(reclaim.DefaultMinIdle), typ: "ms", scope: scopeWorker,
 		usage: "idle time after which a pending entry's worker is taken for dead",
-		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimIdle }, 1)},
-	{env: "INGEST_REDIS_RECLAIM_BATCH_SIZE", def: "20", typ: "int", scope: scopeWorker,
+		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimIdle }, 0)},
+	{env: "INGEST_REDIS_RECLAIM_BATCH_SIZE", def: itoa(reclaim.DefaultBatchSize), typ: "int", scope: scopeWorker,
 		usage: "entries claimed per XAUTOCLAIM",
 		set:   setInt(func(c *Config) *int { return &c.ReclaimBatchSize }, 1)},
-	{env: "INGEST_OUTBOX_MAX_ATTEMPTS", def: "10", typ: "int", scope: scopeWorker,
+	{env: "INGEST_OUTBOX_MAX_ATTEMPTS", def: itoa(outbox.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
 		usage: "publish attempts of an outbox event before it is DEAD",
 		set:   setInt(func(c *Config) *int { return &c.OutboxMaxAttempts }, 1)},
-	{env: "INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS", def: "1000", typ: "ms", scope: scopeWorker,
-		usage: "outbox publish retry delay after the first failure",
-		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryBaseBackoff }, 1)},
-	{env: "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS", def: "600000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
+		usage: "outbox publish retry delay after the first failure; doubles per failure (0: retry at once)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryBaseBackoff }, 0)},
+	{env: "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS", def: ms(backoff.DefaultMax), typ: "ms", scope: scopeWorker,
 		usage: "longest outbox publish retry delay",
-		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryMaxBackoff }, 1)},
-	{env: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE", def: "20", typ: "int", scope: scopeWorker,
+		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryMaxBackoff }, 0)},
+	{env: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE", def: itoa(outbox.DefaultBatchSize), typ: "int", scope: scopeWorker,
 		usage: "outbox events published per round",
 		set:   setInt(func(c *Config) *int { return &c.OutboxPublishBatchSize }, 1)},
-	{env: "INGEST_OUTBOX_PUBLISH_INTERVAL_MS", def: "1000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_OUTBOX_PUBLISH_INTERVAL_MS", def: ms(outbox.DefaultPublishInterval), typ: "ms", scope: scopeWorker,
 		usage: "outbox poll interval (commits also wake the relay via NOTIFY)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxPublishInterval }, 1)},
-	{env: "INGEST_WORKER_CONCURRENCY", def: "16", typ: "int", scope: scopeWorker,
+	{env: "INGEST_WORKER_CONCURRENCY", def: itoa(ingest.DefaultConcurrency), typ: "int", scope: scopeWorker,
 		usage: "tasks run at the same time by this process",
 		set:   setInt(func(c *Config) *int { return &c.WorkerConcurrency }, 1)},
 	{env: "INGEST_CONSUMER_NAME", def: "", typ: "name", scope: scopeWorker,
@@ -160,16 +184,16 @@ var settings = []setting{
 			c.ConsumerName = v
 			return nil
 		}},
-	{env: "INGEST_TASK_LEASE_MS", def: "30000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_TASK_LEASE_MS", def: ms(ingest.DefaultTaskLease), typ: "ms", scope: scopeWorker,
 		usage: "lease of a running task; renewed by the heartbeat",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskLease }, 100)},
-	{env: "INGEST_TASK_TIMEOUT_MS", def: "300000", typ: "ms", scope: scopeWorker,
-		usage: "longest run of one task before its handler's context is cancelled (a failed attempt)",
-		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskTimeout }, 1)},
-	{env: "INGEST_SHUTDOWN_TIMEOUT_MS", def: "30000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_TASK_TIMEOUT_MS", def: ms(ingest.DefaultTaskTimeout), typ: "ms", scope: scopeWorker,
+		usage: "default deadline of a handler run (a failed attempt) for tasks without timeout_ms; 0: none",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskTimeout }, 0)},
+	{env: "INGEST_SHUTDOWN_TIMEOUT_MS", def: ms(ingest.DefaultShutdownTimeout), typ: "ms", scope: scopeWorker,
 		usage: "grace period for running tasks on SIGTERM/SIGINT; later ones are handed back",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, 1)},
-	{env: "INGEST_MAX_PAYLOAD_BYTES", def: "1048576", typ: "bytes", scope: scopeWorker,
+	{env: "INGEST_MAX_PAYLOAD_BYTES", def: itoa(task.DefaultMaxPayloadBytes), typ: "bytes", scope: scopeWorker,
 		usage: "largest task payload accepted",
 		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, 2)},
 	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true,
@@ -200,9 +224,63 @@ var settings = []setting{
 			}
 			return checkHTTPURL(v)
 		}},
-	{env: "INGEST_WEBHOOK_TIMEOUT_MS", def: "30000", typ: "ms", scope: scopeWorker,
+	{env: "INGEST_WEBHOOK_TIMEOUT_MS", def: ms(webhook.DefaultTimeout), typ: "ms", scope: scopeWorker,
 		usage: "timeout of one webhook request",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.WebhookTimeout }, 1)},
+	{env: "INGEST_QUEUE", def: queueRedis, typ: "queue", scope: scopeGlobal,
+		usage: "the transport that carries tasks to workers: redis or kafka",
+		set: func(c *Config, v string) error {
+			switch v = strings.ToLower(strings.TrimSpace(v)); v {
+			case queueRedis, queueKafka:
+				c.Queue = v
+				return nil
+			}
+			return fmt.Errorf("%q is not one of redis, kafka", v)
+		}},
+	{env: "KAFKA_BOOTSTRAP_SERVERS", def: "127.0.0.1:9092", typ: "host:port,...", scope: scopeGlobal,
+		usage: "Kafka brokers, comma-separated (INGEST_QUEUE=kafka)",
+		set: func(c *Config, v string) error {
+			c.KafkaBrokers = v
+			for _, b := range strings.Split(v, ",") {
+				if _, _, err := net.SplitHostPort(strings.TrimSpace(b)); err != nil {
+					return fmt.Errorf("%q is not host:port", b)
+				}
+			}
+			return nil
+		}},
+	{env: "INGEST_KAFKA_TOPIC", def: kafka.DefaultTopic, typ: "topic", scope: scopeGlobal,
+		usage: "task topic (INGEST_QUEUE=kafka)",
+		set:   setString(func(c *Config) *string { return &c.KafkaTopic })},
+	{env: "INGEST_KAFKA_GROUP", def: kafka.DefaultGroup, typ: "name", scope: scopeGlobal,
+		usage: "consumer group of the task topic (INGEST_QUEUE=kafka)",
+		set:   setString(func(c *Config) *string { return &c.KafkaGroup })},
+	{env: "INGEST_KAFKA_DLQ_TOPIC", def: kafka.DefaultDLQTopic, typ: "topic", scope: scopeGlobal, emptyMeansEmpty: true,
+		usage: "dead-letter topic (empty: no DLQ topic, DEAD state only; INGEST_QUEUE=kafka)",
+		set:   func(c *Config, v string) error { c.KafkaDLQTopic = v; return nil }},
+	{env: "INGEST_KAFKA_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
+		usage: "runs a task gets before it is DEAD (INGEST_QUEUE=kafka; tasks created without max_attempts)",
+		set:   setInt(func(c *Config) *int { return &c.KafkaMaxAttempts }, 1)},
+	{env: "INGEST_KAFKA_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
+		usage: "retry delay after the first failure, of tasks and of outbox publishes; doubles per failure (INGEST_QUEUE=kafka)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaRetryBaseBackoff }, 0)},
+	{env: "INGEST_KAFKA_RETRY_MAX_BACKOFF_MS", def: ms(backoff.DefaultMax), typ: "ms", scope: scopeWorker,
+		usage: "longest retry delay (INGEST_QUEUE=kafka)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaRetryMaxBackoff }, 0)},
+	{env: "INGEST_KAFKA_PUBLISH_BATCH_SIZE", def: itoa(outbox.DefaultBatchSize), typ: "int", scope: scopeWorker,
+		usage: "outbox events published per produce call (INGEST_QUEUE=kafka)",
+		set:   setInt(func(c *Config) *int { return &c.KafkaPublishBatchSize }, 1)},
+	{env: "INGEST_KAFKA_PUBLISH_INTERVAL_MS", def: ms(outbox.DefaultPublishInterval), typ: "ms", scope: scopeWorker,
+		usage: "outbox poll interval (INGEST_QUEUE=kafka; commits also wake the relay via NOTIFY)",
+		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaPublishInterval }, 1)},
+	{env: "INGEST_PERIODIC", typ: "json", scope: scopeWorker, emptyMeansEmpty: true,
+		usage: `periodic tasks, e.g. [{"kind":"sync","every":"30s"},{"kind":"report","cron":"0 3 * * *","payload":{"x":1}}]`,
+		set: func(c *Config, v string) error {
+			if _, err := maintenance.ParseSchedules("", []byte(v)); err != nil {
+				return err
+			}
+			c.Periodic = v
+			return nil
+		}},
 	{env: "INGEST_LOG_LEVEL", def: "info", typ: "level", scope: scopeGlobal,
 		usage: "debug, info, warn or error",
 		set: func(c *Config, v string) error {
@@ -231,6 +309,18 @@ var settings = []setting{
 			return fmt.Errorf("%q is not one of text, json", v)
 		}},
 }
+
+// periodic returns the schedules of INGEST_PERIODIC (validated when it
+// was read).
+func (c *Config) periodic() []maintenance.Schedule {
+	s, _ := maintenance.ParseSchedules("", []byte(c.Periodic))
+	return s
+}
+
+// itoa and ms write a package's default as a setting's text.
+func itoa(n int) string { return strconv.Itoa(n) }
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
 func setString(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, v string) error {
@@ -446,6 +536,18 @@ func loadConfig(cmd *cobra.Command, lookup func(string) (string, bool), override
 	return c, all, nil
 }
 
+// taskBackoff is the retry policy of failed task runs
+// (INGEST_REDIS_RETRY_BASE_BACKOFF_MS, INGEST_REDIS_RETRY_MAX_BACKOFF_MS).
+func (c *Config) taskBackoff() backoff.Policy {
+	return backoff.Policy{Base: c.RetryBaseBackoff, Max: c.RetryMaxBackoff, Jitter: backoff.DefaultJitter}
+}
+
+// outboxBackoff is the retry policy of failed outbox publishes
+// (INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS, INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS).
+func (c *Config) outboxBackoff() backoff.Policy {
+	return backoff.Policy{Base: c.OutboxRetryBaseBackoff, Max: c.OutboxRetryMaxBackoff, Jitter: backoff.DefaultJitter}
+}
+
 // validate checks relations between settings.
 func (c *Config) validate() []error {
 	var errs []error
@@ -458,15 +560,11 @@ func (c *Config) validate() []error {
 	if c.OutboxRetryMaxBackoff < c.OutboxRetryBaseBackoff {
 		bad("INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS", "(%d) must be >= INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS (%d)", c.OutboxRetryMaxBackoff.Milliseconds(), c.OutboxRetryBaseBackoff.Milliseconds())
 	}
-	if c.ReclaimEnabled {
-		if c.ReclaimIdle < c.ReclaimInterval {
-			bad("INGEST_REDIS_RECLAIM_IDLE_MS", "(%d) must be >= INGEST_REDIS_RECLAIM_INTERVAL_MS (%d): entries would be claimed faster than the reclaimer looks for them",
-				c.ReclaimIdle.Milliseconds(), c.ReclaimInterval.Milliseconds())
-		}
+	if c.KafkaRetryMaxBackoff < c.KafkaRetryBaseBackoff {
+		bad("INGEST_KAFKA_RETRY_MAX_BACKOFF_MS", "(%d) must be >= INGEST_KAFKA_RETRY_BASE_BACKOFF_MS (%d)", c.KafkaRetryMaxBackoff.Milliseconds(), c.KafkaRetryBaseBackoff.Milliseconds())
 	}
-	if c.ReclaimIdle <= c.TaskLease/3 {
-		bad("INGEST_REDIS_RECLAIM_IDLE_MS", "(%d) must be greater than the heartbeat interval, INGEST_TASK_LEASE_MS/3 (%d): entries of running tasks would be claimed away from live workers",
-			c.ReclaimIdle.Milliseconds(), (c.TaskLease / 3).Milliseconds())
+	if c.KafkaDLQTopic != "" && c.KafkaDLQTopic == c.KafkaTopic {
+		bad("INGEST_KAFKA_DLQ_TOPIC", "must differ from INGEST_KAFKA_TOPIC (%s)", c.KafkaTopic)
 	}
 	if c.DLQStreamKey != "" && c.DLQStreamKey == c.StreamKey {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "must differ from INGEST_REDIS_STREAM_KEY (%s)", c.StreamKey)
@@ -475,6 +573,24 @@ func (c *Config) validate() []error {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q must have the same {hash tag} as INGEST_REDIS_STREAM_KEY %q (one Lua script writes both keys; Redis Cluster needs them in one slot)", c.DLQStreamKey, c.StreamKey)
 	}
 	return errs
+}
+
+// reclaimIdle is the worker's reclaim idle time. 0 means "re-drive failed
+// entries at the next reclaim round": Redis keeps idle times in whole
+// milliseconds, so it is 1 ms.
+func (c *Config) reclaimIdle() time.Duration { return max(c.ReclaimIdle, time.Millisecond) }
+
+// warnings are settings that work but cost something the operator should
+// know of.
+func (c *Config) warnings() []string {
+	var out []string
+	if c.ReclaimEnabled && c.reclaimIdle() <= c.TaskLease/3 {
+		out = append(out, fmt.Sprintf("INGEST_REDIS_RECLAIM_IDLE_MS (%d) is not above the heartbeat interval, INGEST_TASK_LEASE_MS/3 (%d): "+
+			"the reclaimer also claims the entries of running tasks and hands them back each round (the start guard never runs a task twice); "+
+			"a crashed worker's tasks are recovered when their lease (INGEST_TASK_LEASE_MS) expires",
+			c.ReclaimIdle.Milliseconds(), (c.TaskLease/3).Milliseconds()))
+	}
+	return out
 }
 
 // hashTag returns the Redis Cluster hash tag of key ("" when none).

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/ingest-worker/ingest/internal/backoff"
 )
 
 // envOf returns a lookup function over env.
@@ -41,8 +43,11 @@ func TestConfigDefaults(t *testing.T) {
 		OutboxMaxAttempts: 10, OutboxRetryBaseBackoff: time.Second, OutboxRetryMaxBackoff: 600 * time.Second,
 		OutboxPublishBatchSize: 20, OutboxPublishInterval: time.Second, WorkerConcurrency: 16,
 		ConsumerName: c.ConsumerName, consumerNameFromDefault: true,
-		TaskLease: 30 * time.Second, TaskTimeout: 5 * time.Minute, ShutdownTimeout: 30 * time.Second,
+		TaskLease: 30 * time.Second, TaskTimeout: 0, ShutdownTimeout: 30 * time.Second,
 		HTTPAddr: "127.0.0.1:8080", WebhookTimeout: 30 * time.Second, LogLevel: slog.LevelInfo, LogFormat: "text",
+		Queue: "redis", KafkaBrokers: "127.0.0.1:9092", KafkaTopic: "ingest.tasks", KafkaGroup: "ingest-workers",
+		KafkaDLQTopic: "ingest.tasks.dlq", KafkaMaxAttempts: 10, KafkaRetryBaseBackoff: time.Second,
+		KafkaRetryMaxBackoff: 600 * time.Second, KafkaPublishBatchSize: 20, KafkaPublishInterval: time.Second,
 	}
 	if *c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", *c, want)
@@ -76,6 +81,31 @@ func TestConfigSources(t *testing.T) {
 			func(c *Config) bool { return c.StreamKey == "{ingest}:tasks" }},
 		{"LogSettings", map[string]string{"INGEST_LOG_LEVEL": "DEBUG", "INGEST_LOG_FORMAT": "json"}, nil,
 			func(c *Config) bool { return c.LogLevel == slog.LevelDebug && c.LogFormat == "json" }},
+		// The seed's local recipe: retries due at once. The policies are
+		// not the zero Policy, so the components keep them instead of
+		// taking their defaults.
+		{"ZeroBackoffIsAtOnce", map[string]string{"INGEST_REDIS_RETRY_BASE_BACKOFF_MS": "0", "INGEST_REDIS_RETRY_MAX_BACKOFF_MS": "0",
+			"INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS": "0", "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS": "0"}, nil,
+			func(c *Config) bool {
+				atOnce := backoff.Policy{Jitter: backoff.DefaultJitter}
+				return c.taskBackoff() == atOnce && c.outboxBackoff() == atOnce && atOnce.Validate() == nil
+			}},
+		{"BackoffPolicies", map[string]string{"INGEST_REDIS_RETRY_BASE_BACKOFF_MS": "250", "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS": "30000"}, nil,
+			func(c *Config) bool {
+				return c.taskBackoff() == backoff.Policy{Base: 250 * time.Millisecond, Max: 10 * time.Minute, Jitter: 0.1} &&
+					c.outboxBackoff() == backoff.Policy{Base: time.Second, Max: 30 * time.Second, Jitter: 0.1}
+			}},
+		// The seed's local reproduction (5.1), verbatim: it loads, and the
+		// reclaim idle below the heartbeat is a warning, not an error.
+		{"SeedRecipe", map[string]string{"INGEST_REDIS_MAX_ATTEMPTS": "2", "INGEST_REDIS_RETRY_BASE_BACKOFF_MS": "0",
+			"INGEST_REDIS_RETRY_MAX_BACKOFF_MS": "0", "INGEST_REDIS_RECLAIM_IDLE_MS": "0"}, nil,
+			func(c *Config) bool {
+				return c.MaxAttempts == 2 && c.taskBackoff() == backoff.Policy{Jitter: backoff.DefaultJitter} &&
+					c.reclaimIdle() == time.Millisecond && len(c.warnings()) == 1 &&
+					strings.Contains(c.warnings()[0], "INGEST_REDIS_RECLAIM_IDLE_MS")
+			}},
+		{"IdleBelowIntervalWorks", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "1000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "5000", "INGEST_TASK_LEASE_MS": "2400"}, nil,
+			func(c *Config) bool { return c.reclaimIdle() == time.Second && len(c.warnings()) == 0 }},
 		{"ReclaimDisabledSkipsIdleCheck", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "false", "INGEST_REDIS_RECLAIM_IDLE_MS": "20000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "60000"}, nil,
 			func(c *Config) bool { return !c.ReclaimEnabled }},
 	}
@@ -109,9 +139,15 @@ func TestConfigErrors(t *testing.T) {
 		{"FractionalMillis", map[string]string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS": "1.5"}, []string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS", "milliseconds"}},
 		{"DurationSyntax", map[string]string{"INGEST_SHUTDOWN_TIMEOUT_MS": "30s"}, []string{"INGEST_SHUTDOWN_TIMEOUT_MS"}},
 		{"HugeMillis", map[string]string{"INGEST_TASK_TIMEOUT_MS": "99999999999999"}, []string{"INGEST_TASK_TIMEOUT_MS", "more than a year"}},
+		{"PeriodicNotJSON", map[string]string{"INGEST_PERIODIC": "sync every 30s"}, []string{"INGEST_PERIODIC", "--periodic", "JSON array"}},
+		{"PeriodicBadEntry", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"1m"},{"kind":"b","cron":"0 25 * * *"}]`}, []string{"INGEST_PERIODIC", "[1].cron"}},
+		{"PeriodicTooOften", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"100ms"}]`}, []string{"INGEST_PERIODIC", "[0].every", ">= 1s"}},
 		{"Bool", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "yes please"}, []string{"INGEST_REDIS_RECLAIM_ENABLED"}},
-		{"IdleBelowInterval", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "1000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "5000"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", "INGEST_REDIS_RECLAIM_INTERVAL_MS"}},
-		{"IdleBelowHeartbeat", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "8000", "INGEST_TASK_LEASE_MS": "30000", "INGEST_REDIS_RECLAIM_INTERVAL_MS": "1000"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", "INGEST_TASK_LEASE_MS"}},
+		{"NegativeIdle", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "-1"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", ">= 0"}},
+		{"Queue", map[string]string{"INGEST_QUEUE": "rabbit"}, []string{"INGEST_QUEUE", "redis, kafka"}},
+		{"KafkaBrokers", map[string]string{"KAFKA_BOOTSTRAP_SERVERS": "broker1,broker2:9092"}, []string{"KAFKA_BOOTSTRAP_SERVERS", "host:port"}},
+		{"KafkaDLQIsTopic", map[string]string{"INGEST_KAFKA_DLQ_TOPIC": "ingest.tasks"}, []string{"INGEST_KAFKA_DLQ_TOPIC", "INGEST_KAFKA_TOPIC"}},
+		{"KafkaBackoffOrder", map[string]string{"INGEST_KAFKA_RETRY_BASE_BACKOFF_MS": "5000", "INGEST_KAFKA_RETRY_MAX_BACKOFF_MS": "1000"}, []string{"INGEST_KAFKA_RETRY_MAX_BACKOFF_MS"}},
 		{"BackoffOrder", map[string]string{"INGEST_REDIS_RETRY_BASE_BACKOFF_MS": "5000", "INGEST_REDIS_RETRY_MAX_BACKOFF_MS": "1000"}, []string{"INGEST_REDIS_RETRY_MAX_BACKOFF_MS"}},
 		{"OutboxBackoffOrder", map[string]string{"INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS": "5000", "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS": "1000"}, []string{"INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS"}},
 		{"RedisScheme", map[string]string{"INGEST_REDIS_URL": "http://" + "u:" + pw + "@cache:6379"}, []string{"INGEST_REDIS_URL", "scheme"}},

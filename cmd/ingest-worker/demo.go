@@ -59,6 +59,9 @@ var demoDefaults = map[string]string{
 	"INGEST_TASK_TIMEOUT_MS":             "10000",
 	"INGEST_SHUTDOWN_TIMEOUT_MS":         "5000",
 	"INGEST_OUTBOX_PUBLISH_INTERVAL_MS":  "200",
+	"INGEST_KAFKA_RETRY_BASE_BACKOFF_MS": "200",
+	"INGEST_KAFKA_RETRY_MAX_BACKOFF_MS":  "1000",
+	"INGEST_KAFKA_PUBLISH_INTERVAL_MS":   "200",
 	"INGEST_HTTP_ADDR":                   "127.0.0.1:0",
 	"INGEST_LOG_LEVEL":                   "error",
 }
@@ -97,6 +100,11 @@ func (a *app) demoCommand() *cobra.Command {
 			if err := a.load(cmd, demoDefaults); err != nil {
 				return err
 			}
+			stopTracing, err := a.startTracing(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer stopTracing()
 			return a.demo(cmd.Context(), keep, timeout)
 		},
 	}
@@ -130,9 +138,16 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 	out := a.progressOut()
 	say := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
 
-	// Redis: in-process unless configured.
+	// The queue: Kafka (in-process kfake unless configured), or Redis
+	// (in-process unless configured).
 	redisCLI := ""
-	if !a.setByUser("INGEST_REDIS_URL") {
+	if a.cfg.Queue == queueKafka {
+		stop, err := a.demoKafka(say)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	} else if !a.setByUser("INGEST_REDIS_URL") {
 		m := miniredis.NewMiniRedis()
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
 			return fmt.Errorf("start the in-process Redis: %w", err)
@@ -180,21 +195,16 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 		say("PostgreSQL: %s\n", a.dbShown())
 	}
 
-	pool, err := a.openDB(ctx)
+	pool, rdb, closeAll, err := a.openQueueServers(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closeAll()
 	if applied, err := migrations.Up(ctx, pool); err != nil {
 		return err
 	} else if len(applied) > 0 {
 		say("schema:     applied migration(s) %s\n", joinInts(applied))
 	}
-	rdb, err := a.openRedis(ctx)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
 
 	st, err := a.newStack(ctx, pool, rdb)
 	if err != nil {
@@ -356,27 +366,22 @@ func enqueueDemo(ctx context.Context, store *task.Store) ([]uuid.UUID, error) {
 
 // countByStatus counts the tasks of ids per status.
 func countByStatus(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID) (map[string]int, error) {
-	rows, err := pool.Query(ctx, `SELECT status, count(*) FROM ingest_task WHERE id = ANY($1) GROUP BY status`, ids)
+	store, err := task.NewStore(task.Config{}, pool)
 	if err != nil {
-		return nil, fmt.Errorf("count tasks: %w", err)
+		return nil, err
 	}
-	defer rows.Close()
-	out := map[string]int{}
-	for _, s := range task.States {
-		out[string(s)] = 0
+	counts, err := store.CountByStatus(ctx, ids...)
+	if err != nil {
+		return nil, err
 	}
-	for rows.Next() {
-		var s string
-		var n int
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, err
-		}
-		out[s] = n
+	out := make(map[string]int, len(counts))
+	for s, n := range counts {
+		out[string(s)] = int(n)
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
-// demoProgress shows progress until every task is SUCCEEDED or DEAD (true),
+// demoProgress shows progress until every task is terminal (true),
 // the timeout passes or ctx is cancelled (false).
 func (a *app) demoProgress(ctx context.Context, pool *pgxpool.Pool, ids []uuid.UUID, timeout time.Duration, runDone <-chan error) (bool, error) {
 	out := a.progressOut()
@@ -391,9 +396,15 @@ func (a *app) demoProgress(ctx context.Context, pool *pgxpool.Pool, ids []uuid.U
 		if err != nil && ctx.Err() == nil {
 			return false, err
 		}
-		line := fmt.Sprintf("%5.1fs  queued %-3d running %-3d retrying %-3d succeeded %-3d dead %-3d",
-			time.Since(start).Seconds(), counts["QUEUED"], counts["RUNNING"], counts["RETRYING"], counts["SUCCEEDED"], counts["DEAD"])
-		done := counts["SUCCEEDED"]+counts["DEAD"] == len(ids)
+		line := fmt.Sprintf("%5.1fs  queued %-3d running %-3d retrying %-3d succeeded %-3d dead %-3d cancelled %-3d",
+			time.Since(start).Seconds(), counts["QUEUED"], counts["RUNNING"], counts["RETRYING"], counts["SUCCEEDED"], counts["DEAD"], counts["CANCELLED"])
+		finished := 0
+		for s, n := range counts {
+			if task.State(s).Terminal() {
+				finished += n
+			}
+		}
+		done := finished == len(ids)
 		state := line[7:]
 		switch {
 		case tty:
@@ -469,7 +480,11 @@ func (a *app) demoSummary(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Cl
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if a.cfg.DLQStreamKey != "" {
+	if a.cfg.Queue == queueKafka {
+		if sum.DLQ, err = a.demoKafkaDLQ(ctx, ids); err != nil {
+			return nil, err
+		}
+	} else if a.cfg.DLQStreamKey != "" {
 		idSet := make(map[string]bool, len(ids))
 		for _, id := range ids {
 			idSet[id.String()] = true
@@ -498,13 +513,16 @@ func (a *app) demoCommands(redisCLI, httpAddr string, ids []uuid.UUID, sum *demo
 		example = sum.DLQ[0].TaskID
 	}
 	s, g, d := a.cfg.StreamKey, a.cfg.Group, a.cfg.DLQStreamKey
-	cmds := []string{
-		fmt.Sprintf("%s XPENDING %s %s", redisCLI, s, g),
-		fmt.Sprintf("%s XINFO GROUPS %s", redisCLI, s),
-		fmt.Sprintf("%s XRANGE %s - + COUNT 5", redisCLI, s),
-	}
-	if d != "" {
-		cmds = append(cmds, fmt.Sprintf("%s XRANGE %s - +", redisCLI, d))
+	var cmds []string
+	if a.cfg.Queue != queueKafka {
+		cmds = append(cmds,
+			fmt.Sprintf("%s XPENDING %s %s", redisCLI, s, g),
+			fmt.Sprintf("%s XINFO GROUPS %s", redisCLI, s),
+			fmt.Sprintf("%s XRANGE %s - + COUNT 5", redisCLI, s),
+		)
+		if d != "" {
+			cmds = append(cmds, fmt.Sprintf("%s XRANGE %s - +", redisCLI, d))
+		}
 	}
 	cmds = append(cmds,
 		psql+` -c "SELECT kind, status, count(*), sum(attempt_count) AS failed_attempts FROM ingest_task WHERE kind LIKE 'demo.%' GROUP BY 1, 2 ORDER BY 1, 2"`,
@@ -513,6 +531,9 @@ func (a *app) demoCommands(redisCLI, httpAddr string, ids []uuid.UUID, sum *demo
 		psql+` -c "SELECT id,status,attempt_count,next_retry_at,last_error,created_at,sent_at FROM outbox_event ORDER BY created_at DESC LIMIT 20"`,
 	)
 	env := fmt.Sprintf("INGEST_DATABASE_URL='%s' INGEST_REDIS_URL='%s'", redact.DSN(a.cfg.DatabaseURL), redact.DSN(a.cfg.RedisURL))
+	if a.cfg.Queue == queueKafka {
+		env = fmt.Sprintf("INGEST_DATABASE_URL='%s' INGEST_QUEUE=kafka KAFKA_BOOTSTRAP_SERVERS='%s'", redact.DSN(a.cfg.DatabaseURL), a.cfg.KafkaBrokers)
+	}
 	cmds = append(cmds,
 		env+" ingest-worker task show "+example,
 		env+" ingest-worker pending",
@@ -543,12 +564,16 @@ func (a *app) printDemoSummary(sum *demoSummary, keep bool) {
 		for _, n := range sum.ByKind[k] {
 			total += n
 		}
-		ok, dead := sum.ByKind[k]["SUCCEEDED"], sum.ByKind[k]["DEAD"]
-		rows = append(rows, []string{k, fmt.Sprint(total), fmt.Sprint(ok), fmt.Sprint(dead), fmt.Sprint(total - ok - dead)})
+		ok, dead, cancelled := sum.ByKind[k]["SUCCEEDED"], sum.ByKind[k]["DEAD"], sum.ByKind[k]["CANCELLED"]
+		rows = append(rows, []string{k, fmt.Sprint(total), fmt.Sprint(ok), fmt.Sprint(dead), fmt.Sprint(cancelled), fmt.Sprint(total - ok - dead - cancelled)})
 	}
-	a.table([]string{"KIND", "TASKS", "SUCCEEDED", "DEAD", "NOT FINISHED"}, rows)
+	a.table([]string{"KIND", "TASKS", "SUCCEEDED", "DEAD", "CANCELLED", "NOT FINISHED"}, rows)
 
-	a.printf("\nDLQ (%s): %d entries\n", a.cfg.DLQStreamKey, len(sum.DLQ))
+	dlqName := a.cfg.DLQStreamKey
+	if a.cfg.Queue == queueKafka {
+		dlqName = "topic " + a.cfg.KafkaDLQTopic
+	}
+	a.printf("\nDLQ (%s): %d entries\n", dlqName, len(sum.DLQ))
 	if len(sum.DLQ) > 0 {
 		a.printDLQ(sum.DLQ)
 	}

@@ -122,16 +122,15 @@ kept and reported.`,
 				return usagef("no DLQ stream is configured (INGEST_REDIS_DLQ_STREAM_KEY is empty); redrive DEAD tasks with POST /v1/tasks/{id}/redrive")
 			}
 			ctx := cmd.Context()
-			store, pool, err := a.openStore(ctx)
+			pool, rdb, closeAll, err := a.openServers(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			rdb, err := a.openRedis(ctx)
+			defer closeAll()
+			store, err := task.NewStore(a.storeConfig(), pool)
 			if err != nil {
-				return err
+				return usageErr(err)
 			}
-			defer rdb.Close()
 			var results []dlq.ReplayResult
 			if all {
 				results, err = a.replayAll(ctx, rdb, store)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -18,8 +19,9 @@ import (
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
-		kind, payload, key, file string
-		maxAttempts              int
+		kind, payload, key, file, runAt string
+		maxAttempts                     int
+		delay, timeout                  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "enqueue (--kind K --payload JSON|@file | --file tasks.ndjson)",
@@ -33,12 +35,20 @@ transaction; a running worker publishes it to the stream and runs it.
 A repeated --idempotency-key (per kind) returns the existing task instead
 of creating a second one.
 
+--run-at (RFC 3339) or --delay (a duration) schedules the task: it stays
+QUEUED and is published to the stream, and started, only once it is due
+(a time in the past means now). --timeout is the deadline of each run of
+its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS).
+
 --file reads newline-delimited JSON, one task per line:
-  {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5}
-(idempotency_key and max_attempts are optional) and creates all of them in
-one transaction: all or none. Use --file - for stdin.`,
+  {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
+   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000}
+(all but kind and payload are optional; run_at and delay_ms exclusive) and
+creates all of them in one transaction: all or none. Use --file - for stdin.`,
 		Example: `  ingest-worker enqueue --kind email --payload '{"to":"a@example.com"}'
   ingest-worker enqueue --kind report --payload @report.json --idempotency-key report-2024-06 --max-attempts 3
+  ingest-worker enqueue --kind report --payload '{}' --run-at 2026-01-02T03:00:00Z --timeout 10m
+  ingest-worker enqueue --kind reminder --payload '{"id":7}' --delay 15m
   ingest-worker enqueue --file tasks.ndjson --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -49,8 +59,9 @@ one transaction: all or none. Use --file - for stdin.`,
 			var err error
 			switch {
 			case file != "":
-				if kind != "" || payload != "" || key != "" || cmd.Flags().Changed("max-attempts") {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key or --max-attempts (put them in the file's lines)")
+				if kind != "" || payload != "" || key != "" || runAt != "" ||
+					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") {
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay or --timeout (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -59,11 +70,28 @@ one transaction: all or none. Use --file - for stdin.`,
 				return usagef("--payload is required: a JSON value, @file or @-")
 			default:
 				var p []byte
-				p, err = a.readPayload(payload)
+				if p, err = a.readPayload(payload); err != nil {
+					return err
+				}
 				if cmd.Flags().Changed("max-attempts") && maxAttempts < 1 {
 					return usagef("--max-attempts must be >= 1, got %d", maxAttempts)
 				}
-				nts = []task.NewTask{{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts}}
+				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout}
+				switch {
+				case runAt != "" && cmd.Flags().Changed("delay"):
+					return usagef("--run-at and --delay are exclusive")
+				case delay < 0:
+					return usagef("--delay must be >= 0, got %s", delay)
+				case cmd.Flags().Changed("timeout") && timeout <= 0:
+					return usagef("--timeout must be > 0, got %s", timeout)
+				case runAt != "":
+					at, perr := time.Parse(time.RFC3339Nano, runAt)
+					if perr != nil {
+						return usagef("--run-at %q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", runAt)
+					}
+					nt.RunAt = at
+				}
+				nts = []task.NewTask{nt}
 			}
 			if err != nil {
 				return err
@@ -114,6 +142,9 @@ one transaction: all or none. Use --file - for stdin.`,
 	f.StringVarP(&payload, "payload", "p", "", "JSON payload, @file, or @- for stdin")
 	f.StringVar(&key, "idempotency-key", "", "a repeat with the same kind and key returns the existing task")
 	f.IntVar(&maxAttempts, "max-attempts", 0, "runs before the task is DEAD (default INGEST_REDIS_MAX_ATTEMPTS)")
+	f.StringVar(&runAt, "run-at", "", "run the task at this RFC 3339 time, not before")
+	f.DurationVar(&delay, "delay", 0, "run the task after this delay (e.g. 90s, 15m), not before")
+	f.DurationVar(&timeout, "timeout", 0, "deadline of each run of the handler (default INGEST_TASK_TIMEOUT_MS)")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }

@@ -36,7 +36,7 @@ func FuzzConfig(f *testing.F) {
 			return
 		}
 		msg := err.Error()
-		if !strings.Contains(msg, "INGEST_") {
+		if !strings.Contains(msg, s.env) {
 			t.Fatalf("%s=%q: the error names no setting: %s", s.env, value, msg)
 		}
 		// A password in a URL's user info (scheme://user:PASSWORD@host).

@@ -131,13 +131,28 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	return rdb, nil
 }
 
+// openServers connects to PostgreSQL and Redis; closeAll closes both.
+func (a *app) openServers(ctx context.Context) (pool *pgxpool.Pool, rdb *redis.Client, closeAll func(), err error) {
+	if pool, err = a.openDB(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	if rdb, err = a.openRedis(ctx); err != nil {
+		pool.Close()
+		return nil, nil, nil, err
+	}
+	return pool, rdb, func() { rdb.Close(); pool.Close() }, nil
+}
+
 // storeConfig is the task store's configuration.
 func (a *app) storeConfig() task.Config {
+	if a.cfg.Queue == queueKafka {
+		return a.kafkaStoreConfig()
+	}
 	return task.Config{
 		Stream:          a.cfg.StreamKey,
 		MaxAttempts:     a.cfg.MaxAttempts,
 		MaxPayloadBytes: a.cfg.MaxPayloadBytes,
-		Backoff:         task.Backoff{Base: a.cfg.RetryBaseBackoff, Max: a.cfg.RetryMaxBackoff, Jitter: task.DefaultBackoffJitter},
+		Backoff:         a.cfg.taskBackoff(),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -79,16 +80,22 @@ not yet published to Redis) and the tasks per status.`,
 				return usagef("--oldest must be from 0 to 1000, got %d", oldest)
 			}
 			ctx := cmd.Context()
-			pool, err := a.openDB(ctx)
+			if a.cfg.Queue == queueKafka {
+				rep, err := a.kafkaPendingReport(ctx)
+				if err != nil {
+					return err
+				}
+				if a.json {
+					return a.printJSON(rep)
+				}
+				a.printKafkaPending(rep)
+				return nil
+			}
+			pool, rdb, closeAll, err := a.openServers(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			rdb, err := a.openRedis(ctx)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
+			defer closeAll()
 			rep, err := a.pendingReport(ctx, pool, rdb, oldest)
 			if err != nil {
 				return err
@@ -166,35 +173,26 @@ func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb *redis.
 		}
 		rep.DLQ = &streamLength{Stream: a.cfg.DLQStreamKey, Length: n}
 	}
-	var oldestAt *time.Time
-	err = pool.QueryRow(ctx, `
-SELECT count(*) FILTER (WHERE status IN ('NEW', 'RETRYING')),
-       min(created_at) FILTER (WHERE status IN ('NEW', 'RETRYING')),
-       count(*) FILTER (WHERE status = 'DEAD')
-FROM outbox_event`).Scan(&rep.Outbox.Backlog, &oldestAt, &rep.Outbox.Dead)
+	ob, err := outbox.ReadStats(ctx, pool)
 	if err != nil {
-		return nil, fmt.Errorf("read the outbox backlog: %w", err)
+		return nil, err
 	}
-	if oldestAt != nil {
-		rep.Outbox.OldestAgeMS = time.Since(*oldestAt).Milliseconds()
+	rep.Outbox.Backlog, rep.Outbox.Dead = ob.Unsent, ob.Dead
+	if ob.OldestUnsent != nil {
+		rep.Outbox.OldestAgeMS = time.Since(*ob.OldestUnsent).Milliseconds()
 	}
-	rows, err := pool.Query(ctx, `SELECT status, count(*) FROM ingest_task GROUP BY status`)
+	store, err := task.NewStore(a.storeConfig(), pool)
 	if err != nil {
-		return nil, fmt.Errorf("count tasks: %w", err)
+		return nil, usageErr(err)
 	}
-	defer rows.Close()
-	for _, s := range task.States {
-		rep.Tasks[string(s)] = 0
+	counts, err := store.CountByStatus(ctx)
+	if err != nil {
+		return nil, err
 	}
-	for rows.Next() {
-		var s string
-		var n int64
-		if err := rows.Scan(&s, &n); err != nil {
-			return nil, fmt.Errorf("count tasks: %w", err)
-		}
-		rep.Tasks[s] = n
+	for s, n := range counts {
+		rep.Tasks[string(s)] = n
 	}
-	return rep, rows.Err()
+	return rep, nil
 }
 
 // entryAge is the time since a stream entry id's millisecond timestamp.

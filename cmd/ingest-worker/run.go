@@ -19,6 +19,7 @@ import (
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/migrations"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
@@ -32,7 +33,10 @@ time), the reclaimer (crashed workers' entries, due retries), the outbox relay
 (publishes committed tasks to Redis), the rescuer (republishes tasks whose
 stream entry was lost), outbox retention and stream trimming, and the HTTP
 server on INGEST_HTTP_ADDR (/metrics, /healthz, /readyz and the task API).
-Run as many processes as you like against the same PostgreSQL and Redis.
+Run as many processes as you like against the same PostgreSQL and Redis: one
+of them at a time, elected leader (table ingest_leader, metric ingest_leader),
+runs the rescuer, retention and the removal of idle consumers; when it stops
+or dies another takes over within seconds.
 
 A handler is required. The binary's built-in one is the webhook: with
 INGEST_WEBHOOK_URL (or --webhook-url) set, every task is POSTed there as
@@ -76,16 +80,16 @@ func (a *app) runCommand() *cobra.Command {
 				return usageErr(err)
 			}
 			ctx := cmd.Context()
-			pool, err := a.openDB(ctx)
+			stopTracing, err := a.startTracing(ctx)
 			if err != nil {
 				return err
 			}
-			defer pool.Close()
-			rdb, err := a.openRedis(ctx)
+			defer stopTracing()
+			pool, rdb, closeAll, err := a.openQueueServers(ctx)
 			if err != nil {
 				return err
 			}
-			defer rdb.Close()
+			defer closeAll()
 			st, err := a.newStack(ctx, pool, rdb)
 			if err != nil {
 				return err
@@ -99,7 +103,7 @@ func (a *app) runCommand() *cobra.Command {
 }
 
 // stack is everything a worker process runs, built from the configuration:
-// the ingest.Service (worker, reclaimer, outbox relay, rescuer, retention)
+// the ingest.Service (worker, reclaimer, outbox relay, maintenance)
 // and the HTTP server.
 type stack struct {
 	a      *app
@@ -141,17 +145,21 @@ func (a *app) startupChecks(ctx context.Context, pool *pgxpool.Pool, rdb *redis.
 // newStack checks the environment and builds the service and the API.
 // Configuration errors the components find are usage errors (exit 2).
 func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) (*stack, error) {
+	if a.cfg.Queue == queueKafka {
+		return a.newKafkaStack(ctx, pool)
+	}
 	if err := a.startupChecks(ctx, pool, rdb); err != nil {
 		return nil, err
 	}
 	c := a.cfg
+	for _, w := range c.warnings() {
+		a.log.Warn(w)
+	}
 	s := &stack{a: a, pool: pool, rdb: rdb, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var err error
-	if s.store, err = task.NewStore(a.storeConfig(), pool); err != nil {
-		return nil, usageErr(err)
-	}
 	s.svc, err = ingest.NewService(ingest.ServiceConfig{
+		Store: a.storeConfig(),
 		Worker: ingest.Config{
 			Stream:          c.StreamKey,
 			Group:           c.Group,
@@ -162,20 +170,22 @@ func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Clien
 			TaskLease:       c.TaskLease,
 			TaskTimeout:     c.TaskTimeout,
 			ShutdownTimeout: c.ShutdownTimeout,
-			ReclaimIdle:     c.ReclaimIdle,
+			ReclaimIdle:     c.reclaimIdle(),
 		},
 		Reclaim:         reclaim.Config{Interval: c.ReclaimInterval, BatchSize: c.ReclaimBatchSize},
 		ReclaimDisabled: !c.ReclaimEnabled,
 		Relay: outbox.RelayConfig{
 			BatchSize: c.OutboxPublishBatchSize, PublishInterval: c.OutboxPublishInterval,
-			MaxAttempts: c.OutboxMaxAttempts, BaseBackoff: c.OutboxRetryBaseBackoff, MaxBackoff: c.OutboxRetryMaxBackoff,
+			MaxAttempts: c.OutboxMaxAttempts, Backoff: c.outboxBackoff(),
 		},
-	}, s.store, pool, rdb, a.log, s.reg)
+		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}},
+	}, pool, rdb, a.log, s.reg)
 	if err != nil {
 		return nil, usageErr(err)
 	}
-	s.worker = s.svc.Worker()
-	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName}, s.store, s.checks(), s.reg)
+	s.store, s.worker = s.svc.Store(), s.svc.Worker()
+	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
+		Periodic: s.svc.Maintainer().NextSlots}, s.store, s.checks(), s.reg)
 	if err != nil {
 		return nil, usageErr(err)
 	}
@@ -242,6 +252,10 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 	go func() { svcDone <- s.svc.Run(runCtx) }()
 	attrs := []any{"consumer", s.a.cfg.ConsumerName, "stream", s.a.cfg.StreamKey, "group", s.a.cfg.Group,
 		"concurrency", s.a.cfg.WorkerConcurrency, "redis", redact.DSN(s.a.cfg.RedisURL), "database", s.a.dbShown()}
+	if s.a.cfg.Queue == queueKafka {
+		attrs = []any{"consumer", s.a.cfg.ConsumerName, "queue", queueKafka, "topic", s.a.cfg.KafkaTopic, "group", s.a.cfg.KafkaGroup,
+			"concurrency", s.a.cfg.WorkerConcurrency, "kafka", s.a.cfg.KafkaBrokers, "database", s.a.dbShown()}
+	}
 	if ln != nil {
 		attrs = append(attrs, "http", ln.Addr().String())
 	}
@@ -250,8 +264,8 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 	var runErr error
 	select {
 	case <-runCtx.Done():
-		// Not ready from now on; the worker drains (DESIGN: nothing that
-		// did not finish is acknowledged).
+		// Not ready from now on; the worker drains (nothing that did not
+		// finish is acknowledged: docs/ARCHITECTURE.md §1.6).
 		s.stopping.Store(true)
 		log.Info("shutting down: running tasks get the grace period", "grace", s.a.cfg.ShutdownTimeout)
 		runErr = <-svcDone

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,10 +22,70 @@ import (
 func (a *app) taskCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "task",
-		Short: "Show one task (state, history, Redis state) or list tasks",
-		Long:  "Inspect tasks: 'task show ID' for one task in depth, 'task list' for many.",
+		Short: "Show, list or cancel tasks",
+		Long: `Inspect tasks: 'task show ID' for one task in depth, 'task list' for many;
+'task cancel ID' cancels one.`,
 	}
-	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand())
+	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand(), a.taskCancelCommand())
+	return cmd
+}
+
+func (a *app) taskCancelCommand() *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel ID",
+		Short: "Cancel a task (QUEUED, RETRYING or RUNNING)",
+		Long: `Cancel a task. A QUEUED or RETRYING task is CANCELLED at once. For a RUNNING
+task the cancel is requested: the worker running it cancels its handler's
+context within about a second, and the task ends CANCELLED when the handler
+returns (follow it with 'task show'). A SUCCEEDED, DEAD or CANCELLED task cannot
+be cancelled (exit status 1). The audit trail records the reason and this
+invocation (cli:<host>-<pid>). A CANCELLED task can be redriven with
+POST /v1/tasks/{id}/redrive.`,
+		Example: `  ingest-worker task cancel 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f
+  ingest-worker task cancel 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f --reason "customer withdrew"`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			id, err := uuid.Parse(args[0])
+			if err != nil {
+				return usagef("%q is not a task id (a UUID)", args[0])
+			}
+			if len(reason) > task.MaxCancelReasonBytes {
+				return usagef("--reason is %d bytes, the limit is %d", len(reason), task.MaxCancelReasonBytes)
+			}
+			store, pool, err := a.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			res, err := store.Cancel(cmd.Context(), a.actor(), reason, id)
+			if err != nil {
+				return err
+			}
+			if a.json {
+				if err := a.printJSON(map[string]any{"outcome": res.Outcome, "task": res.Task}); err != nil {
+					return err
+				}
+			}
+			switch res.Outcome {
+			case task.CancelDone:
+				if !a.json {
+					a.printf("task %s CANCELLED\n", id)
+				}
+			case task.CancelRequested:
+				if !a.json {
+					a.printf("task %s is RUNNING on %s: cancel requested; it ends CANCELLED when its handler returns\n", id, res.Task.LeaseOwner)
+				}
+			default:
+				return fmt.Errorf("task %s is %s; only QUEUED, RETRYING and RUNNING tasks can be cancelled", id, res.Task.Status)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (recorded in the audit trail)")
 	return cmd
 }
 
@@ -66,6 +127,8 @@ type taskDetail struct {
 		DLQScanned int    `json:"dlq_scanned"`
 		Error      string `json:"error,omitempty"`
 	} `json:"redis"`
+	// Kafka is the Kafka view (INGEST_QUEUE=kafka) instead of Redis'.
+	Kafka *kafkaTaskView `json:"kafka,omitempty"`
 }
 
 func (a *app) taskShowCommand() *cobra.Command {
@@ -103,7 +166,9 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 			}
 			d.Redis.Stream, d.Redis.Group = a.cfg.StreamKey, a.cfg.Group
 			d.Redis.Entries, d.Redis.DLQ = []entryState{}, []dlq.Entry{}
-			if rdb, err := a.openRedis(ctx); err != nil {
+			if a.cfg.Queue == queueKafka {
+				d.Kafka = a.kafkaTaskOf(ctx, d.Outbox)
+			} else if rdb, err := a.openRedis(ctx); err != nil {
 				d.Redis.Error = a.scrub.String(err.Error())
 			} else {
 				defer rdb.Close()
@@ -200,13 +265,32 @@ func isNoGroup(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
 }
 
+// allowed says how many runs t gets and who decides: the task's own
+// max_attempts, or (NULL) the INGEST_REDIS_MAX_ATTEMPTS of the worker that
+// records a failure, shown as this invocation's value.
+func (a *app) allowed(t task.Task) string {
+	if t.MaxAttempts != nil {
+		return fmt.Sprintf("%d allowed (the task's max_attempts)", *t.MaxAttempts)
+	}
+	return fmt.Sprintf("%d allowed (the workers' INGEST_REDIS_MAX_ATTEMPTS; the task sets none)", a.cfg.MaxAttempts)
+}
+
+// maxShort is allowed for a table cell: "5", or "10w" when the workers'
+// setting applies.
+func (a *app) maxShort(t task.Task) string {
+	if t.MaxAttempts != nil {
+		return strconv.Itoa(*t.MaxAttempts)
+	}
+	return strconv.Itoa(a.cfg.MaxAttempts) + "w"
+}
+
 func (a *app) printTask(d taskDetail) {
 	t := d.Task
 	kv := [][]string{
 		{"id", t.ID.String()},
 		{"kind", t.Kind},
 		{"status", string(t.Status)},
-		{"attempts", fmt.Sprintf("%d failed of %d allowed", t.AttemptCount, t.MaxAttempts)},
+		{"attempts", fmt.Sprintf("%d failed of %s", t.AttemptCount, a.allowed(t))},
 	}
 	if t.NextRetryAt != nil {
 		kv = append(kv, []string{"next retry", fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
@@ -226,6 +310,13 @@ func (a *app) printTask(d taskDetail) {
 	)
 	if t.FinishedAt != nil {
 		kv = append(kv, []string{"finished", timeOrEmpty(t.FinishedAt)})
+	}
+	if t.CancelRequestedAt != nil {
+		c := fmt.Sprintf("%s by %s", timeOrEmpty(t.CancelRequestedAt), t.CancelRequestedBy)
+		if t.CancelReason != "" {
+			c += ": " + clip(t.CancelReason, 200)
+		}
+		kv = append(kv, []string{"cancel", c})
 	}
 	kv = append(kv, []string{"payload", clip(string(t.Payload), 200)})
 	a.table([]string{"TASK", ""}, kv)
@@ -248,6 +339,10 @@ func (a *app) printTask(d taskDetail) {
 	}
 	a.table([]string{"ID", "STATUS", "ATTEMPTS", "STREAM ENTRY", "CREATED", "SENT", "LAST ERROR"}, rows)
 
+	if d.Kafka != nil {
+		a.printKafkaTask(d.Kafka)
+		return
+	}
 	a.printf("\nREDIS (stream %s, group %s)\n", d.Redis.Stream, d.Redis.Group)
 	if d.Redis.Error != "" {
 		a.printf("  could not read Redis: %s\n", d.Redis.Error)
@@ -339,7 +434,7 @@ func (a *app) taskListCommand() *cobra.Command {
 			}
 			rows := make([][]string, len(tasks))
 			for i, t := range tasks {
-				rows[i] = []string{t.ID.String(), t.Kind, string(t.Status), fmt.Sprintf("%d/%d", t.AttemptCount, t.MaxAttempts), ago(t.CreatedAt), ago(t.UpdatedAt), clip(t.LastError, 60)}
+				rows[i] = []string{t.ID.String(), t.Kind, string(t.Status), fmt.Sprintf("%d/%s", t.AttemptCount, a.maxShort(t)), ago(t.CreatedAt), ago(t.UpdatedAt), clip(t.LastError, 60)}
 			}
 			a.table([]string{"ID", "KIND", "STATUS", "FAILED/MAX", "CREATED", "UPDATED", "LAST ERROR"}, rows)
 			if next != "" {
@@ -356,7 +451,7 @@ func (a *app) taskListCommand() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&status, "status", "s", "", "only tasks in this state: QUEUED, RUNNING, RETRYING, SUCCEEDED or DEAD")
+	f.StringVarP(&status, "status", "s", "", "only tasks in this state: QUEUED, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED")
 	f.StringVarP(&p.Kind, "kind", "k", "", "only tasks of this kind")
 	f.IntVarP(&p.Limit, "limit", "n", 50, fmt.Sprintf("most tasks shown (1..%d)", task.MaxListLimit))
 	f.StringVar(&p.Cursor, "cursor", "", "continue a listing (the cursor printed after a full page)")

@@ -9,12 +9,18 @@
 // commit→handler start and commit→SUCCEEDED, SQL statements and Redis round
 // trips per task (counted by a pgx tracer and a go-redis hook on the
 // clients the path uses) and the peak resident memory of the process.
-// `ingest-worker bench` wraps it.
+// `ingest-worker bench` wraps it. Options.PayloadBytes pads each payload and
+// Options.FailRate fails first attempts; FailsFirstAttempt, Pad and the
+// insert and pool defaults are also what the River comparison (bench/river)
+// uses, so that both sides run the same workload.
 package bench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -35,7 +41,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	ingest "github.com/ingest-worker/ingest"
-	"github.com/ingest-worker/ingest/internal/defaults"
+	"github.com/ingest-worker/ingest/internal/hook"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
@@ -54,6 +61,18 @@ const (
 	DefaultProgress       = 2 * time.Second
 	DefaultTimeout        = 30 * time.Minute
 	DefaultPoolConns      = 16
+	// MaxPayloadBytes bounds Options.PayloadBytes.
+	MaxPayloadBytes = 1 << 20
+)
+
+// Retry timing of runs with a FailRate: a failed first attempt is due again
+// after FailRetryDelay (the task store's backoff, base = max, no jitter),
+// and the reclaimer, which hands due retries back to the worker, looks every
+// FailReclaimInterval (instead of its default), so that the run measures
+// work rather than waiting for retries to fall due.
+const (
+	FailRetryDelay      = time.Millisecond
+	FailReclaimInterval = 100 * time.Millisecond
 )
 
 // Options configures a run. Zero fields take the Default* values.
@@ -75,6 +94,13 @@ type Options struct {
 	Producers int
 	// HandlerSleep is the handler's fixed work time (0: no-op).
 	HandlerSleep time.Duration
+	// PayloadBytes is the length of a string carried in each task's
+	// payload (0: none), see Pad.
+	PayloadBytes int
+	// FailRate is the fraction of tasks whose first attempt returns an
+	// error, so they are retried once (decided by FailsFirstAttempt from
+	// the task id).
+	FailRate float64
 	// Worker tuning: handler slots, entries per stream read, completer
 	// batch and window, outbox relay batch.
 	Concurrency    int
@@ -96,23 +122,26 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-func (o *Options) setDefaults() {
-	defaults.Set(&o.Tasks, DefaultTasks)
-	defaults.Set(&o.Concurrency, DefaultConcurrency)
-	defaults.Set(&o.ReadCount, DefaultReadCount)
-	defaults.Set(&o.CompleteBatch, DefaultCompleteBatch)
-	defaults.Set(&o.RelayBatch, DefaultRelayBatch)
-	defaults.Set(&o.InsertBatch, DefaultInsertBatch)
-	defaults.Set(&o.Producers, DefaultProducers)
-	defaults.Set(&o.PoolConns, DefaultPoolConns)
-	defaults.Set(&o.CompleteWindow, DefaultCompleteWindow)
-	defaults.Set(&o.Progress, DefaultProgress)
-	defaults.Set(&o.Timeout, DefaultTimeout)
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (o Options) WithDefaults() Options {
+	o.Tasks = cmp.Or(o.Tasks, DefaultTasks)
+	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
+	o.ReadCount = cmp.Or(o.ReadCount, DefaultReadCount)
+	o.CompleteBatch = cmp.Or(o.CompleteBatch, DefaultCompleteBatch)
+	o.RelayBatch = cmp.Or(o.RelayBatch, DefaultRelayBatch)
+	o.InsertBatch = cmp.Or(o.InsertBatch, DefaultInsertBatch)
+	o.Producers = cmp.Or(o.Producers, DefaultProducers)
+	o.PoolConns = cmp.Or(o.PoolConns, DefaultPoolConns)
+	o.CompleteWindow = cmp.Or(o.CompleteWindow, DefaultCompleteWindow)
+	o.Progress = cmp.Or(o.Progress, DefaultProgress)
+	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
+	return o
 }
 
 // Validate names the first bad option.
 func (o Options) Validate() error {
-	o.setDefaults()
+	o = o.WithDefaults()
 	switch {
 	case o.Tasks < 1:
 		return fmt.Errorf("tasks must be >= 1, got %d", o.Tasks)
@@ -126,6 +155,10 @@ func (o Options) Validate() error {
 		return fmt.Errorf("producers must be in [1, 64], got %d", o.Producers)
 	case o.HandlerSleep < 0:
 		return fmt.Errorf("handler sleep must be >= 0, got %s", o.HandlerSleep)
+	case o.PayloadBytes < 0 || o.PayloadBytes > MaxPayloadBytes:
+		return fmt.Errorf("payload bytes must be in [0, %d], got %d", MaxPayloadBytes, o.PayloadBytes)
+	case !(o.FailRate >= 0 && o.FailRate < 1): // also refuses NaN
+		return fmt.Errorf("fail rate must be in [0, 1), got %v", o.FailRate)
 	case o.PoolConns < 4:
 		return fmt.Errorf("pool conns must be >= 4, got %d", o.PoolConns)
 	}
@@ -140,6 +173,12 @@ type Report struct {
 	OfferedRate  float64 `json:"offered_rate,omitempty"`
 	HandlerSleep string  `json:"handler_sleep"`
 	Concurrency  int     `json:"concurrency"`
+	PayloadBytes int     `json:"payload_bytes"`
+	FailRate     float64 `json:"fail_rate"`
+	// FailedAttempts is how many first attempts failed as FailRate asked;
+	// RetryDelay says how soon they ran again (empty without failures).
+	FailedAttempts int64  `json:"failed_attempts"`
+	RetryDelay     string `json:"retry_delay,omitempty"`
 
 	// TasksPerSecond is tasks SUCCEEDED per second of the work phase
 	// (preload: from the worker's start to the last completion;
@@ -177,7 +216,7 @@ type Report struct {
 // statement counter; rdb gets a round-trip counting hook. Keys and task
 // kinds are unique to the run, so it may share servers with real workers.
 func Run(ctx context.Context, opts Options, pool *pgxpool.Pool, rdb redis.UniversalClient, out io.Writer) (Report, error) {
-	opts.setDefaults()
+	opts = opts.WithDefaults()
 	if err := opts.Validate(); err != nil {
 		return Report{}, err
 	}
@@ -221,6 +260,7 @@ type run struct {
 
 	inserted  atomic.Int64
 	started   atomic.Int64
+	failed    atomic.Int64
 	succeeded atomic.Int64
 	maxFlight atomic.Int64
 	allDone   chan struct{}
@@ -233,20 +273,52 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
+// FailsFirstAttempt reports whether the task or job identified by id
+// fails its first attempt in a run with the given fail rate: the first 8
+// bytes of the SHA-256 of id, as a fraction of 2^64, are below rate. The
+// same id always gives the same answer, so a run's failures are
+// reproducible, and ids that differ in one byte are as good as unrelated.
+func FailsFirstAttempt(id []byte, rate float64) bool {
+	sum := sha256.Sum256(id)
+	return float64(binary.BigEndian.Uint64(sum[:])>>11)/(1<<53) < rate
+}
+
+// Pad returns the string of n bytes that a task's payload carries with
+// Options.PayloadBytes = n.
+func Pad(n int) string { return strings.Repeat("x", n) }
+
+// errPlannedFailure is what a first attempt chosen by FailsFirstAttempt
+// returns.
+var errPlannedFailure = errors.New("bench: planned first-attempt failure")
+
 func (b *run) serviceConfig() ingest.ServiceConfig {
 	o := b.opts
-	return ingest.ServiceConfig{
+	cfg := ingest.ServiceConfig{
 		Worker: ingest.Config{
 			Stream: b.stream, DLQ: b.dlq, Consumer: "bench-" + b.id, Group: "bench",
 			Concurrency: o.Concurrency, ReadCount: o.ReadCount,
 			CompleteBatch: o.CompleteBatch, CompleteWindow: o.CompleteWindow,
 			Block: 200 * time.Millisecond, ShutdownTimeout: 10 * time.Second,
-			OnSucceeded: b.onSucceeded,
 		},
-		Reclaim:   reclaim.Config{BatchSize: 1000},
-		Relay:     outbox.RelayConfig{BatchSize: o.RelayBatch},
-		Retention: outbox.RetentionConfig{DisableTrim: true},
+		Store:       b.storeConfig(),
+		Reclaim:     reclaim.Config{BatchSize: 1000},
+		Relay:       outbox.RelayConfig{BatchSize: o.RelayBatch},
+		Maintenance: maintenance.Config{Retention: maintenance.RetentionConfig{DisableTrim: true}},
 	}
+	if o.FailRate > 0 {
+		cfg.Reclaim.Interval = FailReclaimInterval
+	}
+	return cfg
+}
+
+// storeConfig is the task store's configuration: with a FailRate, failed
+// attempts are due again after FailRetryDelay.
+func (b *run) storeConfig() task.Config {
+	cfg := task.Config{Stream: b.stream}
+	if b.opts.FailRate > 0 {
+		cfg.Backoff = task.Backoff{Base: FailRetryDelay, Max: FailRetryDelay}
+	}
+	return cfg
 }
 
 func (b *run) onSucceeded(ids []uuid.UUID) {
@@ -258,7 +330,7 @@ func (b *run) onSucceeded(ids []uuid.UUID) {
 
 func (b *run) handler(ctx context.Context, t ingest.Task) error {
 	b.track.started(t.ID, time.Now())
-	flight := b.started.Add(1) - b.succeeded.Load()
+	flight := b.started.Add(1) - b.failed.Load() - b.succeeded.Load()
 	for {
 		m := b.maxFlight.Load()
 		if flight <= m || b.maxFlight.CompareAndSwap(m, flight) {
@@ -274,39 +346,49 @@ func (b *run) handler(ctx context.Context, t ingest.Task) error {
 			return ctx.Err()
 		}
 	}
+	if t.Attempt == 1 && b.opts.FailRate > 0 && FailsFirstAttempt(t.ID[:], b.opts.FailRate) {
+		b.failed.Add(1)
+		return errPlannedFailure
+	}
 	return nil
 }
 
 func (b *run) run(ctx context.Context) (Report, error) {
 	o := b.opts
 	b.allDone = make(chan struct{})
-	rep := Report{Mode: "continuous", Tasks: o.Tasks, OfferedRate: o.Rate, Concurrency: o.Concurrency, HandlerSleep: "none"}
+	rep := Report{Mode: "continuous", Tasks: o.Tasks, OfferedRate: o.Rate, Concurrency: o.Concurrency, HandlerSleep: "none",
+		PayloadBytes: o.PayloadBytes, FailRate: o.FailRate}
 	if o.Preload {
 		rep.Mode = "preload"
 	}
 	if o.HandlerSleep > 0 {
 		rep.HandlerSleep = o.HandlerSleep.String()
 	}
-	store, err := task.NewStore(task.Config{Stream: b.stream}, b.traced)
-	if err != nil {
-		return rep, err
-	}
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	svc, err := ingest.NewService(b.serviceConfig(), store, b.traced, b.rdb, logger, prometheus.NewRegistry())
+	svc, err := ingest.NewService(b.serviceConfig(), b.traced, b.rdb, logger, prometheus.NewRegistry())
 	if err != nil {
 		return rep, err
 	}
+	store := svc.Store()
 	svc.Handle(b.kind, b.handler)
 
 	fmt.Fprintf(b.out, "bench %s: %d tasks, %s mode", b.id, o.Tasks, rep.Mode)
 	if o.Rate > 0 {
 		fmt.Fprintf(b.out, " at %.0f tasks/s offered", o.Rate)
 	}
-	fmt.Fprintf(b.out, ", handler %s, concurrency %d, read count %d, complete batch %d/%s, relay batch %d\n",
+	fmt.Fprintf(b.out, ", handler %s, concurrency %d, read count %d, complete batch %d/%s, relay batch %d",
 		rep.HandlerSleep, o.Concurrency, o.ReadCount, o.CompleteBatch, o.CompleteWindow, o.RelayBatch)
+	if o.PayloadBytes > 0 {
+		fmt.Fprintf(b.out, ", payload +%d bytes", o.PayloadBytes)
+	}
+	if o.FailRate > 0 {
+		rep.RetryDelay = fmt.Sprintf("%s backoff, reclaimer every %s", FailRetryDelay, FailReclaimInterval)
+		fmt.Fprintf(b.out, ", fail rate %g (retry: %s)", o.FailRate, rep.RetryDelay)
+	}
+	fmt.Fprintln(b.out)
 
 	before := b.counters.Snapshot()
 	runStart := time.Now()
@@ -316,7 +398,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	var insertStart, insertEnd time.Time
 	svcCtx, stopSvc := context.WithCancel(ctx)
 	svcDone := make(chan error, 1)
-	startService := func() { go func() { svcDone <- svc.Run(svcCtx) }() }
+	startService := func() { go func() { svcDone <- svc.Run(hook.WithOnSucceeded(svcCtx, b.onSucceeded)) }() }
 	stopService := func() error {
 		stopSvc()
 		return <-svcDone
@@ -369,7 +451,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	// Verify in SQL what the hook reported.
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer vcancel()
-	if err := b.pool.QueryRow(vctx, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND status = 'SUCCEEDED'`, b.kind).Scan(&rep.Succeeded); err != nil {
+	if err := b.pool.QueryRow(vctx, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND status = $2`, b.kind, string(task.Succeeded)).Scan(&rep.Succeeded); err != nil {
 		return rep, fmt.Errorf("count SUCCEEDED tasks: %w", err)
 	}
 	if rep.Succeeded != o.Tasks {
@@ -389,6 +471,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	rep.StatementCounts, rep.RedisCommandCounts = d.ByStatement, d.ByCommand
 	rep.PeakRSSMiB = float64(PeakRSS()) / (1 << 20)
 	rep.MaxInFlight = b.maxFlight.Load()
+	rep.FailedAttempts = b.failed.Load()
 	return rep, nil
 }
 
@@ -404,6 +487,13 @@ func (b *run) insert(ctx context.Context, store *task.Store, rate float64) error
 		every = time.Duration(float64(time.Second) * float64(batch) * float64(o.Producers) / rate)
 	}
 	payload := json.RawMessage(`{"bench":true}`)
+	if o.PayloadBytes > 0 {
+		p, err := json.Marshal(map[string]any{"bench": true, "pad": Pad(o.PayloadBytes)})
+		if err != nil {
+			return err
+		}
+		payload = p
+	}
 	var next atomic.Int64 // tasks handed out
 	g, ctx := errgroup.WithContext(ctx)
 	for p := 0; p < o.Producers; p++ {
@@ -473,7 +563,7 @@ func (b *run) progress(start time.Time) func() {
 				dt := now.Sub(last).Seconds()
 				fmt.Fprintf(b.out, "%6.1fs  inserted %8d (%7.0f/s)  succeeded %8d (%7.0f/s)  in flight %6d  rss %5.0f MiB\n",
 					now.Sub(start).Seconds(), ins, float64(ins-lastIns)/dt, ok, float64(ok-lastOK)/dt,
-					b.started.Load()-ok, float64(CurrentRSS())/(1<<20))
+					b.started.Load()-b.failed.Load()-ok, float64(CurrentRSS())/(1<<20))
 				lastIns, lastOK, last = ins, ok, now
 			}
 		}
@@ -508,6 +598,12 @@ func Print(w io.Writer, r Report) {
 	}
 	fmt.Fprintf(tw, "tasks/s worked\t%.0f\t(%d SUCCEEDED in %.2fs)\n", r.TasksPerSecond, r.Succeeded, r.WorkSeconds)
 	fmt.Fprintf(tw, "tasks/s inserted\t%.0f\t(%.2fs)\n", r.InsertPerSecond, r.InsertSeconds)
+	if r.PayloadBytes > 0 {
+		fmt.Fprintf(tw, "payload padding\t%d bytes\n", r.PayloadBytes)
+	}
+	if r.FailRate > 0 {
+		fmt.Fprintf(tw, "fail rate\t%g\t(%d first attempts failed; retry: %s)\n", r.FailRate, r.FailedAttempts, r.RetryDelay)
+	}
 	fmt.Fprintf(tw, "latency ms\tp50\tp95\tp99\tmax\n")
 	p := r.LatencyMS.Start
 	fmt.Fprintf(tw, "  commit→handler start\t%.2f\t%.2f\t%.2f\t%.2f\n", p.P50, p.P95, p.P99, p.Max)

@@ -3,8 +3,12 @@ package bench_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"math"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/ingest-worker/ingest/internal/bench"
 	"github.com/ingest-worker/ingest/internal/testenv"
@@ -48,5 +52,112 @@ func TestRunSmoke(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunFailRateAndPayload runs a preload in which a fifth of the tasks
+// fail their first attempt: every task still ends SUCCEEDED, exactly the
+// tasks FailsFirstAttempt names failed once, and each payload carries the
+// padding string.
+func TestRunFailRateAndPayload(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDatabase(t)
+	rdb := testenv.Client(t, testenv.NewRedisServer(t).URL())
+	const tasks, rate, pad = 1000, 0.2, 300
+	var progress bytes.Buffer
+	rep, err := bench.Run(context.Background(), bench.Options{Tasks: tasks, Preload: true, Concurrency: 200,
+		PayloadBytes: pad, FailRate: rate, Keep: true}, db.Pool, rdb, &progress)
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, progress.String())
+	}
+	if rep.Succeeded != tasks || rep.PayloadBytes != pad || rep.FailRate != rate || rep.RetryDelay == "" {
+		t.Errorf("report %+v", rep)
+	}
+	// 200 expected; 100..300 is more than seven standard deviations.
+	if rep.FailedAttempts < 100 || rep.FailedAttempts > 300 {
+		t.Errorf("%d first attempts failed, want about %d", rep.FailedAttempts, int(tasks*rate))
+	}
+
+	rows, err := db.Pool.Query(context.Background(),
+		`SELECT id, attempt_count, status, payload->>'pad' FROM ingest_task`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n, twice int64
+	for rows.Next() {
+		var id uuid.UUID
+		var failures int // attempt_count counts failed runs
+		var status, got string
+		if err := rows.Scan(&id, &failures, &status, &got); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		want := 0
+		if bench.FailsFirstAttempt(id[:], rate) {
+			want = 1
+			twice++
+		}
+		if failures != want || status != "SUCCEEDED" {
+			t.Errorf("task %s: %d failed runs, %s; want %d, SUCCEEDED", id, failures, status, want)
+		}
+		if got != bench.Pad(pad) {
+			t.Errorf("task %s: payload pad of %d bytes, want %d", id, len(got), pad)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != tasks || twice != rep.FailedAttempts {
+		t.Errorf("%d tasks, %d chosen to fail; the report says %d failed", n, twice, rep.FailedAttempts)
+	}
+}
+
+func TestFailsFirstAttempt(t *testing.T) {
+	t.Parallel()
+	id := []byte("0123456789abcdef")
+	if bench.FailsFirstAttempt(id, 0) {
+		t.Error("rate 0 fails a task")
+	}
+	if !bench.FailsFirstAttempt(id, 1) {
+		t.Error("rate 1 lets a task pass")
+	}
+	const n, rate = 100000, 0.05
+	failed := 0
+	for i := range n {
+		key := binary.BigEndian.AppendUint64(nil, uint64(i))
+		a, b := bench.FailsFirstAttempt(key, rate), bench.FailsFirstAttempt(key, rate)
+		if a != b {
+			t.Fatalf("key %d: %v, then %v", i, a, b)
+		}
+		if a {
+			failed++
+		}
+	}
+	// 5,000 expected, standard deviation 69.
+	if failed < 4600 || failed > 5400 {
+		t.Errorf("%d of %d keys fail at rate %v", failed, n, rate)
+	}
+}
+
+func TestValidatePayloadAndFailRate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		opts bench.Options
+		want string // "" for valid
+	}{
+		{bench.Options{PayloadBytes: 1024, FailRate: 0.5}, ""},
+		{bench.Options{PayloadBytes: -1}, "payload bytes"},
+		{bench.Options{PayloadBytes: bench.MaxPayloadBytes + 1}, "payload bytes"},
+		{bench.Options{FailRate: -0.1}, "fail rate"},
+		{bench.Options{FailRate: 1}, "fail rate"},
+		{bench.Options{FailRate: math.NaN()}, "fail rate"},
+	} {
+		err := tc.opts.Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: %v", tc.opts, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%+v: error %v, want one naming %q", tc.opts, err, tc.want)
+		}
 	}
 }

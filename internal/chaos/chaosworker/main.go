@@ -30,7 +30,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
@@ -119,8 +121,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		PublishInterval: millis("CHAOS_RELAY_INTERVAL_MS", 100),
 		Lease:           millis("CHAOS_RELAY_LEASE_MS", 2000),
 		PublishTimeout:  millis("CHAOS_RELAY_PUBLISH_TIMEOUT_MS", 500),
-		BaseBackoff:     20 * time.Millisecond,
-		MaxBackoff:      300 * time.Millisecond,
+		Backoff:         backoff.Policy{Base: 20 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: 0.1},
 		MaxAttempts:     1000,
 	}
 	if env("CHAOS_ROLE", "worker") == "relay" {
@@ -132,11 +133,8 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return relay.Run(ctx)
 	}
 
-	store, err := task.NewStore(task.Config{Stream: stream, Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.1}}, pool)
-	if err != nil {
-		return err
-	}
 	cfg := ingest.ServiceConfig{
+		Store: task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.1}},
 		Worker: ingest.Config{
 			Stream: stream, DLQ: dlq, Consumer: consumer, Concurrency: concurrency,
 			TaskLease:       millis("CHAOS_TASK_LEASE_MS", 3000),
@@ -144,13 +142,16 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			Block:           200 * time.Millisecond,
 			ShutdownTimeout: 2 * time.Second,
 		},
-		Reclaim:       reclaim.Config{Interval: millis("CHAOS_RECLAIM_INTERVAL_MS", 200), ConsumerCheckInterval: time.Second},
+		Reclaim:       reclaim.Config{Interval: millis("CHAOS_RECLAIM_INTERVAL_MS", 200)},
 		Relay:         relayCfg,
 		RelayDisabled: env("CHAOS_RELAY", "on") == "off",
-		Rescuer:       outbox.RescuerConfig{Interval: 300 * time.Millisecond, Grace: time.Second},
-		Retention:     outbox.RetentionConfig{Interval: 500 * time.Millisecond},
+		Maintenance: maintenance.Config{
+			Rescuer:   maintenance.RescuerConfig{Interval: 300 * time.Millisecond, Grace: time.Second},
+			Retention: maintenance.RetentionConfig{Interval: 500 * time.Millisecond},
+			Consumers: maintenance.ConsumersConfig{Interval: time.Second},
+		},
 	}
-	svc, err := ingest.NewService(cfg, store, pool, rdb, logger, prometheus.NewRegistry())
+	svc, err := ingest.NewService(cfg, pool, rdb, logger, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}

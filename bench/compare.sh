@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Throughput of ingest-worker against River on the same machine and database.
+#
+# Builds `ingest-worker` and bench/river, then for each mode (preload, then
+# continuous) runs `ingest-worker bench` and River's bench alternately,
+# --runs times each, and prints the medians of jobs/s worked and their ratio
+# (ingest-worker / River). See bench/README.md.
+#
+# The database must be one for benchmarks only: before each run the script
+# empties ingest-worker's tables (ingest_task, ingest_task_transition,
+# outbox_event) and River empties river_job.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: bench/compare.sh [options]
+
+  --jobs N            jobs (tasks) per run (default 200000)
+  --payload-bytes N   a string of N bytes in each job's payload/args (default 0)
+  --fail-rate F       fraction of jobs whose first attempt fails, retried once (default 0)
+  --runs N            runs of each side per mode (default 3)
+  --modes LIST        modes to run, comma-separated: preload,continuous (default both)
+  --river-settings S  bench (River's `river bench` tuning, default) or defaults
+  --timeout D         bound of each run, a Go duration (default 10m)
+  --database-url URL  default $INGEST_DATABASE_URL, else
+                      postgres://postgres@127.0.0.1:5432/bench_cmp?sslmode=disable
+                      (created if missing)
+  --redis-url URL     default $INGEST_REDIS_URL, else redis://127.0.0.1:6379/0
+EOF
+}
+
+jobs=200000 payload=0 fail=0 runs=3 modes=preload,continuous settings=bench timeout=10m
+db=${INGEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/bench_cmp?sslmode=disable}
+redis=${INGEST_REDIS_URL:-redis://127.0.0.1:6379/0}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --jobs) jobs=$2; shift 2 ;;
+    --payload-bytes) payload=$2; shift 2 ;;
+    --fail-rate) fail=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
+    --river-settings) settings=$2; shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    --database-url) db=$2; shift 2 ;;
+    --redis-url) redis=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "compare.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+done
+for m in ${modes//,/ }; do
+  case $m in preload|continuous) ;; *) echo "compare.sh: unknown mode $m" >&2; exit 2 ;; esac
+done
+for tool in go psql; do
+  command -v "$tool" >/dev/null || { echo "compare.sh: $tool is needed" >&2; exit 1; }
+done
+
+cd "$(dirname "$0")/.."
+bin=$(mktemp -d)
+trap 'rm -rf "$bin"' EXIT
+
+# Create the database if it does not exist (through the server's "postgres"
+# database).
+if [[ $db =~ ^([^?]*/)([^/?]+)(\?.*)?$ ]]; then
+  dbname=${BASH_REMATCH[2]}
+  admin="${BASH_REMATCH[1]}postgres${BASH_REMATCH[3]}"
+  if ! psql "$db" -qtAc 'SELECT 1' >/dev/null 2>&1; then
+    echo "creating database $dbname"
+    psql "$admin" -qc "CREATE DATABASE \"$dbname\"" >/dev/null
+  fi
+else
+  echo "compare.sh: cannot find the database name in the database URL" >&2
+  exit 2
+fi
+
+echo "building ingest-worker and bench/river"
+go build -o "$bin/ingest-worker" ./cmd/ingest-worker
+(cd bench/river && go build -o "$bin/riverbench" .)
+
+export INGEST_DATABASE_URL=$db INGEST_REDIS_URL=$redis
+"$bin/ingest-worker" migrate >/dev/null
+
+# A checkpoint before each run, so that no run pays for the WAL of the one
+# before it (needs a superuser or pg_checkpoint; skipped otherwise).
+checkpoint() { psql "$db" -qc 'CHECKPOINT' >/dev/null 2>&1 || true; }
+
+# field NAME FILE: the number of "NAME": in a JSON report.
+field() { sed -n "s/^ *\"$1\": *\([0-9.eE+-]*\),\{0,1\}$/\1/p" "$2" | head -1; }
+
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+log=$bin/log
+ingest_run() { # mode
+  local preload=()
+  [ "$1" = preload ] && preload=(--preload)
+  psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_event' >/dev/null
+  checkpoint
+  "$bin/ingest-worker" bench "${preload[@]}" --tasks "$jobs" --payload-bytes "$payload" \
+    --fail-rate "$fail" --timeout "$timeout" --json >"$bin/out.json" 2>"$log" ||
+    { cat "$log" >&2; echo "compare.sh: ingest-worker bench failed" >&2; exit 1; }
+  field tasks_per_second "$bin/out.json"
+}
+river_run() { # mode
+  checkpoint
+  "$bin/riverbench" --mode "$1" --jobs "$jobs" --payload-bytes "$payload" --fail-rate "$fail" \
+    --settings "$settings" --timeout "$timeout" --database-url "$db" --json >"$bin/out.json" 2>"$log" ||
+    { cat "$log" >&2; echo "compare.sh: River bench failed" >&2; exit 1; }
+  field jobs_per_sec "$bin/out.json"
+}
+
+ingest_desc= river_desc=
+results=()
+for mode in ${modes//,/ }; do
+  ing=() riv=()
+  for ((i = 1; i <= runs; i++)); do
+    r=$(ingest_run "$mode"); ing+=("$r")
+    [ -n "$ingest_desc" ] || ingest_desc=$(sed -n 's/^bench [0-9a-f]*: [0-9]* tasks, [a-z]* mode, //p' "$log")
+    printf '%-10s run %d  ingest-worker %8.0f jobs/s\n' "$mode" "$i" "$r"
+    r=$(river_run "$mode"); riv+=("$r")
+    [ -n "$river_desc" ] || river_desc=$(sed -n 's/^riverbench: \(River .*)\): [0-9]* jobs, [a-z]* mode\(.*\)/\1\2/p' "$log")
+    printf '%-10s run %d  River         %8.0f jobs/s\n' "$mode" "$i" "$r"
+  done
+  mi=$(median "${ing[@]}") mr=$(median "${riv[@]}")
+  results+=("$(printf '%s|%.0f|%s|%.0f|%s|%.2f' "$mode" "$mi" "$(printf '%.0f ' "${ing[@]}" | sed 's/ $//')" \
+    "$mr" "$(printf '%.0f ' "${riv[@]}" | sed 's/ $//')" "$(awk -v a="$mi" -v b="$mr" 'BEGIN { print a / b }')")")
+done
+
+echo
+echo "$jobs jobs per run, payload +$payload bytes, fail rate $fail, medians of $runs runs, $(nproc) cores"
+echo "PostgreSQL $(psql "$db" -tAc 'SHOW server_version' | cut -d' ' -f1)"
+echo "ingest-worker: $ingest_desc"
+echo "$river_desc"
+row='%-11s %21s  %-26s %14s  %-26s %12s\n'
+# shellcheck disable=SC2059
+printf "$row" mode "ingest-worker jobs/s" "(runs)" "River jobs/s" "(runs)" ingest/River
+for r in "${results[@]}"; do
+  IFS='|' read -r m a ar b br q <<<"$r"
+  # shellcheck disable=SC2059
+  printf "$row" "$m" "$a" "($ar)" "$b" "($br)" "$q"
+done

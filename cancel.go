@@ -1,0 +1,86 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// The cancel listener's reconnect backoff (capped, jittered, doubling).
+const (
+	cancelListenRetryMin = 100 * time.Millisecond
+	cancelListenRetryMax = 10 * time.Second
+)
+
+// startCancelListener runs the cancel listener until the worker's I/O
+// stops (unless Config.CancelListenDisabled); shutdown waits for it.
+func (p *processor) startCancelListener() {
+	if p.cfg.CancelListenDisabled {
+		return
+	}
+	p.cancelListener.Add(1)
+	go func() {
+		defer p.cancelListener.Done()
+		p.runCancelListener(p.ioCtx)
+	}()
+}
+
+// runCancelListener LISTENs for cancel requests (task.Store.ListenCancels)
+// and cancels the handlers of the tasks named that run here, until ctx is
+// cancelled. A lost connection is re-established with backoff; requests
+// made meanwhile reach the handlers at the next lease renewal (the
+// heartbeat), within TaskLease/3.
+func (p *processor) runCancelListener(ctx context.Context) {
+	delay := cancelListenRetryMin
+	connects := 0
+	for {
+		connected := false
+		err := p.store.ListenCancels(ctx, func() {
+			connected = true
+			if connects++; connects > 1 {
+				p.log.Info("cancel LISTEN connection re-established")
+			}
+		}, func(id uuid.UUID) { p.cancelRun(id, "notification") })
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, task.ErrNoListen) {
+			p.log.Warn("cannot LISTEN for cancel requests; running tasks are cancelled at their next lease renewal", "err", err)
+			return
+		}
+		if connected {
+			delay = cancelListenRetryMin
+		}
+		wait := time.Duration(float64(delay) * (0.5 + rand.Float64()/2))
+		p.log.Warn("cancel LISTEN connection lost; cancel requests reach handlers at the next lease renewal until it is back", "err", err, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(delay*2, cancelListenRetryMax)
+	}
+}
+
+// cancelRun cancels the handler of task id, with cause ErrCancelled, if it
+// runs here and has not returned; via names how the request arrived. The
+// run's completion then writes CANCELLED (the request is in the row).
+func (p *processor) cancelRun(id uuid.UUID, via string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mid, ok := p.byTask[id]
+	r := p.running[mid]
+	if !ok || r == nil || r.returned || r.cancelled {
+		return
+	}
+	r.cancelled = true
+	r.cancel(ErrCancelled)
+	p.log.Info("task cancelled by an operator; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt, "via", via)
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/kafka"
+	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/migrations"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Values of INGEST_QUEUE.
+const (
+	queueRedis = "redis"
+	queueKafka = "kafka"
+)
+
+// kafkaConfig is the Kafka clients' configuration (INGEST_QUEUE=kafka).
+func (c *Config) kafkaConfig() kafka.Config {
+	return kafka.Config{Brokers: c.kafkaBrokers(), Topic: c.KafkaTopic, Group: c.KafkaGroup,
+		DLQTopic: c.KafkaDLQTopic, NoDLQ: c.KafkaDLQTopic == "", ClientID: c.ConsumerName}
+}
+
+// kafkaBrokers splits KAFKA_BOOTSTRAP_SERVERS.
+func (c *Config) kafkaBrokers() []string {
+	var out []string
+	for _, b := range strings.Split(c.KafkaBrokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// kafkaBackoff is the retry policy of failed runs and failed publishes in
+// Kafka mode (INGEST_KAFKA_RETRY_BASE_BACKOFF_MS, _MAX_).
+func (c *Config) kafkaBackoff() backoff.Policy {
+	return backoff.Policy{Base: c.KafkaRetryBaseBackoff, Max: c.KafkaRetryMaxBackoff, Jitter: backoff.DefaultJitter}
+}
+
+// kafkaStoreConfig is the task store's configuration in Kafka mode: new
+// tasks' outbox rows go to the task topic.
+func (a *app) kafkaStoreConfig() task.Config {
+	return task.Config{
+		Stream:          a.cfg.KafkaTopic,
+		MaxAttempts:     a.cfg.KafkaMaxAttempts,
+		MaxPayloadBytes: a.cfg.MaxPayloadBytes,
+		Backoff:         a.cfg.kafkaBackoff(),
+	}
+}
+
+// openQueueServers connects to what the queue mode needs: PostgreSQL and
+// Redis, or (Kafka mode) PostgreSQL only, rdb nil.
+func (a *app) openQueueServers(ctx context.Context) (*pgxpool.Pool, *redis.Client, func(), error) {
+	if a.cfg.Queue != queueKafka {
+		return a.openServers(ctx)
+	}
+	pool, err := a.openDB(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return pool, nil, pool.Close, nil
+}
+
+// newKafkaStack builds the stack of Kafka mode: the Kafka-mode service
+// (worker and relay) and the API. The schema must be current.
+func (a *app) newKafkaStack(ctx context.Context, pool *pgxpool.Pool, opts ...kgo.Opt) (*stack, error) {
+	if err := migrations.Check(ctx, pool); err != nil {
+		return nil, fmt.Errorf("schema check: %w", err)
+	}
+	c := a.cfg
+	s := &stack{a: a, pool: pool, reg: prometheus.NewRegistry()}
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var err error
+	s.svc, err = ingest.NewKafkaService(ingest.ServiceConfig{
+		Store: a.kafkaStoreConfig(),
+		Worker: ingest.Config{
+			Consumer:        c.ConsumerName,
+			Concurrency:     c.WorkerConcurrency,
+			TaskLease:       c.TaskLease,
+			TaskTimeout:     c.TaskTimeout,
+			ShutdownTimeout: c.ShutdownTimeout,
+		},
+		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}},
+		Relay: outbox.RelayConfig{
+			BatchSize: c.KafkaPublishBatchSize, PublishInterval: c.KafkaPublishInterval,
+			MaxAttempts: c.KafkaMaxAttempts, Backoff: c.kafkaBackoff(),
+		},
+	}, c.kafkaConfig(), pool, a.log, s.reg, opts...)
+	if err != nil {
+		return nil, usageErr(err)
+	}
+	s.store, s.worker = s.svc.Store(), s.svc.Worker()
+	checks := s.checks()
+	delete(checks, "redis")
+	checks["kafka"] = func(ctx context.Context) error {
+		if err := s.worker.KafkaConsumer().Client().Ping(ctx); err != nil {
+			return fmt.Errorf("kafka brokers %s: %w", c.KafkaBrokers, err)
+		}
+		return nil
+	}
+	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
+		Periodic: s.svc.Maintainer().NextSlots}, s.store, checks, s.reg)
+	if err != nil {
+		return nil, usageErr(err)
+	}
+	return s, nil
+}
+
+// kafkaAdmin returns an admin client on the configured brokers.
+func (a *app) kafkaAdmin() (*kadm.Client, func(), error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(a.cfg.kafkaBrokers()...), kgo.MetadataMinAge(time.Second))
+	if err != nil {
+		return nil, nil, usagef("KAFKA_BOOTSTRAP_SERVERS: %v", err)
+	}
+	return kadm.NewClient(cl), cl.Close, nil
+}
+
+// kafkaPartitionLag is one partition of the Kafka view of `pending`.
+type kafkaPartitionLag struct {
+	Partition int32  `json:"partition"`
+	Committed int64  `json:"committed"` // -1: nothing committed
+	End       int64  `json:"end"`
+	Lag       int64  `json:"lag"`
+	Member    string `json:"member,omitempty"`
+}
+
+// kafkaPending is the Kafka view of `pending`: the group's lag per
+// partition of the task topic.
+type kafkaPending struct {
+	Topic      string              `json:"topic"`
+	Group      string              `json:"group"`
+	State      string              `json:"state"`
+	Members    int                 `json:"members"`
+	TotalLag   int64               `json:"total_lag"`
+	Partitions []kafkaPartitionLag `json:"partitions"`
+}
+
+func (a *app) kafkaPendingReport(ctx context.Context) (*kafkaPending, error) {
+	adm, closeAdm, err := a.kafkaAdmin()
+	if err != nil {
+		return nil, err
+	}
+	defer closeAdm()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	lags, err := adm.Lag(ctx, a.cfg.KafkaGroup)
+	if err != nil {
+		return nil, fmt.Errorf("kafka group lag: %w", err)
+	}
+	l, ok := lags[a.cfg.KafkaGroup]
+	if !ok {
+		return nil, fmt.Errorf("kafka group %s: no answer", a.cfg.KafkaGroup)
+	}
+	if err := errors.Join(l.DescribeErr, l.FetchErr); err != nil {
+		return nil, fmt.Errorf("kafka group %s: %w", a.cfg.KafkaGroup, err)
+	}
+	r := &kafkaPending{Topic: a.cfg.KafkaTopic, Group: a.cfg.KafkaGroup, State: l.State, Members: len(l.Members), Partitions: []kafkaPartitionLag{}}
+	for _, ml := range l.Lag[a.cfg.KafkaTopic] {
+		p := kafkaPartitionLag{Partition: ml.Partition, Committed: ml.Commit.At, End: ml.End.Offset, Lag: ml.Lag}
+		if ml.Member != nil {
+			p.Member = ml.Member.ClientID
+		}
+		r.TotalLag += max(ml.Lag, 0)
+		r.Partitions = append(r.Partitions, p)
+	}
+	sort.Slice(r.Partitions, func(i, j int) bool { return r.Partitions[i].Partition < r.Partitions[j].Partition })
+	return r, nil
+}
+
+func (a *app) printKafkaPending(r *kafkaPending) {
+	a.printf("topic %s, group %s (%s, %d members): lag %d\n\n", r.Topic, r.Group, r.State, r.Members, r.TotalLag)
+	rows := make([][]string, 0, len(r.Partitions))
+	for _, p := range r.Partitions {
+		rows = append(rows, []string{fmt.Sprint(p.Partition), fmt.Sprint(p.Committed), fmt.Sprint(p.End), fmt.Sprint(p.Lag), p.Member})
+	}
+	a.table([]string{"PARTITION", "COMMITTED", "END", "LAG", "MEMBER"}, rows)
+}
+
+// kafkaRecord is the Kafka view of a task in `task show`: its latest
+// record (from the outbox row's stream_id) and whether the group has
+// committed past it.
+type kafkaRecord struct {
+	Position  string `json:"position"`
+	Committed bool   `json:"committed"`
+}
+
+func (a *app) kafkaRecordOf(ctx context.Context, streamID string) (*kafkaRecord, error) {
+	topic, p, off, err := kafka.ParsePosition(streamID)
+	if err != nil {
+		return nil, err
+	}
+	adm, closeAdm, err := a.kafkaAdmin()
+	if err != nil {
+		return nil, err
+	}
+	defer closeAdm()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	offs, err := adm.FetchOffsets(ctx, a.cfg.KafkaGroup)
+	if err != nil {
+		return nil, fmt.Errorf("kafka group %s offsets: %w", a.cfg.KafkaGroup, err)
+	}
+	r := &kafkaRecord{Position: streamID}
+	if o, ok := offs.Lookup(topic, p); ok && o.Err == nil {
+		r.Committed = o.At > off
+	}
+	return r, nil
+}
+
+// kafkaTaskView is the Kafka part of `task show`: the task's records (one
+// per published outbox row) and whether the group has committed past each.
+type kafkaTaskView struct {
+	Topic   string        `json:"topic"`
+	Group   string        `json:"group"`
+	Records []kafkaRecord `json:"records"`
+	Error   string        `json:"error,omitempty"`
+}
+
+func (a *app) kafkaTaskOf(ctx context.Context, rows []outboxRow) *kafkaTaskView {
+	v := &kafkaTaskView{Topic: a.cfg.KafkaTopic, Group: a.cfg.KafkaGroup, Records: []kafkaRecord{}}
+	for _, o := range rows {
+		if o.StreamID == "" {
+			continue
+		}
+		r, err := a.kafkaRecordOf(ctx, o.StreamID)
+		if err != nil {
+			v.Error = a.scrub.String(err.Error())
+			return v
+		}
+		v.Records = append(v.Records, *r)
+	}
+	return v
+}
+
+func (a *app) printKafkaTask(v *kafkaTaskView) {
+	a.printf("\nKAFKA (topic %s, group %s)\n", v.Topic, v.Group)
+	if v.Error != "" {
+		a.printf("  could not read Kafka: %s\n", v.Error)
+		return
+	}
+	if len(v.Records) == 0 {
+		a.printf("  no record yet (the outbox event is not published)\n")
+		return
+	}
+	rows := make([][]string, len(v.Records))
+	for i, r := range v.Records {
+		rows[i] = []string{r.Position, yesNo(r.Committed)}
+	}
+	a.table([]string{"RECORD (topic/partition/offset)", "COMMITTED"}, rows)
+}
+
+// demoKafka starts an in-process Kafka cluster (kfake) for `demo --queue
+// kafka`, unless KAFKA_BOOTSTRAP_SERVERS is set; stop closes it.
+func (a *app) demoKafka(say func(string, ...any)) (stop func(), err error) {
+	if a.setByUser("KAFKA_BOOTSTRAP_SERVERS") {
+		say("Kafka:      %s\n", a.cfg.KafkaBrokers)
+		return func() {}, nil
+	}
+	topics := []string{a.cfg.KafkaTopic}
+	if a.cfg.KafkaDLQTopic != "" {
+		topics = append(topics, a.cfg.KafkaDLQTopic)
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, topics...))
+	if err != nil {
+		return nil, fmt.Errorf("start the in-process Kafka: %w", err)
+	}
+	a.cfg.KafkaBrokers = strings.Join(c.ListenAddrs(), ",")
+	say("Kafka:      in-process (kfake) on %s, topic %s (4 partitions)\n", a.cfg.KafkaBrokers, a.cfg.KafkaTopic)
+	return c.Close, nil
+}
+
+// demoKafkaDLQ reads the DLQ topic's records of the demo's tasks.
+func (a *app) demoKafkaDLQ(ctx context.Context, ids []uuid.UUID) ([]dlq.Entry, error) {
+	out := []dlq.Entry{}
+	if a.cfg.KafkaDLQTopic == "" {
+		return out, nil
+	}
+	idSet := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		idSet[id.String()] = true
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(a.cfg.kafkaBrokers()...), kgo.ConsumeTopics(a.cfg.KafkaDLQTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ends, err := adm.ListEndOffsets(ctx, a.cfg.KafkaDLQTopic)
+	if err != nil {
+		return nil, fmt.Errorf("dlq topic %s: %w", a.cfg.KafkaDLQTopic, err)
+	}
+	var want int64
+	ends.Each(func(o kadm.ListedOffset) { want += o.Offset })
+	var read int64
+	for read < want && ctx.Err() == nil {
+		f := cl.PollFetches(ctx)
+		f.EachRecord(func(r *kgo.Record) {
+			read++
+			if e, err := kafka.DecodeDeadLetter(r); err == nil && idSet[e.TaskID] {
+				out = append(out, e)
+			}
+		})
+	}
+	return out, nil
+}

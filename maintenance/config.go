@@ -1,0 +1,321 @@
+package maintenance
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ingest-worker/ingest/stream"
+)
+
+// ErrConfig is wrapped by every configuration error of this package; the
+// message names the bad field.
+var ErrConfig = errors.New("invalid maintenance config")
+
+func configErr(field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s %s", ErrConfig, field, fmt.Sprintf(format, args...))
+}
+
+// Config configures a Maintainer: the leader election and each singleton
+// service. Zero fields take the Default* values; a service whose Disabled
+// flag is set is not run.
+type Config struct {
+	// Elector configures the leader election.
+	Elector ElectorConfig
+
+	// Rescuer configures the rescuer; RescuerDisabled runs none.
+	Rescuer         RescuerConfig
+	RescuerDisabled bool
+
+	// Retention configures outbox retention and stream trimming;
+	// RetentionDisabled runs none.
+	Retention         RetentionConfig
+	RetentionDisabled bool
+
+	// Consumers configures the idle-consumer cleanup; ConsumersDisabled
+	// runs none.
+	Consumers         ConsumersConfig
+	ConsumersDisabled bool
+
+	// Periodic configures the periodic tasks; the service runs while it
+	// has schedules.
+	Periodic PeriodicConfig
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c Config) WithDefaults() Config {
+	c.Elector = c.Elector.WithDefaults()
+	c.Rescuer = c.Rescuer.WithDefaults()
+	c.Retention = c.Retention.WithDefaults()
+	c.Consumers = c.Consumers.WithDefaults()
+	c.Periodic = c.Periodic.WithDefaults()
+	if s, err := validateSchedules(c.Periodic.Schedules, "Periodic.Schedules"); err == nil {
+		c.Periodic.Schedules = s // parsed, for Schedule.Next
+	}
+	return c
+}
+
+// Validate checks the configuration (zero fields taking their defaults)
+// and names the bad field. Disabled services are not checked.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	if err := c.Elector.validate(); err != nil {
+		return err
+	}
+	if !c.RescuerDisabled {
+		if err := c.Rescuer.validate(); err != nil {
+			return err
+		}
+	}
+	if !c.RetentionDisabled {
+		if err := c.Retention.validate(); err != nil {
+			return err
+		}
+	}
+	if !c.ConsumersDisabled {
+		if err := c.Consumers.validate(); err != nil {
+			return err
+		}
+	}
+	return c.Periodic.validate()
+}
+
+// Leader election defaults: a leader that dies is replaced within about
+// DefaultTTL + DefaultRetryInterval.
+const (
+	// DefaultLeaderName is the leader row the maintainers of one database
+	// elect their leader in (ingest_leader.name).
+	DefaultLeaderName = "maintenance"
+	// DefaultTTL is the leader's lease: ingest_leader.expires_at is set to
+	// now() + TTL by each renewal.
+	DefaultTTL = 3 * time.Second
+	// DefaultRetryInterval is how often a follower tries to become leader.
+	DefaultRetryInterval = time.Second
+)
+
+// ElectorConfig configures the leader election. Zero fields take their
+// defaults.
+type ElectorConfig struct {
+	// Name is the election: maintainers with the same Name on one database
+	// elect one leader (the row of ingest_leader with this name).
+	Name string
+	// ID names this process in ingest_leader.leader_id (default:
+	// hostname-pid). A random suffix is added, so that two electors never
+	// share an identity.
+	ID string
+	// TTL is the lease a successful acquire or renewal gives, from the
+	// database's now(). Default DefaultTTL.
+	TTL time.Duration
+	// RenewInterval is the time between two renewals by the leader.
+	// Default TTL/3.
+	RenewInterval time.Duration
+	// RetryInterval is the time between two attempts of a follower to
+	// become leader. Default DefaultRetryInterval.
+	RetryInterval time.Duration
+	// Margin is how long before its lease could expire in the database the
+	// leader stops its services when it could not renew it: its local
+	// deadline is the time it sent its last successful renewal plus
+	// TTL - Margin, measured on its own monotonic clock. Default TTL/3.
+	Margin time.Duration
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c ElectorConfig) WithDefaults() ElectorConfig {
+	c.Name = cmp.Or(c.Name, DefaultLeaderName)
+	c.ID = cmp.Or(c.ID, defaultID())
+	c.TTL = cmp.Or(c.TTL, DefaultTTL)
+	c.RenewInterval = cmp.Or(c.RenewInterval, c.TTL/3)
+	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
+	c.Margin = cmp.Or(c.Margin, c.TTL/3)
+	return c
+}
+
+func (c ElectorConfig) validate() error {
+	switch {
+	case c.Name == "":
+		return configErr("Elector.Name", "must not be empty")
+	case c.TTL < 10*time.Millisecond:
+		return configErr("Elector.TTL", "must be >= 10ms, got %s", c.TTL)
+	case c.Margin <= 0 || c.Margin >= c.TTL:
+		return configErr("Elector.Margin", "must be in (0, TTL %s), got %s", c.TTL, c.Margin)
+	case c.RenewInterval <= 0 || c.RenewInterval >= c.TTL-c.Margin:
+		return configErr("Elector.RenewInterval", "must be in (0, TTL - Margin %s), got %s", c.TTL-c.Margin, c.RenewInterval)
+	case c.RetryInterval <= 0:
+		return configErr("Elector.RetryInterval", "must be > 0, got %s", c.RetryInterval)
+	}
+	return nil
+}
+
+func defaultID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// Rescuer defaults.
+const (
+	DefaultRescueInterval    = 30 * time.Second
+	DefaultRescueBatchSize   = 100
+	DefaultRescuePagesPerRun = 10
+	DefaultRescueGrace       = time.Minute
+)
+
+// RescuerConfig configures the rescuer. Zero fields take the Default*
+// values.
+type RescuerConfig struct {
+	// Stream is where a task that has no outbox row at all is republished
+	// (INGEST_REDIS_STREAM_KEY). Other tasks go back to the stream of their
+	// latest outbox row.
+	Stream string
+	// Group is the consumer group whose delivery state tells whether an
+	// entry is still on its way to a worker (INGEST_REDIS_GROUP).
+	Group string
+	// Interval is the period of the passes.
+	Interval time.Duration
+	// BatchSize is how many candidate tasks one page examines: one indexed
+	// query and one pipelined Redis round trip.
+	BatchSize int
+	// PagesPerRun bounds the pages one pass examines per kind of candidate
+	// (QUEUED, RETRYING, RUNNING with an expired lease). The pass goes on
+	// where the previous one stopped (keyset), and starts over at the end.
+	PagesPerRun int
+	// Grace is how long after its latest outbox row was SENT a task is left
+	// alone, so the rescuer never races a fresh publish or delivery.
+	Grace time.Duration
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c RescuerConfig) WithDefaults() RescuerConfig {
+	c.Stream = cmp.Or(c.Stream, stream.DefaultStream)
+	c.Group = cmp.Or(c.Group, stream.DefaultGroup)
+	c.Interval = cmp.Or(c.Interval, DefaultRescueInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultRescueBatchSize)
+	c.PagesPerRun = cmp.Or(c.PagesPerRun, DefaultRescuePagesPerRun)
+	c.Grace = cmp.Or(c.Grace, DefaultRescueGrace)
+	return c
+}
+
+func (c RescuerConfig) validate() error {
+	switch {
+	case c.Interval < time.Millisecond:
+		return configErr("Rescuer.Interval", "must be >= 1ms, got %s", c.Interval)
+	case c.BatchSize < 1 || c.BatchSize > 10000:
+		return configErr("Rescuer.BatchSize", "must be in [1, 10000], got %d", c.BatchSize)
+	case c.PagesPerRun < 1:
+		return configErr("Rescuer.PagesPerRun", "must be >= 1, got %d", c.PagesPerRun)
+	case c.Grace < 0:
+		return configErr("Rescuer.Grace", "must be >= 0, got %s", c.Grace)
+	}
+	return nil
+}
+
+// Retention defaults.
+const (
+	DefaultRetentionAge           = 24 * time.Hour
+	DefaultRetentionInterval      = time.Minute
+	DefaultRetentionBatchSize     = 1000
+	DefaultRetentionBatchesPerRun = 10
+)
+
+// RetentionConfig configures outbox retention and stream trimming. Zero
+// fields take the Default* values.
+type RetentionConfig struct {
+	// Age: SENT outbox rows whose sent_at is older are deleted.
+	Age time.Duration
+	// Interval is the period of the passes.
+	Interval time.Duration
+	// BatchSize is how many rows one DELETE removes; each is its own
+	// short transaction.
+	BatchSize int
+	// BatchesPerRun bounds the DELETEs of one pass.
+	BatchesPerRun int
+	// Streams are the task streams to trim (default: the default stream).
+	Streams []string
+	// DisableTrim leaves the streams alone (rows are still deleted).
+	DisableTrim bool
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c RetentionConfig) WithDefaults() RetentionConfig {
+	c.Age = cmp.Or(c.Age, DefaultRetentionAge)
+	c.Interval = cmp.Or(c.Interval, DefaultRetentionInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultRetentionBatchSize)
+	c.BatchesPerRun = cmp.Or(c.BatchesPerRun, DefaultRetentionBatchesPerRun)
+	if len(c.Streams) == 0 {
+		c.Streams = []string{stream.DefaultStream}
+	}
+	return c
+}
+
+func (c RetentionConfig) validate() error {
+	switch {
+	case c.Age < time.Millisecond:
+		return configErr("Retention.Age", "must be >= 1ms, got %s", c.Age)
+	case c.Interval < time.Millisecond:
+		return configErr("Retention.Interval", "must be >= 1ms, got %s", c.Interval)
+	case c.BatchSize < 1 || c.BatchSize > 100000:
+		return configErr("Retention.BatchSize", "must be in [1, 100000], got %d", c.BatchSize)
+	case c.BatchesPerRun < 1:
+		return configErr("Retention.BatchesPerRun", "must be >= 1, got %d", c.BatchesPerRun)
+	}
+	for i, s := range c.Streams {
+		if s == "" {
+			return configErr(fmt.Sprintf("Retention.Streams[%d]", i), "is empty")
+		}
+	}
+	return nil
+}
+
+// Idle-consumer cleanup defaults.
+const (
+	// DefaultConsumerIdleTimeout is how long a consumer with nothing pending
+	// may stay idle before it is removed from the group.
+	DefaultConsumerIdleTimeout = time.Hour
+	// DefaultConsumerCheckInterval is how often idle consumers are looked for.
+	DefaultConsumerCheckInterval = time.Minute
+)
+
+// ConsumersConfig configures the idle-consumer cleanup. Zero fields take
+// the Default* values.
+type ConsumersConfig struct {
+	// Stream and Group are the consumer group whose consumers are cleaned.
+	Stream string
+	Group  string
+	// Consumer is this process's own consumer name, never removed ("":
+	// none is spared).
+	Consumer string
+	// IdleTimeout is how long a consumer with no pending entries may stay
+	// idle (XINFO CONSUMERS idle) before it is removed from the group.
+	IdleTimeout time.Duration
+	// Interval is the time between two looks for idle consumers (XINFO
+	// CONSUMERS is O(consumers)).
+	Interval time.Duration
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c ConsumersConfig) WithDefaults() ConsumersConfig {
+	c.Stream = cmp.Or(c.Stream, stream.DefaultStream)
+	c.Group = cmp.Or(c.Group, stream.DefaultGroup)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultConsumerIdleTimeout)
+	c.Interval = cmp.Or(c.Interval, DefaultConsumerCheckInterval)
+	return c
+}
+
+func (c ConsumersConfig) validate() error {
+	switch {
+	case c.IdleTimeout < time.Millisecond:
+		return configErr("Consumers.IdleTimeout", "must be >= 1ms, got %s", c.IdleTimeout)
+	case c.Interval < time.Millisecond:
+		return configErr("Consumers.Interval", "must be >= 1ms, got %s", c.Interval)
+	}
+	return nil
+}

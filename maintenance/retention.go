@@ -1,0 +1,162 @@
+package maintenance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// retentionResult counts what one retention pass did.
+type retentionResult struct {
+	// Deleted SENT outbox rows.
+	Deleted int
+	// Trimmed stream entries, over all streams.
+	Trimmed int64
+}
+
+// retention deletes old SENT outbox rows and trims the task streams.
+//
+// A SENT row is deleted once older than Age, unless it is the latest
+// outbox row of a task that is not finished: the rescuer needs that row's
+// stream_id to tell whether the task's entry is still in Redis. DEAD rows
+// are kept (task.DeleteSentOutbox).
+//
+// A stream is trimmed (XTRIM MINID) below the oldest entry any consumer
+// group still needs: the smallest pending id (XPENDING summary) and the
+// first entry after the group's last-delivered-id, the minimum over all
+// groups. A stream without groups is not trimmed.
+type retention struct {
+	cfg     RetentionConfig
+	pool    *pgxpool.Pool
+	rdb     redis.UniversalClient
+	metrics *metrics
+}
+
+func newRetention(cfg RetentionConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, m *metrics) *retention {
+	return &retention{cfg: cfg, pool: pool, rdb: rdb, metrics: m}
+}
+
+// service is retention as the maintainer runs it.
+func (r *retention) service() *service {
+	return &service{
+		name:     componentRetention,
+		interval: r.cfg.Interval,
+		msg:      "outbox retention pass",
+		level:    slog.LevelDebug,
+		pass: func(ctx context.Context) ([]any, error) {
+			res, err := r.runOnce(ctx)
+			if res.Deleted == 0 && res.Trimmed == 0 {
+				return nil, err
+			}
+			return []any{"deleted", res.Deleted, "trimmed", res.Trimmed}, err
+		},
+		failed: func() { r.metrics.failures.WithLabelValues(componentRetention).Inc() },
+	}
+}
+
+// runOnce deletes old rows and trims every stream; a failure of one part
+// does not stop the others.
+func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
+	var res retentionResult
+	var errs []error
+	n, err := r.deleteSent(ctx)
+	res.Deleted = n
+	errs = append(errs, err)
+	if !r.cfg.DisableTrim {
+		for _, stream := range r.cfg.Streams {
+			n, err := r.trim(ctx, stream)
+			res.Trimmed += n
+			errs = append(errs, err)
+		}
+	}
+	return res, errors.Join(errs...)
+}
+
+func (r *retention) deleteSent(ctx context.Context) (int, error) {
+	total := 0
+	for range r.cfg.BatchesPerRun {
+		n, err := task.DeleteSentOutbox(ctx, r.pool, r.cfg.Age, r.cfg.BatchSize)
+		if err != nil {
+			return total, err
+		}
+		total += n
+		r.metrics.deleted.Add(float64(n))
+		if n < r.cfg.BatchSize {
+			break
+		}
+	}
+	return total, nil
+}
+
+// trimBound returns the id below which no group of stream needs an entry,
+// and false when nothing may be trimmed (no stream, no group, nothing
+// delivered). Every group's last-delivered-id is read before any PEL:
+// entries delivered in between have greater ids and are kept anyway.
+func (r *retention) trimBound(ctx context.Context, stream string) (streamID, bool, error) {
+	groups, err := r.rdb.XInfoGroups(ctx, stream).Result()
+	if isNoSuchKey(err) {
+		return streamID{}, false, nil
+	}
+	if err != nil {
+		return streamID{}, false, fmt.Errorf("xinfo groups %s: %w", stream, err)
+	}
+	if len(groups) == 0 {
+		return streamID{}, false, nil
+	}
+	var bound streamID
+	for i, g := range groups {
+		last, err := parseStreamID(g.LastDeliveredID)
+		if err != nil {
+			return streamID{}, false, fmt.Errorf("xinfo groups %s: group %s: %w", stream, g.Name, err)
+		}
+		// Entries after last-delivered-id are undelivered (Lag of them on
+		// Redis 7, -1 when Redis cannot tell); ids only grow, so the first
+		// of them is at or after last.next().
+		if b := last.next(); i == 0 || b.less(bound) {
+			bound = b
+		}
+	}
+	pend := make([]*redis.XPendingCmd, len(groups))
+	_, err = r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, g := range groups {
+			pend[i] = p.XPending(ctx, stream, g.Name)
+		}
+		return nil
+	})
+	if err != nil {
+		return streamID{}, false, fmt.Errorf("xpending %s: %w", stream, err)
+	}
+	for i, cmd := range pend {
+		if cmd.Val().Count == 0 {
+			continue
+		}
+		low, err := parseStreamID(cmd.Val().Lower)
+		if err != nil {
+			return streamID{}, false, fmt.Errorf("xpending %s %s: %w", stream, groups[i].Name, err)
+		}
+		if low.less(bound) {
+			bound = low
+		}
+	}
+	return bound, streamID{0, 1}.less(bound), nil
+}
+
+// trim drops the entries of stream that no group needs any more.
+func (r *retention) trim(ctx context.Context, stream string) (int64, error) {
+	bound, ok, err := r.trimBound(ctx, stream)
+	if err != nil || !ok {
+		return 0, err
+	}
+	n, err := r.rdb.XTrimMinID(ctx, stream, bound.String()).Result()
+	if err != nil {
+		return 0, fmt.Errorf("xtrim %s minid %s: %w", stream, bound, err)
+	}
+	r.metrics.trimmed.WithLabelValues(stream).Add(float64(n))
+	return n, nil
+}

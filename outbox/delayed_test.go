@@ -1,0 +1,87 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestDelayedRowsWaitForTheirDueTime checks that the outbox row of a
+// delayed task is neither published by a relay pass nor claimed by direct
+// publishing before its due time, and that the next pass after it does.
+func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "delay-relay"})
+	run(t, r.Run)
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	store, err := task.NewStore(b.store.Config(), b.db, task.PublishThrough(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const delay = 1500 * time.Millisecond
+	res, err := store.CreateBatch(ctx, []task.NewTask{
+		{Kind: "k", Payload: json.RawMessage(`1`), Delay: delay},
+		{Kind: "k", Payload: json.RawMessage(`2`)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delayed, now := res[0].Task, res[1].Task
+	testenv.Eventually(t, 5*time.Second, "the undelayed task published", func() bool {
+		return b.count(t, `task_id = $1 AND status = 'SENT'`, now.ID) == 1
+	})
+	if by := b.claimedBy(t, []uuid.UUID{delayed.ID})[delayed.ID]; by != "" {
+		t.Fatalf("direct publishing claimed the delayed row (by %q)", by)
+	}
+	// Passes run meanwhile (the NOTIFY of the insert, the undelayed
+	// task's own publishing); one more, explicit, must not take it either.
+	if _, err := r.DrainOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(b.entries(t)); n != 1 {
+		t.Fatalf("%d stream entries before the delayed task is due, want 1 (the undelayed task's)", n)
+	}
+	due := *delayed.NextRetryAt
+	var sentAt time.Time
+	testenv.Eventually(t, 10*time.Second, "the delayed task published", func() bool {
+		return b.db.QueryRow(ctx, `SELECT sent_at FROM outbox_event WHERE task_id = $1 AND status = 'SENT'`, delayed.ID).Scan(&sentAt) == nil
+	})
+	if sentAt.Before(due) {
+		t.Fatalf("the delayed row was published at %v, before its due time %v", sentAt, due)
+	}
+	// A poll (every PublishInterval, 1s) came before the due time and set
+	// the relay's timer for it: the row is published at its due time, not
+	// at the next poll after it.
+	if late := sentAt.Sub(due); late > 500*time.Millisecond {
+		t.Fatalf("the delayed row was published %s after its due time, want at once", late)
+	}
+	if n := len(b.entries(t)); n != 2 {
+		t.Fatalf("%d stream entries, want 2 (one per task)", n)
+	}
+	b.checkPublishedOnce(t, 2)
+	// The publish delay of the delayed row counts from its due time: both
+	// rows together took less than the delay itself.
+	mfs, err := b.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	var count uint64
+	for _, mf := range mfs {
+		if mf.GetName() == "outbox_publish_delay_seconds" {
+			h := mf.GetMetric()[0].GetHistogram()
+			sum, count = h.GetSampleSum(), h.GetSampleCount()
+		}
+	}
+	if count != 2 || sum >= delay.Seconds() {
+		t.Errorf("outbox_publish_delay_seconds: %d samples summing to %.3fs; want 2, under the delay of %s", count, sum, delay)
+	}
+}

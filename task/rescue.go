@@ -1,0 +1,190 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/outbox"
+)
+
+// The statements of this file serve the rescuer (package maintenance),
+// which finds tasks that should be in Redis but are not and gives each a
+// new outbox row. Which task is a candidate is a question of task states,
+// so the SQL lives here.
+
+// RescueClass is a kind of rescue candidate; each is paged on an index of
+// its own.
+type RescueClass int
+
+const (
+	// RescueQueued: QUEUED tasks, paged on (status, created_at, id).
+	RescueQueued RescueClass = iota
+	// RescueRetrying: RETRYING tasks, paged on (status, created_at, id);
+	// those not yet due come back ineligible.
+	RescueRetrying
+	// RescueRunning: RUNNING tasks whose lease expired, paged on the
+	// partial lease index (lease_until, id).
+	RescueRunning
+)
+
+// RescueClasses lists every class, in the order a rescuer pass walks them.
+var RescueClasses = []RescueClass{RescueQueued, RescueRetrying, RescueRunning}
+
+func (c RescueClass) String() string {
+	switch c {
+	case RescueQueued:
+		return "queued"
+	case RescueRetrying:
+		return "retrying"
+	case RescueRunning:
+		return "running"
+	}
+	return fmt.Sprintf("RescueClass(%d)", int(c))
+}
+
+// RescueCursor is a keyset position within a class: the page after it
+// starts past (At, ID). The zero cursor is the start.
+type RescueCursor struct {
+	At time.Time
+	ID uuid.UUID
+}
+
+// RescueCandidate is one examined task with its latest outbox row.
+type RescueCandidate struct {
+	ID     uuid.UUID
+	Status State
+	// LastOutboxID is the id of the task's latest outbox row (0: none).
+	LastOutboxID int64
+	// Stream and StreamID are that row's stream and entry id ("" when the
+	// row was never published, or there is none).
+	Stream   string
+	StreamID string
+	// Eligible: due, no unsent outbox row, and the latest row SENT (or
+	// DEAD) more than the grace ago, or no row at all and the task
+	// untouched for as long. Only eligible candidates may be rescued.
+	Eligible bool
+	// Cursor is the candidate's keyset position in its class.
+	Cursor RescueCursor
+}
+
+// rescueColumns and rescueFrom are shared by the candidate queries: each
+// task with its latest outbox row and whether it is eligible (due, no
+// unsent row, latest row SENT (or DEAD) more than $4 ms ago, or no row at all).
+// $1, $2: keyset cursor; $3: page size; $4: grace in ms.
+//
+// The lateral reads a task's outbox rows through outbox_event_task_idx only:
+// the latest row and, as a window count over all of them, the unsent ones.
+// A separate "count unsent rows of this task" subquery let the planner
+// pick the claim index (unsent rows, any task) and filter it on task_id,
+// which is O(unsent rows) per candidate, and while a backlog is relayed
+// that index is large and full of dead entries: one page took 6.6 s.
+var rescueColumns = `
+SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.stream_id, ''),
+    (t.status = 'RUNNING' OR ` + due("t") + `)
+    AND coalesce(lo.unsent, 0) = 0
+    AND CASE WHEN lo.id IS NULL THEN t.updated_at < now() - $4 * interval '1 millisecond'
+             WHEN lo.status = 'DEAD' THEN lo.created_at < now() - $4 * interval '1 millisecond'
+             ELSE lo.status = 'SENT' AND lo.sent_at < now() - $4 * interval '1 millisecond' END`
+
+const rescueFrom = `
+FROM ingest_task t
+LEFT JOIN LATERAL (
+    SELECT o.id, o.status, o.stream, o.stream_id, o.sent_at, o.created_at,
+           count(*) FILTER (WHERE o.status IN ('NEW', 'RETRYING')) OVER () AS unsent
+    FROM outbox_event o
+    WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1
+) lo ON true`
+
+// rescueSQL holds the candidate query of each class.
+var rescueSQL = map[RescueClass]string{
+	// QUEUED tasks on (status, created_at, id).
+	RescueQueued: rescueColumns + `, t.created_at` + rescueFrom + `
+WHERE t.status = 'QUEUED' AND (t.created_at, t.id) > ($1, $2)
+ORDER BY t.created_at, t.id LIMIT $3`,
+	// RETRYING tasks on (status, created_at, id); those not yet due come
+	// back ineligible, so a page stays O(page size).
+	RescueRetrying: rescueColumns + `, t.created_at` + rescueFrom + `
+WHERE t.status = 'RETRYING' AND (t.created_at, t.id) > ($1, $2)
+ORDER BY t.created_at, t.id LIMIT $3`,
+	// RUNNING tasks whose lease expired, on the partial lease index.
+	RescueRunning: rescueColumns + `, t.lease_until` + rescueFrom + `
+WHERE ` + expiredLease("t") + ` AND (t.lease_until, t.id) > ($1, $2)
+ORDER BY t.lease_until, t.id LIMIT $3`,
+}
+
+// RescueCandidates returns up to limit candidates of class after the
+// cursor, in keyset order, each with whether it is eligible given grace
+// (see RescueCandidate.Eligible). Fewer than limit means the class is
+// exhausted: the next page starts over at the zero cursor.
+func RescueCandidates(ctx context.Context, db DB, class RescueClass, after RescueCursor, limit int, grace time.Duration) ([]RescueCandidate, error) {
+	sql, ok := rescueSQL[class]
+	if !ok {
+		return nil, fmt.Errorf("find rescue candidates: unknown class %d", int(class))
+	}
+	rows, err := db.Query(ctx, sql, after.At, after.ID, limit, grace.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("find %s rescue candidates: %w", class, err)
+	}
+	cands, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (RescueCandidate, error) {
+		var c RescueCandidate
+		err := cr.Scan(&c.ID, &c.Status, &c.LastOutboxID, &c.Stream, &c.StreamID, &c.Eligible, &c.Cursor.At)
+		c.Cursor.ID = c.ID
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find %s rescue candidates: %w", class, err)
+	}
+	return cands, nil
+}
+
+// lockTasksSQL locks the candidate tasks in id order (the order the task
+// store locks in), so the re-check below reads their committed state.
+const lockTasksSQL = `SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE`
+
+// stillMissingSQL re-checks, under the row locks, that each candidate is
+// still a candidate and that no outbox row was added since it was examined
+// (its latest row is still $2).
+var stillMissingSQL = `
+SELECT t.id FROM ingest_task t
+JOIN unnest($1::uuid[], $2::bigint[]) AS c(id, last_id) ON c.id = t.id
+WHERE (` + startable("t", "\n       ") + `)
+  AND coalesce((SELECT max(o.id) FROM outbox_event o WHERE o.task_id = t.id), 0) = c.last_id`
+
+// Rescue gives each candidate that is still one a new outbox row to
+// stream, in one transaction, and returns the ids it rescued. It locks
+// the tasks in id order and re-checks them under the locks: a task that
+// started, finished or gained an outbox row since it was examined (its
+// latest row is no longer LastOutboxID) is left alone, so any number of
+// rescuers may run at once.
+func Rescue(ctx context.Context, db DB, stream string, cands []RescueCandidate) ([]uuid.UUID, error) {
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	ids := make([]uuid.UUID, len(cands))
+	lastIDs := make([]int64, len(cands))
+	for i, c := range cands {
+		ids[i], lastIDs[i] = c.ID, c.LastOutboxID
+	}
+	var still []uuid.UUID
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, lockTasksSQL, ids); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, stillMissingSQL, ids, lastIDs)
+		if err != nil {
+			return err
+		}
+		if still, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, stream, still...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rescue %d tasks to %s: %w", len(cands), stream, err)
+	}
+	return still, nil
+}
