@@ -48,7 +48,11 @@ func TestDeathReachesDLQOnceAfterCrashBeforeDLQWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	b.start(b.fastConfig("w1"), func(context.Context, ingest.Task) error { return nil })
+	// Retention stays off: its trimming would drop the acknowledged entries
+	// the wait below counts.
+	cfg := b.fastConfig("w1")
+	cfg.Maintenance.RetentionDisabled = true
+	b.start(cfg, func(context.Context, ingest.Task) error { return nil })
 	b.eventually(30*time.Second, "every entry acknowledged and the outbox row sent", func() bool {
 		p, err := b.rdb.XPending(ctx, b.stream, ingest.DefaultGroup).Result()
 		if err != nil || p.Count != 0 {
