@@ -34,7 +34,10 @@ func TestKillWorkers(t *testing.T) {
 	ws := c.spawn("w", 4)
 	total, seconds := size(2000, 20000), size(10, 60)
 	// The producer spreads the tasks evenly over the run (a batch every
-	// 100 ms), so that kills land while work is in flight.
+	// 100 ms), so that kills land while work is in flight. Each task takes
+	// 100 ms, so that at the short form's 200 tasks/s about five run on
+	// each worker at any moment (with 20 ms, about one did, and a run
+	// whose four kills all hit idle workers tested nothing).
 	produced := make(chan struct{})
 	go func() {
 		defer close(produced)
@@ -42,7 +45,7 @@ func TestKillWorkers(t *testing.T) {
 		defer tick.Stop()
 		batch := total / (10 * seconds)
 		for n := 0; n < total; n += batch {
-			c.enqueue("ok", min(batch, total-n), 20, 50)
+			c.enqueue("ok", min(batch, total-n), 100, 50)
 			<-tick.C
 		}
 	}()
