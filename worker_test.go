@@ -248,8 +248,17 @@ func TestDuplicateDeliveriesRunOnce(t *testing.T) {
 			return bd.countStatus(task.Succeeded) == 2 && bd.pending() == 0
 		})
 		// The same entry once more after the task finished: acked, not run.
+		// The worker forgets an entry just after its XACK; a delivery in
+		// between is ignored as one of an entry it still handles (logged),
+		// so the entry is delivered again after each such ignore.
+		const ignored = "entry delivered again while handled here"
+		seen := bd.logs.count(ignored)
 		sink.Process(bd.ctx, msgs, sink.Reserve(1))
 		bd.eventually(5*time.Second, "late duplicate skipped", func() bool {
+			if n := bd.logs.count(ignored); n > seen {
+				seen = n
+				sink.Process(bd.ctx, msgs, sink.Reserve(1))
+			}
 			return metric(t, reg, "ingest_task_process_total", result("skipped")) == 3
 		})
 		for id, c := range calls {
