@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -54,6 +55,11 @@ type Config struct {
 	// Periodic, when set, returns the next slot of each periodic schedule
 	// (GET /v1/periodic); nil: none are configured.
 	Periodic func(now time.Time) []maintenance.Slot
+	// DLQClient and DLQKey name the DLQ stream whose entries of redriven
+	// tasks a bulk redrive (POST /v1/tasks/redrive) removes, as dlq replay
+	// does; nil or "": none (Kafka mode, or no DLQ).
+	DLQClient redis.UniversalClient
+	DLQKey    string
 }
 
 // Check reports whether one dependency is usable: nil when it is.
@@ -121,6 +127,7 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	mux.HandleFunc("POST /v1/tasks:batch", s.auth(s.createBatch))
 	mux.HandleFunc("GET /v1/tasks", s.auth(s.listTasks))
 	mux.HandleFunc("GET /v1/tasks/{id}", s.auth(s.getTask))
+	mux.HandleFunc("POST /v1/tasks/redrive", s.auth(s.bulkRedrive))
 	mux.HandleFunc("POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask))
 	mux.HandleFunc("POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask))
 	mux.HandleFunc("GET /v1/periodic", s.auth(s.periodic))

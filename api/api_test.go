@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/testenv"
@@ -29,6 +30,8 @@ type bundle struct {
 	srv   *httptest.Server
 	store *task.Store
 	token string
+	rdb   *redis.Client // with options.dlq
+	dlq   string
 }
 
 type options struct {
@@ -37,6 +40,7 @@ type options struct {
 	checks     api.Checks
 	gatherer   prometheus.Gatherer
 	periodic   func(time.Time) []maintenance.Slot
+	dlq        bool // a real Redis and a DLQ key for bulk redrive
 }
 
 func setup(t *testing.T, o options) *bundle {
@@ -46,13 +50,20 @@ func setup(t *testing.T, o options) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := api.New(api.Config{Token: o.token, Periodic: o.periodic}, store, o.checks, o.gatherer)
+	b := &bundle{store: store, token: o.token}
+	cfg := api.Config{Token: o.token, Periodic: o.periodic}
+	if o.dlq {
+		b.rdb = testenv.Client(t, testenv.RedisURL(t))
+		_, b.dlq = testenv.Keys(t)
+		cfg.DLQClient, cfg.DLQKey = b.rdb, b.dlq
+	}
+	h, err := api.New(cfg, store, o.checks, o.gatherer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return &bundle{srv: srv, store: store, token: o.token}
+	b.srv = httptest.NewServer(h)
+	t.Cleanup(b.srv.Close)
+	return b
 }
 
 type response struct {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/tracing"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/transition"
@@ -66,6 +67,45 @@ type TaskResponse struct {
 type RedriveResponse struct {
 	ID     uuid.UUID  `json:"id"`
 	Status task.State `json:"status"`
+}
+
+// BulkRedriveRequest is the body of POST /v1/tasks/redrive: the filter
+// (task.RedriveFilter: status DEAD or CANCELLED, kind, error_contains,
+// since and until on finished_at as RFC 3339 times, limit) and dry_run.
+type BulkRedriveRequest struct {
+	Status        string `json:"status"`
+	Kind          string `json:"kind,omitempty"`
+	ErrorContains string `json:"error_contains,omitempty"`
+	Since         string `json:"since,omitempty"`
+	Until         string `json:"until,omitempty"`
+	Limit         int    `json:"limit,omitempty"`
+	DryRun        bool   `json:"dry_run,omitempty"`
+}
+
+// filter returns the request's filter, or the 400 naming its bad field.
+func (req BulkRedriveRequest) filter() (task.RedriveFilter, *inputError) {
+	f := task.RedriveFilter{Status: task.State(strings.ToUpper(req.Status)), Kind: req.Kind,
+		ErrorContains: req.ErrorContains, Limit: req.Limit}
+	for _, t := range []struct {
+		field, in string
+		out       *time.Time
+	}{{"since", req.Since, &f.Since}, {"until", req.Until, &f.Until}} {
+		if t.in == "" {
+			continue
+		}
+		v, err := time.Parse(time.RFC3339Nano, t.in)
+		if err != nil {
+			return f, badInput(t.field, "%s %q is not an RFC 3339 time (e.g. 2026-11-24T09:00:00Z)", t.field, t.in)
+		}
+		*t.out = v
+	}
+	f = f.WithDefaults()
+	if err := f.Validate(); err != nil {
+		var ferr *task.FieldError
+		errors.As(err, &ferr)
+		return f, badInput(ferr.Field, "%s", ferr.Msg)
+	}
+	return f, nil
 }
 
 // CancelRequest is the optional body of POST /v1/tasks/{id}/cancel.
@@ -291,6 +331,33 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, http.StatusConflict, fmt.Sprintf("task %s is %s; only DEAD and CANCELLED tasks can be redriven", id, rr.Status), "id")
 	}
+}
+
+// bulkRedrive answers POST /v1/tasks/redrive: it redrives the DEAD or
+// CANCELLED tasks the filter selects, paced (task.DefaultRedriveRate), and
+// removes their DLQ entries; with dry_run it only reports what it would
+// redrive. 200 with dlq.BulkRedriveResult; 400 naming a bad field.
+func (s *Server) bulkRedrive(w http.ResponseWriter, r *http.Request) {
+	var req BulkRedriveRequest
+	if ierr := decodeJSON(w, r, s.cfg.MaxBodyBytes, &req, ""); ierr != nil {
+		writeError(w, ierr.code, ierr.msg, ierr.field)
+		return
+	}
+	f, ierr := req.filter()
+	if ierr != nil {
+		writeError(w, ierr.code, ierr.msg, ierr.field)
+		return
+	}
+	key := s.cfg.DLQKey
+	if s.cfg.DLQClient == nil {
+		key = ""
+	}
+	res, err := dlq.RedriveMatching(r.Context(), s.cfg.DLQClient, key, s.store, s.cfg.Actor, f, task.RedriveOptions{DryRun: req.DryRun})
+	if err != nil {
+		s.internalError(w, r, fmt.Errorf("bulk redrive (%d of %d matched tasks redriven): %w", res.Redriven, res.Matched, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
 }
 
 // cancelTask answers POST /v1/tasks/{id}/cancel: 200 with the task once it

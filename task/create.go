@@ -342,10 +342,11 @@ const MaxTimeout = time.Duration(math.MaxInt32) * time.Millisecond
 // MaxIdempotencyKeyLength is the longest idempotency key accepted.
 const MaxIdempotencyKeyLength = 1000
 
-// FieldError is the bad field of a new task.
+// FieldError is the bad field of a new task (or of a RedriveFilter).
 type FieldError struct {
 	// Field is kind, payload, idempotency_key, max_attempts, run_at,
-	// delay_ms, timeout_ms or traceparent.
+	// delay_ms, timeout_ms or traceparent (for a RedriveFilter: status,
+	// limit, since or error_contains).
 	Field string
 	Msg   string
 	// TooLarge is set when the payload is over the size limit.

@@ -472,6 +472,32 @@ func testEndToEnd(t *testing.T, bin string) {
 	}
 	testenv.Eventually(t, 20*time.Second, "the replayed task to run again", func() bool { return rc.count(rejectID) == 2 })
 
+	// task redrive by filter: it died again (a new DLQ entry); a dry run
+	// names it and changes nothing, the redrive runs it a third time and
+	// removes its DLQ entry.
+	testenv.Eventually(t, 20*time.Second, "the second death in the DLQ", func() bool { _, ok := dlqHas(); return ok })
+	var bulk struct {
+		Matched, Redriven int
+		IDs               []uuid.UUID `json:"ids"`
+		DLQRemoved        int         `json:"dlq_removed"`
+	}
+	filter := []string{"task", "redrive", "--status", "dead", "--kind", "e2e.reject", "--error-contains", "400 Bad Request", "--json"}
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", append(filter, "--dry-run")...)), &bulk); err != nil ||
+		bulk.Matched != 1 || bulk.Redriven != 0 || len(bulk.IDs) != 1 || bulk.IDs[0] != rejectID {
+		t.Fatalf("task redrive --dry-run: %+v %v; want task %s matched, nothing redriven", bulk, err, rejectID)
+	}
+	if _, ok := dlqHas(); !ok || rc.count(rejectID) != 2 {
+		t.Fatalf("the dry run changed something: DLQ entry %v, webhook calls %d", ok, rc.count(rejectID))
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", filter...)), &bulk); err != nil ||
+		bulk.Matched != 1 || bulk.Redriven != 1 || bulk.DLQRemoved != 1 {
+		t.Fatalf("task redrive: %+v %v; want 1 matched, redriven and removed from the DLQ", bulk, err)
+	}
+	testenv.Eventually(t, 20*time.Second, "the redriven task to run a third time", func() bool { return rc.count(rejectID) == 3 })
+	if r := runBin(t, bin, env, "", "task", "redrive", "--status", "RUNNING"); r.code != exitUsage || !strings.Contains(r.stderr, "status must be DEAD or CANCELLED") {
+		t.Fatalf("task redrive --status RUNNING: exit %d, stderr %q; want a usage error naming the status", r.code, r.stderr)
+	}
+
 	// task cancel: a running task's webhook call is cut off and the task
 	// ends CANCELLED, audited with the reason and the CLI as the actor.
 	hangID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.hang", "--payload", "{}")))

@@ -22,11 +22,115 @@ import (
 func (a *app) taskCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "task",
-		Short: "Show, list or cancel tasks",
+		Short: "Show, list, cancel or redrive tasks",
 		Long: `Inspect tasks: 'task show ID' for one task in depth, 'task list' for many;
-'task cancel ID' cancels one.`,
+'task cancel ID' cancels one; 'task redrive' redrives DEAD or CANCELLED tasks
+by filter.`,
 	}
-	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand(), a.taskCancelCommand())
+	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand(), a.taskCancelCommand(), a.taskRedriveCommand())
+	return cmd
+}
+
+func (a *app) taskRedriveCommand() *cobra.Command {
+	var (
+		f            task.RedriveFilter
+		status       string
+		since, until string
+		dryRun       bool
+		rate         float64
+	)
+	cmd := &cobra.Command{
+		Use:   "redrive --status DEAD|CANCELLED [filters]",
+		Short: "Redrive the DEAD or CANCELLED tasks that a filter selects",
+		Long: `Send DEAD or CANCELLED tasks back to QUEUED (attempts reset, a new outbox
+event each), selected by status, kind, a substring of last_error (case-
+sensitive) and a window on finished_at (when they went DEAD or CANCELLED),
+newest first, at most --limit of them. --dry-run lists what would be redriven
+and changes nothing: run it first. The redrive goes in transactions of 500
+tasks, at most --rate tasks per second, so a large backlog does not flood the
+queue; each task's audit row names this invocation (cli:<host>-<pid>). The
+DLQ entries of the redriven tasks are removed, as 'dlq replay' does. Prints
+the ids, then "matched N, redriven N" on standard error (--json: one object).`,
+		Example: `  ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --dry-run
+  ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --since 2026-11-24T09:00:00Z --limit 100000`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			f.Status = task.State(strings.ToUpper(status))
+			for _, t := range []struct {
+				flag string
+				in   string
+				out  *time.Time
+			}{{"--since", since, &f.Since}, {"--until", until, &f.Until}} {
+				if t.in == "" {
+					continue
+				}
+				v, err := time.Parse(time.RFC3339, t.in)
+				if err != nil {
+					return usagef("%s %q is not an RFC 3339 time (e.g. 2026-11-24T09:00:00Z)", t.flag, t.in)
+				}
+				*t.out = v
+			}
+			if rate < 0 {
+				return usagef("--rate must be >= 0, got %g", rate)
+			}
+			if err := f.Validate(); err != nil {
+				return usageErr(err)
+			}
+			ctx := cmd.Context()
+			var (
+				store *task.Store
+				rdb   redis.UniversalClient
+				key   string
+			)
+			if a.cfg.Queue == queueKafka || a.cfg.DLQStreamKey == "" || dryRun {
+				// No DLQ stream to clean up: Redis is not needed.
+				s, pool, err := a.openStore(ctx)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				store = s
+			} else {
+				pool, client, closeAll, err := a.openServers(ctx)
+				if err != nil {
+					return err
+				}
+				defer closeAll()
+				if store, err = task.NewStore(a.storeConfig(), pool); err != nil {
+					return usageErr(err)
+				}
+				rdb, key = client, a.cfg.DLQStreamKey
+			}
+			res, err := dlq.RedriveMatching(ctx, rdb, key, store, a.actor(), f, task.RedriveOptions{DryRun: dryRun, Rate: rate})
+			if a.json {
+				if jerr := a.printJSON(res); err == nil {
+					err = jerr
+				}
+				return err
+			}
+			for _, id := range res.IDs {
+				a.printf("%s\n", id)
+			}
+			if dryRun {
+				a.notef("dry run: matched %d, would redrive them; nothing changed\n", res.Matched)
+			} else {
+				a.notef("matched %d, redriven %d, DLQ entries removed %d\n", res.Matched, res.Redriven, res.DLQRemoved)
+			}
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&status, "status", "", "DEAD or CANCELLED (required)")
+	fl.StringVar(&f.Kind, "kind", "", "only tasks of this kind")
+	fl.StringVar(&f.ErrorContains, "error-contains", "", "only tasks whose last_error contains this (case-sensitive)")
+	fl.StringVar(&since, "since", "", "only tasks that finished at or after this RFC 3339 time")
+	fl.StringVar(&until, "until", "", "only tasks that finished before this RFC 3339 time")
+	fl.IntVar(&f.Limit, "limit", task.DefaultRedriveLimit, fmt.Sprintf("most tasks matched (1..%d)", task.MaxRedriveLimit))
+	fl.BoolVar(&dryRun, "dry-run", false, "list what would be redriven; change nothing")
+	fl.Float64Var(&rate, "rate", task.DefaultRedriveRate, "most tasks redriven per second")
 	return cmd
 }
 
