@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -183,7 +184,31 @@ func NewService(cfg ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient
 	if svc.maintainer, err = maintenance.New(cfg.Maintenance, pool, rdb, logger, reg, maintenance.CreateWith(svc.store)); err != nil {
 		return nil, err
 	}
+	// Evidence that Redis lost data goes to the leader's rescuer at once.
+	if svc.worker.stream != nil {
+		svc.worker.stream.OnGroupLost(svc.reportLoss("a read found the consumer group missing (NOGROUP)"))
+	}
+	if svc.reclaimer != nil {
+		svc.reclaimer.OnGroupLost(svc.reportLoss("a reclaim round found the consumer group missing (NOGROUP)"))
+	}
 	return svc, nil
+}
+
+// lossReportTimeout bounds one report of a Redis data loss.
+const lossReportTimeout = 5 * time.Second
+
+// reportLoss returns a hook that reports a Redis data loss (reason) to the
+// leader without blocking its caller (see maintenance.ReportRedisLoss).
+func (s *Service) reportLoss(reason string) func() {
+	return func() {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), lossReportTimeout)
+			defer cancel()
+			if err := s.maintainer.ReportRedisLoss(ctx, s.cfg.Worker.Stream+": "+reason); err != nil {
+				s.log.Warn("could not report the Redis data loss to the leader; its rescuer finds the lost tasks after its grace", "err", err)
+			}
+		}()
+	}
 }
 
 // Config returns the configuration with defaults and derived fields filled

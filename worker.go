@@ -175,7 +175,8 @@ type Worker struct {
 	// set, runs once proc has shut down (Kafka: the last commit).
 	consume        func(context.Context) error
 	closeTransport func()
-	kafka          *kafka.Consumer // Kafka mode only
+	kafka          *kafka.Consumer  // Kafka mode only
+	stream         *stream.Consumer // Redis mode only
 	handlers       *registry
 	log            *slog.Logger
 	ran            atomic.Bool
@@ -221,7 +222,7 @@ func New(cfg Config, store *task.Store, rdb redis.UniversalClient, logger *slog.
 	if err != nil {
 		return nil, err
 	}
-	w.consume = consumer.Run
+	w.consume, w.stream = consumer.Run, consumer
 	return w, nil
 }
 

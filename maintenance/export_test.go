@@ -103,7 +103,7 @@ func StartDelay(interval time.Duration, jitter float64, rnd func() float64) time
 }
 
 func RunLoop(ctx context.Context, interval, delay time.Duration, runOnce func(context.Context)) {
-	runLoop(ctx, interval, delay, runOnce)
+	runLoop(ctx, interval, delay, runOnce, nil, nil)
 }
 
 // Services lists the names of m's services, in start order.

@@ -42,6 +42,11 @@ type service struct {
 	// start, when set, is called each time the service starts under a new
 	// leadership, before its first pass.
 	start func()
+	// kick, when set, asks for an urgent pass, logged with urgentMsg at
+	// Warn (see loop).
+	kick      chan struct{}
+	urgent    func(ctx context.Context) (did []any, err error)
+	urgentMsg string
 }
 
 // hooks are test seams, called when the services start under a new
@@ -58,6 +63,7 @@ type hooks struct {
 // elected leader. See the package documentation.
 type Maintainer struct {
 	cfg      Config
+	pool     *pgxpool.Pool
 	logger   *slog.Logger
 	elector  *elector
 	services []*service
@@ -97,7 +103,7 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 	if err != nil {
 		return nil, err
 	}
-	mt := &Maintainer{cfg: cfg, elector: e, metrics: m,
+	mt := &Maintainer{cfg: cfg, pool: pool, elector: e, metrics: m,
 		logger: logger.With("component", "maintenance", "leader_id", e.id)}
 	if !cfg.RescuerDisabled {
 		mt.services = append(mt.services, newRescuer(cfg.Rescuer, pool, rdb, m).service())
@@ -219,6 +225,9 @@ func (m *Maintainer) lead(ctx context.Context, deadline time.Time) {
 	var wg sync.WaitGroup
 	for _, s := range m.services {
 		wg.Go(func() { m.runService(svcCtx, s) })
+		if s.kick != nil {
+			wg.Go(func() { m.listenLoss(svcCtx, s.kick) })
+		}
 	}
 
 	reason := m.renewUntilLost(svcCtx, deadline, watchdog)
@@ -277,7 +286,10 @@ func (m *Maintainer) runService(ctx context.Context, s *service) {
 	if s.start != nil {
 		s.start()
 	}
-	loop(ctx, s.interval, startJitter, func(ctx context.Context) { m.runPass(ctx, s, logger) })
+	urgent := *s
+	urgent.pass, urgent.msg, urgent.level = s.urgent, s.urgentMsg, slog.LevelWarn
+	loop(ctx, s.interval, startJitter, func(ctx context.Context) { m.runPass(ctx, s, logger) },
+		s.kick, func(ctx context.Context) { m.runPass(ctx, &urgent, logger) })
 }
 
 // runPass runs one pass of s: a failed pass is counted and logged, a pass

@@ -68,6 +68,30 @@ func (r *rescuer) service() *service {
 			return []any{"examined", res.Examined, "missing", res.Missing, "rescued", res.Rescued}, nil
 		},
 		failed: func() { r.metrics.failures.WithLabelValues(componentRescuer).Inc() },
+		kick:   make(chan struct{}, 1),
+		urgent: func(ctx context.Context) ([]any, error) {
+			res, passes, err := r.urgent(ctx)
+			return []any{"passes", passes, "examined", res.Examined, "missing", res.Missing, "rescued", res.Rescued}, err
+		},
+		urgentMsg: "rescued tasks after a reported Redis data loss",
+	}
+}
+
+// urgent rescues without the grace, from the first candidate of each class
+// on, pass after pass until every class was examined to its end (or
+// maxUrgentPasses): the rescue after a reported Redis data loss. It
+// returns the sums and the number of passes.
+func (r *rescuer) urgent(ctx context.Context) (rescueResult, int, error) {
+	clear(r.cursors)
+	var total rescueResult
+	for n := 1; ; n++ {
+		res, err := r.pass(ctx, 0)
+		total.Examined += res.Examined
+		total.Missing += res.Missing
+		total.Rescued += res.Rescued
+		if err != nil || len(r.cursors) == 0 || n == maxUrgentPasses {
+			return total, n, err
+		}
 	}
 }
 

@@ -33,7 +33,14 @@ type Reclaimer struct {
 	backlog []string
 	// noGroup is true while the group is missing (logged once).
 	noGroup bool
+	// groupLost, when set, is called when a round finds the group missing.
+	groupLost func()
 }
+
+// OnGroupLost makes r call f when a reclaim round finds the consumer group
+// missing (NOGROUP): Redis lost it, with its pending entries. f must
+// return quickly. Call it before Run.
+func (r *Reclaimer) OnGroupLost(f func()) { r.groupLost = f }
 
 // maxBacklog bounds Reclaimer.backlog; the rescuer republishes tasks
 // whose ids had to be dropped.
@@ -183,6 +190,9 @@ func (r *Reclaimer) claimFailed(ctx context.Context, err error) {
 		if !r.noGroup {
 			r.noGroup = true
 			r.logger.Warn("consumer group missing: skipping reclaim rounds until it is recreated", "err", err)
+			if r.groupLost != nil {
+				r.groupLost()
+			}
 		}
 		return
 	}

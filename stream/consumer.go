@@ -29,6 +29,8 @@ type Consumer struct {
 	group *Group
 	sink  Sink
 	log   *slog.Logger
+	// groupLost, when set, is called when a read finds the group missing.
+	groupLost func()
 }
 
 // NewConsumer returns a consumer of cfg.Consumer feeding sink.
@@ -46,6 +48,19 @@ func NewConsumer(cfg Config, rdb redis.UniversalClient, sink Sink, logger *slog.
 	cfg = g.Config()
 	return &Consumer{cfg: cfg, rdb: rdb, group: g, sink: sink,
 		log: logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)}, nil
+}
+
+// OnGroupLost makes c call f each time a read finds the consumer group
+// missing (NOGROUP) after c had it: Redis lost the group and its pending
+// entries with it (a restart without persistence, FLUSHALL, a failover to
+// a replica that missed writes). f must return quickly. Call it before Run.
+func (c *Consumer) OnGroupLost(f func()) { c.groupLost = f }
+
+// lostGroup reports the group's loss to the OnGroupLost hook.
+func (c *Consumer) lostGroup() {
+	if c.groupLost != nil {
+		c.groupLost()
+	}
 }
 
 // Run creates the group if needed, re-reads this consumer's own pending
@@ -67,6 +82,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		for ctx.Err() == nil {
 			if err := c.readNew(ctx); IsNoGroup(err) {
 				c.log.Warn("consumer group missing; recreating it", "err", err)
+				c.lostGroup()
 				break
 			}
 		}
@@ -95,6 +111,7 @@ func (c *Consumer) readOwn(ctx context.Context) {
 		n, id, err := c.readOnce(ctx, last, c.cfg.Count, false)
 		if err != nil {
 			if IsNoGroup(err) {
+				c.lostGroup()
 				return // the PEL went with the group
 			}
 			continue
