@@ -21,6 +21,11 @@ func DSN(s string) string {
 	if s == "" {
 		return s
 	}
+	if !schemeRe.MatchString(s) {
+		// No scheme: "user:password@host" (a URL missing its
+		// "postgres://") shows no password either.
+		s = bareUserinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
+	}
 	if strings.Contains(s, "://") {
 		// Trust the parse only for a real "scheme://": in "A#://:pw@" the
 		// "://:pw@" is a fragment, with no user info to redact.
@@ -37,6 +42,13 @@ func DSN(s string) string {
 // user part may hold anything but ":" and "@" (spaces and "/" included:
 // "postgres:// :pw@…" is no URL, and must not show its password either).
 var userinfoRe = regexp.MustCompile(`(://[^:@]*:)[^@]*@`)
+
+// schemeRe matches a URL scheme and "://" at the start of a value.
+var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// bareUserinfoRe matches "user:password@" at the start of a value without
+// a scheme.
+var bareUserinfoRe = regexp.MustCompile(`^([^:/@\s]*:)[^@]*@`)
 
 // kvPasswordRe matches password=... in a libpq key=value connection string
 // (quoted or not).

@@ -21,7 +21,8 @@ func TestDSN(t *testing.T) {
 		{"EscapedPassword", "postgres://app:p%40ss%2Fw@db/x", "postgres://app:" + Mask + "@db/x"},
 		{"KeyValue", "host=db user=app password=s3cret dbname=x", "host=db user=app password=" + Mask + " dbname=x"},
 		// "#" starts a fragment: the "://:pw@" after it is no user info to url.Parse.
-		{"FragmentBeforeScheme", "A#://:s3cret@", "A#://:" + Mask + "@"},
+		// (No valid scheme either: masked from the first ":" to the "@".)
+		{"FragmentBeforeScheme", "A#://:s3cret@", "A#:" + Mask + "@"},
 		{"SecretInFragment", "redis://cache:6379/0#://u:s3cret@", "redis://cache:" + Mask + "@"}, // over-masks, never shows it
 		{"KeyValueQuoted", "host=db password='s3 cret' dbname=x", "host=db password=" + Mask + " dbname=x"},
 		{"KeyValueSpaces", "host=db PASSWORD = s3cret", "host=db PASSWORD = " + Mask},
@@ -30,6 +31,10 @@ func TestDSN(t *testing.T) {
 		{"SpaceInUser", "postgres:// :s3cret@0000", "postgres:// :" + Mask + "@0000"},
 		{"SlashInUser", "postgres://a/b:s3cret@h%zz", "postgres://a/b:" + Mask + "@h%zz"},
 		{"SpaceInPassword", "postgres://u:s3cret and more@h%zz", "postgres://u:" + Mask + "@h%zz"},
+		// Found by FuzzConfig: user info before any "://", and a DSN
+		// missing its scheme.
+		{"UserinfoBeforeSchemeSeparator", ":s3cret@://", ":" + Mask + "@://"},
+		{"NoScheme", "app:s3cret@db:5432/ingest", "app:" + Mask + "@db:5432/ingest"},
 		{"WebhookToken", "https://hooks.example/in?token=abcdef&x=1", "https://hooks.example/in?token=" + Mask + "&x=1"},
 	}
 	for _, tt := range tests {
