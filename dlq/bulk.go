@@ -34,7 +34,7 @@ func RemoveTasks(ctx context.Context, rdb redis.UniversalClient, key string, ids
 		}
 		var del []string
 		for _, m := range msgs {
-			if tid, ok := m.Values["task_id"].(string); ok {
+			if tid, ok := m.Values[FieldTaskID].(string); ok {
 				if _, hit := want[tid]; hit {
 					del = append(del, m.ID)
 				}

@@ -6,19 +6,20 @@ import (
 	"log/slog"
 
 	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // Defaults shared by the components (docs/ARCHITECTURE.md §4, §5).
 const (
 	// DefaultStream is the task stream (INGEST_REDIS_STREAM_KEY).
-	DefaultStream = "ingest:tasks"
+	DefaultStream = stream.DefaultStream
 	// DefaultGroup is the workers' consumer group (INGEST_REDIS_GROUP).
-	DefaultGroup = "ingest-workers"
+	DefaultGroup = stream.DefaultGroup
 	// NotifyChannel is the channel the outbox_event trigger NOTIFYs on
 	// commit (migrations/00001_create_tables.sql).
 	NotifyChannel = "ingest_outbox"
 	// MaxErrorBytes is the limit last_error is cut to.
-	MaxErrorBytes = 4096
+	MaxErrorBytes = clip.MaxErrorBytes
 )
 
 // Status is the status of an outbox event (column outbox_event.status).

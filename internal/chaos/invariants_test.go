@@ -42,6 +42,19 @@ func addRow(r row) {
 	report.rows = append(report.rows, r)
 }
 
+// amendRow adds a note to the row of scenario, and marks it failed when
+// failed: checks a scenario makes after finish.
+func amendRow(scenario, note string, failed bool) {
+	report.mu.Lock()
+	defer report.mu.Unlock()
+	for i := range report.rows {
+		if report.rows[i].Scenario == scenario {
+			report.rows[i].Notes = joinNote(report.rows[i].Notes, note)
+			report.rows[i].Failed = report.rows[i].Failed || failed
+		}
+	}
+}
+
 func table() string {
 	report.mu.Lock()
 	defer report.mu.Unlock()

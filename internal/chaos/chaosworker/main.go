@@ -7,8 +7,13 @@
 // CHAOS_ROLE=relay runs only an outbox relay (the suite freezes it past its
 // claim lease while the workers' relays carry on).
 //
+// CHAOS_PERIODIC (the JSON of INGEST_PERIODIC) gives the elected leader
+// periodic schedules.
+//
 // Task kinds:
-//   - ok:    record the execution, sleep the payload's "ms", succeed;
+//   - ok:    sleep the payload's "ms" (cut short by a cancel), record the
+//     execution, succeed;
+//   - tick:  as ok (the kind of periodic schedules);
 //   - long:  sleep CHAOS_LONG_MS, record, succeed;
 //   - panic: record, then panic (the task ends DEAD after its attempts).
 package main
@@ -133,6 +138,10 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return relay.Run(ctx)
 	}
 
+	schedules, err := maintenance.ParseSchedules("CHAOS_PERIODIC", []byte(env("CHAOS_PERIODIC", "")))
+	if err != nil {
+		return err
+	}
 	cfg := ingest.ServiceConfig{
 		Store: task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.1}},
 		Worker: ingest.Config{
@@ -149,6 +158,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			Rescuer:   maintenance.RescuerConfig{Interval: 300 * time.Millisecond, Grace: time.Second},
 			Retention: maintenance.RetentionConfig{Interval: 500 * time.Millisecond},
 			Consumers: maintenance.ConsumersConfig{Interval: time.Second},
+			Periodic:  maintenance.PeriodicConfig{Schedules: schedules, Interval: 100 * time.Millisecond},
 		},
 	}
 	svc, err := ingest.NewService(cfg, pool, rdb, logger, prometheus.NewRegistry())
@@ -157,6 +167,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	h := &handlers{pool: pool, worker: consumer, long: millis("CHAOS_LONG_MS", 5000)}
 	svc.Handle("ok", h.ok)
+	svc.Handle("tick", h.ok)
 	svc.Handle("long", h.longRun)
 	svc.Handle("panic", h.panics)
 	logger.Info("worker started")
