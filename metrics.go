@@ -23,9 +23,10 @@ const (
 	resultReleased  = "released" // handed back at shutdown
 	resultPoison    = "poison"   // no valid task_id: dead-lettered
 	resultCancelled = "cancelled"
+	resultPaused    = "paused" // its kind is paused: parked until resumed
 )
 
-var results = []string{resultSucceeded, resultRetry, resultDead, resultSkipped, resultNotDue, resultConflict, resultReleased, resultPoison, resultCancelled}
+var results = []string{resultSucceeded, resultRetry, resultDead, resultSkipped, resultNotDue, resultConflict, resultReleased, resultPoison, resultCancelled, resultPaused}
 
 // metrics are the worker's Prometheus metrics.
 type metrics struct {

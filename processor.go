@@ -119,6 +119,8 @@ type letter struct {
 type processor struct {
 	processorDeps
 	cfg Config
+	// paused caches the paused kinds (see pausedKinds).
+	paused pausedCache
 	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
 	// by launch, read by the completer.
 	onSucceeded func([]uuid.UUID)
@@ -439,6 +441,21 @@ func (p *processor) start(batch []delivery) {
 			ids = append(ids, d.taskID)
 		}
 	}
+	// Tasks of a paused kind are parked, not started: their entries are
+	// acknowledged and a resume publishes them again.
+	if parked := p.parkPaused(ctx, valid); len(parked) > 0 {
+		kept := valid[:0]
+		ids = ids[:0]
+		for _, d := range valid {
+			if parked[d.taskID] {
+				acks, settle = append(acks, d.id), append(settle, d)
+				metric[d.id] = resultPaused
+				continue
+			}
+			kept, ids = append(kept, d), append(ids, d.taskID)
+		}
+		valid = kept
+	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
 		res, err := p.store.Start(ctx, p.cfg.Consumer, p.cfg.TaskLease, ids...)
@@ -498,6 +515,10 @@ func (p *processor) start(batch []delivery) {
 			// Another worker holds a live lease: look again when it expires.
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
 			metric[d.id] = resultSkipped
+		case r.Outcome == task.NotDue && r.Task != nil && r.Task.Parked():
+			log.Debug("task parked (its kind is paused); acknowledging its entry")
+			acks = append(acks, d.id)
+			metric[d.id] = resultPaused
 		case r.Outcome == task.NotDue && r.Task != nil:
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.NextRetryAt, now)})
 			metric[d.id] = resultNotDue

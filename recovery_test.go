@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -38,29 +36,14 @@ func TestRecoveryFromRedisDataLoss(t *testing.T) {
 	if d := cfg.Maintenance.Rescuer.WithDefaults(); d.Grace != time.Minute || d.Interval != 30*time.Second {
 		t.Fatalf("rescuer defaults %+v: the test assumes a minute's grace and 30 s between passes", d)
 	}
-	cfg.Store = b.store.Config()
-	svc, err := ingest.NewService(cfg, b.db.Pool, b.rdb,
-		slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
 	gate := make(chan struct{})
-	svc.Handle("k", func(ctx context.Context, _ ingest.Task) error {
+	svc := b.run(cfg, map[string]ingest.Handler{"k": func(ctx context.Context, _ ingest.Task) error {
 		select {
 		case <-gate:
 		case <-ctx.Done():
 		}
 		return nil
-	})
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("service: %v", err)
-		}
-	})
+	}}, slog.LevelWarn)
 	b.eventually(10*time.Second, "the service leads", svc.Maintainer().IsLeader)
 
 	nts := make([]task.NewTask, n)

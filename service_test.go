@@ -70,22 +70,33 @@ func (b *serviceBundle) fastConfig(consumer string) ingest.ServiceConfig {
 // start runs a Service with handler h for kind "k" until the test ends.
 func (b *serviceBundle) start(cfg ingest.ServiceConfig, h ingest.Handler) {
 	b.t.Helper()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b.run(cfg, map[string]ingest.Handler{"k": h}, slog.LevelError)
+}
+
+// run runs a Service of cfg (with the bundle's store configuration) with
+// handlers until the test ends, logging at level and above, and returns
+// it.
+func (b *serviceBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
+	b.t.Helper()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Store = b.store.Config()
 	svc, err := ingest.NewService(cfg, b.db.Pool, b.rdb, logger, prometheus.NewRegistry())
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	svc.Handle("k", h)
+	for kind, h := range handlers {
+		svc.Handle(kind, h)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
 	b.t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			b.t.Errorf("service: %v", err)
+			b.t.Errorf("service %s: %v", cfg.Worker.Consumer, err)
 		}
 	})
+	return svc
 }
 
 func (b *serviceBundle) enqueue(n int) {

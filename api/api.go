@@ -131,6 +131,8 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	mux.HandleFunc("POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask))
 	mux.HandleFunc("POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask))
 	mux.HandleFunc("GET /v1/periodic", s.auth(s.periodic))
+	mux.HandleFunc("GET /v1/kinds", s.auth(s.listKinds))
+	mux.HandleFunc("PUT /v1/kinds/{kind}", s.auth(s.putKind))
 	s.mux = mux
 	return s, nil
 }

@@ -494,6 +494,37 @@ func testEndToEnd(t *testing.T, bin string) {
 		t.Fatalf("task redrive: %+v %v; want 1 matched, redriven and removed from the DLQ", bulk, err)
 	}
 	testenv.Eventually(t, 20*time.Second, "the redriven task to run a third time", func() bool { return rc.count(rejectID) == 3 })
+
+	// kind pause / list / resume (the parking itself: pause_test.go).
+	if out := mustRun(t, bin, env, "", "kind", "pause", "e2e.reject"); !strings.Contains(out, "kind e2e.reject paused") {
+		t.Fatalf("kind pause: %q", out)
+	}
+	var kinds struct {
+		Kinds []struct {
+			Kind      string           `json:"kind"`
+			Paused    bool             `json:"paused"`
+			UpdatedBy string           `json:"updated_by"`
+			Counts    map[string]int64 `json:"counts"`
+		} `json:"kinds"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "kind", "list", "--json")), &kinds); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, k := range kinds.Kinds {
+		if k.Kind == "e2e.reject" {
+			found = k.Paused && strings.HasPrefix(k.UpdatedBy, "cli:") && k.Counts["DEAD"]+k.Counts["RUNNING"]+k.Counts["QUEUED"] == 1
+		}
+	}
+	if !found {
+		t.Fatalf("kind list: %+v; want e2e.reject paused by the CLI with its one task", kinds)
+	}
+	if out := mustRun(t, bin, env, "", "kind", "resume", "e2e.reject"); !strings.Contains(out, "kind e2e.reject resumed") {
+		t.Fatalf("kind resume: %q", out)
+	}
+	if r := runBin(t, bin, env, "", "kind", "pause", " "); r.code != exitUsage || !strings.Contains(r.stderr, "kind is empty") {
+		t.Fatalf("kind pause of a blank kind: exit %d, stderr %q; want a usage error", r.code, r.stderr)
+	}
 	if r := runBin(t, bin, env, "", "task", "redrive", "--status", "RUNNING"); r.code != exitUsage || !strings.Contains(r.stderr, "status must be DEAD or CANCELLED") {
 		t.Fatalf("task redrive --status RUNNING: exit %d, stderr %q; want a usage error naming the status", r.code, r.stderr)
 	}

@@ -26,8 +26,10 @@ func (p *proc) stop() {
 	<-p.signal(syscall.SIGTERM)
 }
 
-// TestSchedulingUnderKills: delayed, cancelled and periodic tasks while a
-// random worker of four is SIGKILLed every ~2 s (scenario 9). No delayed
+// TestSchedulingUnderKills: delayed, cancelled and periodic tasks, and a
+// paused kind resumed mid-run, while a random worker of four is SIGKILLed
+// every ~2 s (scenario 9). No task of the paused kind runs before the
+// resume, and all run after it. No delayed
 // task runs before its time; every cancel ends CANCELLED (a waiting task at
 // once, a running one when its handler is cut off, also when its worker is
 // killed), with no effect of a task cancelled while waiting; the periodic
@@ -38,6 +40,10 @@ func TestSchedulingUnderKills(t *testing.T) {
 	c := newCluster(t, clusterOptions{env: []string{`CHAOS_PERIODIC=[{"kind":"tick","every":"1s"}]`}})
 	ctx := context.Background()
 	start := time.Now()
+	// A paused kind: its tasks are parked until the resume below.
+	if _, err := c.store.SetPaused(ctx, "chaos", "held", true); err != nil {
+		t.Fatal(err)
+	}
 	ws := c.spawn("w", 4)
 	seconds := size(10, 60)
 	span := time.Duration(seconds) * time.Second
@@ -80,6 +86,14 @@ func TestSchedulingUnderKills(t *testing.T) {
 		return ids
 	}
 	long := create(size(40, 200), 4000, time.Time{})
+	held := make([]task.NewTask, size(100, 500))
+	for i := range held {
+		held[i] = task.NewTask{Kind: "held", Payload: json.RawMessage(`{"ms":20}`), MaxAttempts: 50}
+	}
+	if _, err := c.store.CreateBatch(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	var resumedAt time.Time
 	later := create(size(20, 100), 20, start.Add(time.Hour))
 
 	outcomes := map[uuid.UUID]task.CancelOutcome{}
@@ -102,6 +116,11 @@ func TestSchedulingUnderKills(t *testing.T) {
 			cancelled = true
 			cancel(long[:len(long)/2])
 			cancel(later)
+		} else if resumedAt.IsZero() {
+			resumedAt = time.Now()
+			if _, err := c.store.SetPaused(ctx, "chaos", "held", false); err != nil {
+				t.Fatal(err)
+			}
 		}
 		ws[rand.IntN(len(ws))].kill()
 	}
@@ -112,7 +131,7 @@ func TestSchedulingUnderKills(t *testing.T) {
 		w.stop()
 	}
 	c.spawn("f", 2, "CHAOS_PERIODIC=")
-	r := c.finish(row{Scenario: "9. delayed, cancelled and periodic tasks, SIGKILL every 2 s (4 workers)"}, expect{}, start)
+	r := c.finish(row{Scenario: "9. delayed, cancelled, periodic and paused tasks, SIGKILL every 2 s (4 workers)"}, expect{}, start)
 
 	// Delayed: no run before its time.
 	early := 0
@@ -130,6 +149,17 @@ func TestSchedulingUnderKills(t *testing.T) {
 			early++
 			t.Errorf("delayed task %s ran at %s, before its time %s", id, at.Format(time.RFC3339Nano), d.Format(time.RFC3339Nano))
 		}
+	}
+
+	// Paused: no task of the held kind ran before the resume (the
+	// invariants above saw every one SUCCEEDED).
+	var heldEarly int
+	if err := c.db.Pool.QueryRow(ctx, `SELECT count(*) FROM chaos_effect e JOIN ingest_task t ON t.id = e.task_id
+		WHERE t.kind = 'held' AND e.run_at < $1`, resumedAt).Scan(&heldEarly); err != nil {
+		t.Fatal(err)
+	}
+	if heldEarly > 0 || resumedAt.IsZero() {
+		t.Errorf("%d runs of the paused kind before its resume at %s", heldEarly, resumedAt)
 	}
 
 	// Cancels: every one ends CANCELLED; one made while waiting left no
@@ -199,8 +229,8 @@ func TestSchedulingUnderKills(t *testing.T) {
 			t.Errorf("a burst: 3 periodic tasks created within %s (at %s)", d, created[i].Format(time.RFC3339Nano))
 		}
 	}
-	note := fmt.Sprintf("%d delayed, %d early; %d cancels (%d of running tasks); %d periodic slots, longest gap %s",
-		nDelayed, early, len(outcomes), requested, len(slots), longest)
+	note := fmt.Sprintf("%d delayed, %d early; %d cancels (%d of running tasks); %d periodic slots, longest gap %s; %d tasks of a paused kind, %d run before its resume",
+		nDelayed, early, len(outcomes), requested, len(slots), longest, len(held), heldEarly)
 	amendRow(r.Scenario, note, t.Failed())
 	c.t.Logf("scenario 9: %s", note)
 }

@@ -14,6 +14,7 @@
 //   - ok:    sleep the payload's "ms" (cut short by a cancel), record the
 //     execution, succeed;
 //   - tick:  as ok (the kind of periodic schedules);
+//   - held:  as ok (a kind the suite pauses and resumes);
 //   - long:  sleep CHAOS_LONG_MS, record, succeed;
 //   - panic: record, then panic (the task ends DEAD after its attempts).
 package main
@@ -168,6 +169,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	h := &handlers{pool: pool, worker: consumer, long: millis("CHAOS_LONG_MS", 5000)}
 	svc.Handle("ok", h.ok)
 	svc.Handle("tick", h.ok)
+	svc.Handle("held", h.ok)
 	svc.Handle("long", h.longRun)
 	svc.Handle("panic", h.panics)
 	logger.Info("worker started")

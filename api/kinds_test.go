@@ -1,0 +1,52 @@
+package api_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestKinds: PUT /v1/kinds/{kind} pauses and resumes a kind (recorded with
+// the server's actor), GET /v1/kinds lists kinds with their tasks by
+// status; limits this version lacks and bad bodies are 400s naming the
+// field.
+func TestKinds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := t.Context()
+	for range 3 {
+		if _, err := b.store.Create(ctx, task.NewTask{Kind: "embed", Payload: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := b.do(t, "PUT", "/v1/kinds/embed", `{"paused":true}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || !k.Paused || k.Kind != "embed" || k.Counts[task.Queued] != 3 || k.UpdatedBy != "api" {
+		t.Fatalf("pause: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "GET", "/v1/kinds", "")
+	if l := decode[api.KindsResponse](t, r); r.code != http.StatusOK || len(l.Kinds) != 1 || !l.Kinds[0].Paused {
+		t.Fatalf("list: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "PUT", "/v1/kinds/embed", `{"paused":false}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || k.Paused || k.Released != 0 {
+		t.Fatalf("resume: %d %s", r.code, r.body)
+	}
+	for _, tc := range []struct{ body, field string }{
+		{`{"paused":true,"concurrency":4}`, "concurrency"},
+		{`{"paused":true,"rate":"5/s"}`, "rate"},
+		{`{}`, "paused"},
+		{`{"paused":"yes"}`, "paused"},
+		{`{"paused":true,"bogus":1}`, "bogus"},
+	} {
+		r := b.do(t, "PUT", "/v1/kinds/embed", tc.body)
+		if _, field := r.errorBody(t); r.code != http.StatusBadRequest || field != tc.field {
+			t.Errorf("%s: %d %s, want 400 naming %s", tc.body, r.code, r.body, tc.field)
+		}
+	}
+	if r := b.do(t, "PUT", "/v1/kinds/%20", `{"paused":true}`); r.code != http.StatusBadRequest {
+		t.Errorf("a blank kind: %d %s, want 400", r.code, r.body)
+	}
+}

@@ -1,0 +1,111 @@
+package task_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestPauseParksAndResumeReleases: only due waiting tasks of a paused kind
+// are parked; a parked task does not start; a resume makes every parked
+// task due with a new outbox event, and both changes are recorded with
+// the actor.
+func TestPauseParksAndResumeReleases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	a1, a2 := b.create(t, task.NewTask{Kind: "a"}).ID, b.create(t, task.NewTask{Kind: "a"}).ID
+	aLater := b.create(t, task.NewTask{Kind: "a", Delay: time.Hour}).ID
+	other := b.create(t, task.NewTask{Kind: "b"}).ID
+
+	if parked, err := b.store.Park(b.ctx, a1, a2, aLater, other); err != nil || len(parked) != 0 {
+		t.Fatalf("Park with nothing paused = %v, %v; want nothing parked", parked, err)
+	}
+	if _, err := b.store.SetPaused(b.ctx, "api:test", "a", true); err != nil {
+		t.Fatal(err)
+	}
+	paused, err := b.store.PausedKinds(b.ctx)
+	if err != nil || !paused["a"] || paused["b"] {
+		t.Fatalf("PausedKinds = %v, %v; want a only", paused, err)
+	}
+	parked, err := b.store.Park(b.ctx, a1, a2, aLater, other)
+	if err != nil || len(parked) != 2 {
+		t.Fatalf("Park = %v, %v; want the two due tasks of a", parked, err)
+	}
+	for _, id := range []uuid.UUID{a1, a2} {
+		tk := b.get(t, id)
+		if !tk.Parked() || tk.Status != task.Queued {
+			t.Fatalf("task %s: %s next_retry_at %v, want QUEUED and parked", id, tk.Status, tk.NextRetryAt)
+		}
+		b.start(t, "w", time.Minute, id, task.NotDue)
+	}
+	if b.get(t, aLater).Parked() || b.get(t, other).Parked() {
+		t.Fatal("a delayed task or a task of another kind was parked")
+	}
+
+	released, err := b.store.SetPaused(b.ctx, "cli:test", "a", false)
+	if err != nil || released != 2 {
+		t.Fatalf("resume = %d, %v; want 2 released", released, err)
+	}
+	for _, id := range []uuid.UUID{a1, a2} {
+		if tk := b.get(t, id); tk.Parked() || tk.NextRetryAt != nil {
+			t.Fatalf("task %s after the resume: next_retry_at %v, want due", id, tk.NextRetryAt)
+		}
+		if n := b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1`, id); n != 2 {
+			t.Fatalf("task %s has %d outbox events, want 2 (create and resume)", id, n)
+		}
+		b.start(t, "w", time.Minute, id, task.Started)
+	}
+	if n := b.count(t, `SELECT count(*) FROM ingest_kind_change WHERE kind = 'a' AND ((actor = 'api:test' AND paused) OR (actor = 'cli:test' AND NOT paused AND released = 2))`); n != 2 {
+		t.Fatalf("%d matching kind changes, want the pause and the resume", n)
+	}
+	kinds, err := b.store.Kinds(b.ctx)
+	if err != nil || len(kinds) != 2 || kinds[0].Kind != "a" || kinds[0].Paused || kinds[0].Running != 2 ||
+		kinds[0].Counts[task.Running] != 2 || kinds[0].Counts[task.Queued] != 1 || kinds[0].UpdatedBy != "cli:test" ||
+		kinds[1].Kind != "b" || kinds[1].Counts[task.Queued] != 1 {
+		t.Fatalf("Kinds = %+v, %v", kinds, err)
+	}
+	for _, bad := range []string{"", " ", string(make([]byte, task.MaxKindLength+1))} {
+		if _, err := b.store.SetPaused(b.ctx, "x", bad, true); err == nil {
+			t.Errorf("SetPaused(%q) accepted", bad)
+		}
+	}
+}
+
+// TestParkRacesResume: workers park a kind's tasks while an operator
+// resumes it; afterwards no task is left parked (a park either saw the
+// resume and parked nothing, or committed first and was released).
+func TestParkRacesResume(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	for round := range 20 {
+		kind := "race-" + string(rune('a'+round))
+		var ids []uuid.UUID
+		for range 20 {
+			ids = append(ids, b.create(t, task.NewTask{Kind: kind}).ID)
+		}
+		if _, err := b.store.SetPaused(b.ctx, "t", kind, true); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for i := range 4 {
+			wg.Go(func() {
+				if _, err := b.store.Park(b.ctx, ids[i*5:(i+1)*5]...); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Go(func() {
+			if _, err := b.store.SetPaused(b.ctx, "t", kind, false); err != nil {
+				t.Error(err)
+			}
+		})
+		wg.Wait()
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND next_retry_at = '9999-12-31 00:00:00+00'`, kind); n != 0 {
+			t.Fatalf("round %d: %d tasks left parked after the resume", round, n)
+		}
+	}
+}
