@@ -106,7 +106,7 @@ func (a *app) bench(cmd *cobra.Command, opts bench.Options) error {
 		fmt.Fprintf(out, "PostgreSQL: %s\n", a.dbShown())
 	}
 	if ownRedis {
-		a.cfg.RedisURL = srv.RedisURL
+		a.cfg.RedisURL, a.cfg.RedisCluster = srv.RedisURL, false
 		fmt.Fprintf(out, "Redis:      %s\n", srv.Redis)
 	}
 	pool, err := a.openDB(ctx)

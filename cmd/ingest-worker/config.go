@@ -35,6 +35,8 @@ import (
 type Config struct {
 	DatabaseURL string
 	RedisURL    string
+	// RedisCluster: RedisURL names Redis Cluster nodes (INGEST_REDIS_CLUSTER).
+	RedisCluster bool
 
 	StreamKey    string
 	Group        string
@@ -120,9 +122,20 @@ var settings = []setting{
 	{env: "INGEST_DATABASE_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
 		usage: "PostgreSQL URL or key=value DSN (empty: the standard PG* variables apply)",
 		set:   func(c *Config, v string) error { c.DatabaseURL = v; return checkDatabaseURL(v) }},
+	// INGEST_REDIS_CLUSTER comes before INGEST_REDIS_URL: it decides how
+	// the URL is read.
+	{env: "INGEST_REDIS_CLUSTER", def: "false", typ: "bool", scope: scopeGlobal,
+		usage: "Redis Cluster: INGEST_REDIS_URL is a cluster URL (redis://host:port?addr=host2:port2&addr=host3:port3)",
+		set:   setBool(func(c *Config) *bool { return &c.RedisCluster })},
 	{env: "INGEST_REDIS_URL", def: "redis://127.0.0.1:6379/0", typ: "url", scope: scopeGlobal, secret: true,
-		usage: "Redis URL (rediss:// for TLS)",
-		set:   func(c *Config, v string) error { c.RedisURL = v; return checkRedisURL(v) }},
+		usage: "Redis URL (rediss:// for TLS; with INGEST_REDIS_CLUSTER, ?addr=host:port for more cluster nodes)",
+		set: func(c *Config, v string) error {
+			c.RedisURL = v
+			if c.RedisCluster {
+				return checkRedisClusterURL(v)
+			}
+			return checkRedisURL(v)
+		}},
 	{env: "INGEST_REDIS_STREAM_KEY", def: stream.DefaultStream, typ: "key", scope: scopeGlobal,
 		usage: "task stream key",
 		set:   setString(func(c *Config) *string { return &c.StreamKey })},
@@ -410,6 +423,26 @@ func checkRedisURL(v string) error {
 	return nil
 }
 
+// checkRedisClusterURL checks a Redis Cluster URL: redis:// or rediss://,
+// more nodes in addr parameters, database 0 only.
+func checkRedisClusterURL(v string) error {
+	u, err := url.Parse(v)
+	if err != nil || !strings.Contains(v, "://") {
+		return fmt.Errorf("%s is not a valid URL (want redis://host:port?addr=host2:port2 with INGEST_REDIS_CLUSTER=true)", redact.DSN(v))
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return fmt.Errorf("%s: the scheme of a cluster URL must be redis:// or rediss://", redact.DSN(v))
+	}
+	if db := strings.Trim(u.Path, "/"); db != "" && db != "0" {
+		return fmt.Errorf("%s: Redis Cluster has only database 0, not %q", redact.DSN(v), db)
+	}
+	if _, err := redis.ParseClusterURL(v); err != nil {
+		msg := strings.TrimPrefix(err.Error(), "redis: ")
+		return fmt.Errorf("%s: %s", redact.DSN(v), redact.NewScrubber(redact.Secrets(v)...).String(msg))
+	}
+	return nil
+}
+
 func checkHTTPURL(v string) error {
 	u, err := url.Parse(v)
 	if err != nil {
@@ -571,6 +604,8 @@ func (c *Config) validate() []error {
 	}
 	if tag := hashTag(c.StreamKey); c.DLQStreamKey != "" && tag != hashTag(c.DLQStreamKey) {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q must have the same {hash tag} as INGEST_REDIS_STREAM_KEY %q (one Lua script writes both keys; Redis Cluster needs them in one slot)", c.DLQStreamKey, c.StreamKey)
+	} else if c.RedisCluster && c.Queue == queueRedis && c.DLQStreamKey != "" && tag == "" {
+		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q and INGEST_REDIS_STREAM_KEY %q must share a {hash tag} with INGEST_REDIS_CLUSTER=true, so that they are in one slot (one Lua script writes both keys), for example {ingest}:tasks and {ingest}:tasks:dlq", c.DLQStreamKey, c.StreamKey)
 	}
 	return errs
 }

@@ -153,7 +153,7 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 			return fmt.Errorf("start the in-process Redis: %w", err)
 		}
 		defer m.Close()
-		a.cfg.RedisURL = "redis://" + m.Addr() + "/0"
+		a.cfg.RedisURL, a.cfg.RedisCluster = "redis://"+m.Addr()+"/0", false
 		redisCLI = "redis-cli -p " + m.Port()
 		say("Redis:      in-process (miniredis) on %s\n", m.Addr())
 	} else {
@@ -454,7 +454,7 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-func (a *app) demoSummary(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, ids []uuid.UUID) (*demoSummary, error) {
+func (a *app) demoSummary(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, ids []uuid.UUID) (*demoSummary, error) {
 	sum := &demoSummary{Tasks: len(ids), ByKind: map[string]map[string]int{}, DLQ: []dlq.Entry{}, TaskIDs: ids}
 	var err error
 	if sum.ByStatus, err = countByStatus(ctx, pool, ids); err != nil {

@@ -166,7 +166,7 @@ kept and reported.`,
 }
 
 // replayAll replays the DLQ from its oldest entry, in chunks.
-func (a *app) replayAll(ctx context.Context, rdb *redis.Client, store *task.Store) ([]dlq.ReplayResult, error) {
+func (a *app) replayAll(ctx context.Context, rdb redis.UniversalClient, store *task.Store) ([]dlq.ReplayResult, error) {
 	var out []dlq.ReplayResult
 	after := ""
 	for {

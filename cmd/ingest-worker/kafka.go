@@ -70,7 +70,7 @@ func (a *app) kafkaStoreConfig() task.Config {
 
 // openQueueServers connects to what the queue mode needs: PostgreSQL and
 // Redis, or (Kafka mode) PostgreSQL only, rdb nil.
-func (a *app) openQueueServers(ctx context.Context) (*pgxpool.Pool, *redis.Client, func(), error) {
+func (a *app) openQueueServers(ctx context.Context) (*pgxpool.Pool, redis.UniversalClient, func(), error) {
 	if a.cfg.Queue != queueKafka {
 		return a.openServers(ctx)
 	}

@@ -114,16 +114,37 @@ func (a *app) dbShown() string {
 	return redact.DSN(a.cfg.DatabaseURL)
 }
 
-// openRedis connects to Redis and checks the connection.
-func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
+// openRedis connects to Redis, or to Redis Cluster with
+// INGEST_REDIS_CLUSTER, and checks the connection (of every master, on a
+// cluster).
+func (a *app) openRedis(ctx context.Context) (redis.UniversalClient, error) {
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if a.cfg.RedisCluster {
+		opt, err := redis.ParseClusterURL(a.cfg.RedisURL)
+		if err != nil {
+			return nil, usagef("INGEST_REDIS_URL: %s is not a valid Redis Cluster URL", redact.DSN(a.cfg.RedisURL))
+		}
+		opt.PoolSize = max(opt.PoolSize, a.cfg.WorkerConcurrency+8)
+		rdb := redis.NewClusterClient(opt)
+		err = rdb.ForEachMaster(pctx, func(ctx context.Context, c *redis.Client) error {
+			if err := c.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("%s: %w", c.Options().Addr, err)
+			}
+			return nil
+		})
+		if err != nil {
+			rdb.Close()
+			return nil, fmt.Errorf("connect to Redis Cluster %s: %w", redact.DSN(a.cfg.RedisURL), err)
+		}
+		return rdb, nil
+	}
 	opt, err := redis.ParseURL(a.cfg.RedisURL)
 	if err != nil {
 		return nil, usagef("INGEST_REDIS_URL: %s is not a valid Redis URL", redact.DSN(a.cfg.RedisURL))
 	}
 	opt.PoolSize = max(opt.PoolSize, a.cfg.WorkerConcurrency+8)
 	rdb := redis.NewClient(opt)
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
 		return nil, fmt.Errorf("connect to Redis %s: %w", redact.DSN(a.cfg.RedisURL), err)
@@ -131,8 +152,20 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	return rdb, nil
 }
 
+// forEachRedisNode calls fn with the client of every master of a cluster,
+// or with rdb itself.
+func forEachRedisNode(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context.Context, c *redis.Client) error) error {
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *redis.Client:
+		return fn(ctx, c)
+	}
+	return fmt.Errorf("unsupported Redis client %T", rdb)
+}
+
 // openServers connects to PostgreSQL and Redis; closeAll closes both.
-func (a *app) openServers(ctx context.Context) (pool *pgxpool.Pool, rdb *redis.Client, closeAll func(), err error) {
+func (a *app) openServers(ctx context.Context) (pool *pgxpool.Pool, rdb redis.UniversalClient, closeAll func(), err error) {
 	if pool, err = a.openDB(ctx); err != nil {
 		return nil, nil, nil, err
 	}

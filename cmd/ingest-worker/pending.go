@@ -111,7 +111,7 @@ not yet published to Redis) and the tasks per status.`,
 	return cmd
 }
 
-func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, oldest int64) (*pendingReport, error) {
+func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, oldest int64) (*pendingReport, error) {
 	rep := &pendingReport{Stream: a.cfg.StreamKey, Group: a.cfg.Group, Consumers: []consumerPending{}, Oldest: []pendingEntryInfo{}, Tasks: map[string]int64{}}
 	var err error
 	if rep.StreamLength, err = rdb.XLen(ctx, rep.Stream).Result(); err != nil {

@@ -108,7 +108,7 @@ func (a *app) runCommand() *cobra.Command {
 type stack struct {
 	a      *app
 	pool   *pgxpool.Pool
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	store  *task.Store
 	reg    *prometheus.Registry
 	svc    *ingest.Service
@@ -120,7 +120,7 @@ type stack struct {
 
 // startupChecks runs the checks of a worker's start: the schema is current,
 // the group exists, Redis will not evict tasks.
-func (a *app) startupChecks(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) error {
+func (a *app) startupChecks(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient) error {
 	if err := migrations.Check(ctx, pool); err != nil {
 		return fmt.Errorf("schema check: %w", err)
 	}
@@ -131,20 +131,25 @@ func (a *app) startupChecks(ctx context.Context, pool *pgxpool.Pool, rdb *redis.
 	if err := g.EnsureGroup(ctx); err != nil {
 		return err
 	}
-	policy, err := rdb.ConfigGet(ctx, "maxmemory-policy").Result()
-	switch {
-	case err != nil:
-		a.log.Debug("could not read Redis maxmemory-policy (CONFIG GET refused?); make sure it is noeviction", "err", err)
-	case policy["maxmemory-policy"] != "" && policy["maxmemory-policy"] != "noeviction":
-		a.log.Warn("Redis maxmemory-policy is not noeviction: under memory pressure Redis may evict stream entries (the rescuer republishes their tasks, late); set maxmemory-policy noeviction",
-			"maxmemory-policy", policy["maxmemory-policy"])
-	}
+	// Every master of a cluster: any of them may hold the stream after a
+	// resharding or failover.
+	_ = forEachRedisNode(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
+		policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		switch {
+		case err != nil:
+			a.log.Debug("could not read Redis maxmemory-policy (CONFIG GET refused?); make sure it is noeviction", "redis", c.Options().Addr, "err", err)
+		case policy["maxmemory-policy"] != "" && policy["maxmemory-policy"] != "noeviction":
+			a.log.Warn("Redis maxmemory-policy is not noeviction: under memory pressure Redis may evict stream entries (the rescuer republishes their tasks, late); set maxmemory-policy noeviction",
+				"redis", c.Options().Addr, "maxmemory-policy", policy["maxmemory-policy"])
+		}
+		return nil
+	})
 	return nil
 }
 
 // newStack checks the environment and builds the service and the API.
 // Configuration errors the components find are usage errors (exit 2).
-func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) (*stack, error) {
+func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient) (*stack, error) {
 	if a.cfg.Queue == queueKafka {
 		return a.newKafkaStack(ctx, pool)
 	}

@@ -311,7 +311,7 @@ func outboxOf(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) ([]outboxRo
 
 // redisStateOf fills in the Redis state of the task's stream entries and
 // its DLQ entries.
-func (a *app) redisStateOf(ctx context.Context, rdb *redis.Client, d *taskDetail) error {
+func (a *app) redisStateOf(ctx context.Context, rdb redis.UniversalClient, d *taskDetail) error {
 	for _, o := range d.Outbox {
 		if o.StreamID == "" {
 			continue
