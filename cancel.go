@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -47,6 +48,10 @@ func (p *processor) runCancelListener(ctx context.Context) {
 			}
 		}, func(id uuid.UUID) { p.cancelRun(id, "notification") })
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, pgsession.ErrNone) {
+			p.log.Info("cancel requests are not LISTENed for (no PostgreSQL session: the database URL goes through a transaction pooler and no direct listen URL is set); running tasks are cancelled at their next lease renewal")
 			return
 		}
 		if errors.Is(err, task.ErrNoListen) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -51,6 +52,14 @@ type ServiceConfig struct {
 	// Retention.Streams (Worker's stream), Consumers.Stream, .Group and
 	// .Consumer. Elector.ID defaults to the consumer name.
 	Maintenance maintenance.Config
+
+	// Listen says where the connections that LISTEN come from: the
+	// relay's, the cancel listener's (Store.Listen) and the leader's loss
+	// listener's (Maintenance.Listen); each of those left zero takes it.
+	// The zero value opens them like the pool's connections; behind a
+	// transaction pooler set Listen.Conn to a direct connection, or
+	// Listen.None to poll instead (package pgsession).
+	Listen pgsession.Source
 }
 
 // WithDefaults returns the configuration with every zero field set to its
@@ -59,6 +68,9 @@ func (c ServiceConfig) WithDefaults() ServiceConfig {
 	c.Worker = c.Worker.WithDefaults()
 	w := c.Worker
 	c.Store.Stream = cmp.Or(c.Store.Stream, w.Stream)
+	c.Store.Listen = cmp.Or(c.Store.Listen, c.Listen)
+	c.Relay.Listen = cmp.Or(c.Relay.Listen, c.Listen)
+	c.Maintenance.Listen = cmp.Or(c.Maintenance.Listen, c.Listen)
 	c.Store = c.Store.WithDefaults()
 
 	c.Reclaim.Stream = cmp.Or(c.Reclaim.Stream, w.Stream)
@@ -107,6 +119,11 @@ func (c ServiceConfig) Validate() error {
 			derived{"Reclaim.Group", c.Reclaim.Group, "Group", w.Group},
 			derived{"Reclaim.Consumer", c.Reclaim.Consumer, "Consumer", w.Consumer},
 			derived{"Reclaim.MinIdle", c.Reclaim.MinIdle.String(), "ReclaimIdle", w.ReclaimIdle.String()})
+	}
+	for field, l := range map[string]pgsession.Source{"Store.Listen": c.Store.Listen, "Relay.Listen": c.Relay.Listen, "Maintenance.Listen": c.Maintenance.Listen} {
+		if l != c.Listen {
+			return fmt.Errorf("ingest: ServiceConfig.%s differs from ServiceConfig.Listen: set Listen only (leave %s zero)", field, field)
+		}
 	}
 	for _, d := range checks {
 		if d.got != d.want {

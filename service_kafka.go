@@ -39,6 +39,8 @@ func NewKafkaService(cfg ServiceConfig, kcfg kafka.Config, pool *pgxpool.Pool, l
 	if cfg.Store.Stream != kcfg.Topic {
 		return nil, fmt.Errorf("ingest: ServiceConfig.Store.Stream is %q but the worker consumes topic %q: leave it zero", cfg.Store.Stream, kcfg.Topic)
 	}
+	cfg.Store.Listen = cmp.Or(cfg.Store.Listen, cfg.Listen)
+	cfg.Relay.Listen = cmp.Or(cfg.Relay.Listen, cfg.Listen)
 	svc := &Service{log: logger}
 	var storeOpts []task.Option
 	consumer := cfg.Worker.WithDefaults().Consumer

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -24,6 +25,13 @@ func configErr(field, format string, args ...any) error {
 type Config struct {
 	// Elector configures the leader election.
 	Elector ElectorConfig
+
+	// Listen is where the leader's connection that LISTENs for Redis loss
+	// reports comes from (the zero value: a connection like the pool's).
+	// With Listen.None the leader does not listen: a loss its own consumer
+	// or reclaimer sees still starts an urgent rescue, one only another
+	// process saw is rescued after the grace.
+	Listen pgsession.Source
 
 	// Rescuer configures the rescuer; RescuerDisabled runs none.
 	Rescuer         RescuerConfig

@@ -8,12 +8,17 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/pgsession"
 )
 
 // LossChannel is the Postgres notification channel on which any process
 // reports evidence that Redis lost data (ReportRedisLoss), and on which the
 // leader listens.
 const LossChannel = "ingest_redis_loss"
+
+// lossListenerApplicationName names the leader's loss listener in
+// pg_stat_activity.
+const lossListenerApplicationName = "ingest-loss-listener"
 
 // maxUrgentPasses bounds an urgent rescue: that many passes of
 // Rescuer.PagesPerRun pages of Rescuer.BatchSize candidates per class (a
@@ -53,6 +58,10 @@ func (m *Maintainer) kickRescuer() {
 // turns each report into a request on kick. A failed connection is
 // re-established with backoff.
 func (m *Maintainer) listenLoss(ctx context.Context, kick chan<- struct{}) {
+	if !m.cfg.Listen.Enabled() {
+		m.logger.Info("the leader does not LISTEN for Redis loss reports (no PostgreSQL session: the database URL goes through a transaction pooler and no direct listen URL is set); its own reports still rescue at once")
+		return
+	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := m.listenOnce(ctx, kick)
@@ -74,13 +83,23 @@ func (m *Maintainer) listenLoss(ctx context.Context, kick chan<- struct{}) {
 // listenOnce listens on a connection of its own until ctx ends or the
 // connection fails.
 func (m *Maintainer) listenOnce(ctx context.Context, kick chan<- struct{}) error {
-	pc, err := m.pool.Acquire(ctx)
-	if err != nil {
-		return err
+	// A connection of its own, outside the pool: a LISTENing session must
+	// not serve other queries, and it is closed when the listening ends.
+	// By default one leaves the pool (no new connection to wait for); with
+	// Config.Listen set, one is opened as it says.
+	var conn *pgx.Conn
+	if m.cfg.Listen == (pgsession.Source{}) {
+		pc, err := m.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		conn = pc.Hijack()
+	} else {
+		var err error
+		if conn, err = m.cfg.Listen.Connect(ctx, m.pool, lossListenerApplicationName); err != nil {
+			return err
+		}
 	}
-	// The connection leaves the pool: a LISTENing session must not serve
-	// other queries, and it is closed when the listening ends.
-	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{LossChannel}.Sanitize()); err != nil {
 		return err

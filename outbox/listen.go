@@ -18,6 +18,10 @@ var listenSQL = "LISTEN " + pgx.Identifier{NotifyChannel}.Sanitize()
 // Run keeps polling meanwhile, and every (re)connect nudges wake once, since
 // notifications sent while it was down are lost.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	if !r.cfg.Listen.Enabled() {
+		r.logger.Info("outbox relay does not LISTEN (no PostgreSQL session: the database URL goes through a transaction pooler and no direct listen URL is set); polling", "interval", r.cfg.PublishInterval)
+		return
+	}
 	delay := r.cfg.ListenRetryMin
 	for {
 		connected, err := r.listenOnce(ctx, wake)
@@ -42,12 +46,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 // connection fails or ctx is cancelled. connected reports whether LISTEN
 // had succeeded.
 func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) (connected bool, err error) {
-	cfg := r.pool.Config().ConnConfig.Copy()
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = listenerApplicationName
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := r.cfg.Listen.Connect(ctx, r.pool, listenerApplicationName)
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/pgsession"
 )
 
 // Relay defaults (docs/ARCHITECTURE.md §5: INGEST_OUTBOX_*); the retry
@@ -79,6 +80,10 @@ type RelayConfig struct {
 	// publishing at once (see InsertClaimed); beyond that, new rows go
 	// the usual way (NOTIFY, claim).
 	DirectBacklog int
+	// Listen is where the LISTEN connection comes from (the zero value: a
+	// connection like the pool's). With Listen.None the relay does not
+	// listen and finds committed rows by polling every PublishInterval.
+	Listen pgsession.Source
 }
 
 // WithDefaults returns the configuration with every zero field set to

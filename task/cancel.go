@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ingest-worker/ingest/pgsession"
 )
 
 // CancelChannel is the Postgres NOTIFY channel on which Cancel announces
@@ -142,7 +144,9 @@ func (s *Store) Cancel(ctx context.Context, actor, reason string, id uuid.UUID) 
 }
 
 // ErrNoListen is returned by ListenCancels when the store's DB cannot open
-// a dedicated connection (it is not a *pgxpool.Pool).
+// a dedicated connection (it is not a *pgxpool.Pool and Config.Listen
+// names no connection), or when Config.Listen.None says there is no
+// session to LISTEN on.
 var ErrNoListen = errors.New("task store: LISTEN needs a *pgxpool.Pool")
 
 // listenApplicationName names the cancel listener's connection in
@@ -156,16 +160,14 @@ const listenApplicationName = "ingest-cancel-listener"
 // Notifications sent while no connection listens are lost: a worker also
 // learns of cancel requests from Renew.
 func (s *Store) ListenCancels(ctx context.Context, listening func(), fn func(uuid.UUID)) error {
+	if !s.cfg.Listen.Enabled() {
+		return fmt.Errorf("%w: %w", ErrNoListen, pgsession.ErrNone)
+	}
 	pool, ok := s.db.(*pgxpool.Pool)
-	if !ok {
+	if !ok && s.cfg.Listen.Conn == nil {
 		return ErrNoListen
 	}
-	cfg := pool.Config().ConnConfig.Copy()
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = listenApplicationName
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := s.cfg.Listen.Connect(ctx, pool, listenApplicationName)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -65,6 +66,10 @@ type Config struct {
 	MaxPayloadBytes int
 	// Backoff is the retry delay policy of failed runs.
 	Backoff Backoff
+	// Listen is where ListenCancels's connection comes from (the zero
+	// value: a connection like the pool's); with Listen.None it returns
+	// ErrNoListen at once.
+	Listen pgsession.Source
 }
 
 // WithDefaults returns the configuration with every zero field set to
