@@ -176,6 +176,15 @@ func (p *processor) complete(batch []outcome) {
 	}
 	p.settle(acks, later, settle, metric)
 	p.deadLetter(letters)
+	if limits := p.kindLimits(p.ioCtx); len(limits) > 0 {
+		freed := map[string]int{}
+		for _, res := range results {
+			if o, ok := byTask[res.ID]; ok && res.Applied && limits[o.r.task.Kind].Concurrency > 0 {
+				freed[o.r.task.Kind]++
+			}
+		}
+		p.releaseSlots(p.ioCtx, freed)
+	}
 }
 
 // conflict reports a completion whose guard matched nothing: the lease was

@@ -23,16 +23,19 @@ const (
 	resultReleased  = "released" // handed back at shutdown
 	resultPoison    = "poison"   // no valid task_id: dead-lettered
 	resultCancelled = "cancelled"
-	resultPaused    = "paused" // its kind is paused: parked until resumed
+	resultPaused    = "paused"    // its kind is paused: parked until resumed
+	resultThrottled = "throttled" // its kind is at a limit: parked (or looked at again) until a slot or start frees
 )
 
-var results = []string{resultSucceeded, resultRetry, resultDead, resultSkipped, resultNotDue, resultConflict, resultReleased, resultPoison, resultCancelled, resultPaused}
+var results = []string{resultSucceeded, resultRetry, resultDead, resultSkipped, resultNotDue, resultConflict, resultReleased, resultPoison, resultCancelled, resultPaused, resultThrottled}
 
 // metrics are the worker's Prometheus metrics.
 type metrics struct {
 	total   *prometheus.CounterVec
 	seconds *prometheus.HistogramVec
 	dlq     prometheus.Counter
+	// throttled counts the starts a kind's limit held back, by kind.
+	throttled *prometheus.CounterVec
 }
 
 // newMetrics registers the worker metrics, and the stream gauges when g
@@ -52,6 +55,10 @@ func newMetrics(reg prometheus.Registerer, g *stream.Group, reclaimIdle time.Dur
 			Name: "ingest_task_dlq_total",
 			Help: "Entries written to the dead-letter stream.",
 		}),
+		throttled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ingest_kind_throttled_total",
+			Help: "Tasks whose start their kind's concurrency or rate limit held back (they wait parked), by kind.",
+		}, []string{"kind"}),
 	}
 	var err error
 	if m.total, err = promreg.Register(reg, m.total); err != nil {
@@ -61,6 +68,9 @@ func newMetrics(reg prometheus.Registerer, g *stream.Group, reclaimIdle time.Dur
 		return nil, err
 	}
 	if m.dlq, err = promreg.Register(reg, m.dlq); err != nil {
+		return nil, err
+	}
+	if m.throttled, err = promreg.Register(reg, m.throttled); err != nil {
 		return nil, err
 	}
 	for _, r := range results {

@@ -119,8 +119,8 @@ type letter struct {
 type processor struct {
 	processorDeps
 	cfg Config
-	// paused caches the paused kinds (see pausedKinds).
-	paused pausedCache
+	// kinds caches the paused and limited kinds (see kindLimits).
+	kinds kindCache
 	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
 	// by launch, read by the completer.
 	onSucceeded func([]uuid.UUID)
@@ -443,7 +443,8 @@ func (p *processor) start(batch []delivery) {
 	}
 	// Tasks of a paused kind are parked, not started: their entries are
 	// acknowledged and a resume publishes them again.
-	if parked := p.parkPaused(ctx, valid); len(parked) > 0 {
+	limits := p.kindLimits(ctx)
+	if parked := p.parkPaused(ctx, valid, limits); len(parked) > 0 {
 		kept := valid[:0]
 		ids = ids[:0]
 		for _, d := range valid {
@@ -458,7 +459,7 @@ func (p *processor) start(batch []delivery) {
 	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
-		res, err := p.store.Start(ctx, p.cfg.Consumer, p.cfg.TaskLease, ids...)
+		res, err := p.startAll(ctx, valid, ids, limits)
 		if err != nil {
 			p.log.Error("start tasks failed; their entries come back later", "count", len(ids), "err", err)
 			for _, d := range valid {
@@ -515,8 +516,15 @@ func (p *processor) start(batch []delivery) {
 			// Another worker holds a live lease: look again when it expires.
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
 			metric[d.id] = resultSkipped
+		case r.Outcome == task.Throttled && r.Parked:
+			log.Debug("task parked (its kind is at a limit); acknowledging its entry")
+			acks = append(acks, d.id)
+			metric[d.id] = resultThrottled
+		case r.Outcome == task.Throttled:
+			later = append(later, deferral{id: d.id, taskID: id, at: now.Add(throttleRetry)})
+			metric[d.id] = resultThrottled
 		case r.Outcome == task.NotDue && r.Task != nil && r.Task.Parked():
-			log.Debug("task parked (its kind is paused); acknowledging its entry")
+			log.Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultPaused
 		case r.Outcome == task.NotDue && r.Task != nil:

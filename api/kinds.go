@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,16 +13,18 @@ type KindsResponse struct {
 	Kinds []task.KindInfo `json:"kinds"`
 }
 
-// KindRequest is the body of PUT /v1/kinds/{kind}. Only paused is
-// supported: concurrency and rate limits are refused.
+// KindRequest is the body of PUT /v1/kinds/{kind}: the settings to
+// change (absent ones are left as they are). Concurrency 0 and rate "0"
+// remove a limit.
 type KindRequest struct {
-	Paused      *bool           `json:"paused"`
-	Concurrency json.RawMessage `json:"concurrency,omitempty"`
-	Rate        json.RawMessage `json:"rate,omitempty"`
+	Paused      *bool   `json:"paused"`
+	Concurrency *int    `json:"concurrency"`
+	Rate        *string `json:"rate"`
 }
 
 // KindResponse answers PUT /v1/kinds/{kind}: the kind after the change
-// and, for a resume, how many parked tasks it released.
+// and how many parked tasks it released (a resume, a limit raised or
+// removed).
 type KindResponse struct {
 	task.KindInfo
 	Released int `json:"released"`
@@ -43,8 +44,8 @@ func (s *Server) listKinds(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, KindsResponse{Kinds: kinds})
 }
 
-// putKind answers PUT /v1/kinds/{kind} {"paused": bool}: 200 with the
-// kind; 400 naming a bad field.
+// putKind answers PUT /v1/kinds/{kind} {"paused": bool, "concurrency":
+// n, "rate": "5/s"}: 200 with the kind; 400 naming a bad field.
 func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 	kind := r.PathValue("kind")
 	var req KindRequest
@@ -52,25 +53,18 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	switch {
-	case len(req.Concurrency) > 0 && string(req.Concurrency) != "0" && string(req.Concurrency) != "null":
-		writeError(w, http.StatusBadRequest, "concurrency limits are not supported by this version (0 or absent only)", "concurrency")
-		return
-	case len(req.Rate) > 0 && string(req.Rate) != `"0"` && string(req.Rate) != `""` && string(req.Rate) != "null":
-		writeError(w, http.StatusBadRequest, "rate limits are not supported by this version (\"0\" or absent only)", "rate")
-		return
-	case req.Paused == nil:
-		writeError(w, http.StatusBadRequest, "paused is required (true or false)", "paused")
-		return
-	}
-	released, err := s.store.SetPaused(r.Context(), s.cfg.Actor, kind, *req.Paused)
-	if err != nil {
-		var ferr *task.FieldError
-		if errors.As(err, &ferr) {
-			writeError(w, http.StatusBadRequest, ferr.Msg, ferr.Field)
+	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency}
+	if req.Rate != nil {
+		rate, err := task.ParseRate(*req.Rate)
+		if err != nil {
+			writeStoreError(w, r, s, err)
 			return
 		}
-		s.internalError(w, r, err)
+		u.Rate = &rate
+	}
+	released, err := s.store.SetKind(r.Context(), s.cfg.Actor, kind, u)
+	if err != nil {
+		writeStoreError(w, r, s, err)
 		return
 	}
 	k, ok, err := s.store.Kind(r.Context(), kind)
@@ -82,4 +76,15 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, KindResponse{KindInfo: k, Released: released})
+}
+
+// writeStoreError answers a store error: 400 naming the field of a
+// task.FieldError, else 500.
+func writeStoreError(w http.ResponseWriter, r *http.Request, s *Server, err error) {
+	var ferr *task.FieldError
+	if errors.As(err, &ferr) {
+		writeError(w, http.StatusBadRequest, ferr.Msg, ferr.Field)
+		return
+	}
+	s.internalError(w, r, err)
 }

@@ -10,9 +10,9 @@ import (
 )
 
 // TestKinds: PUT /v1/kinds/{kind} pauses and resumes a kind (recorded with
-// the server's actor), GET /v1/kinds lists kinds with their tasks by
-// status; limits this version lacks and bad bodies are 400s naming the
-// field.
+// the server's actor) and sets and removes its limits, GET /v1/kinds lists
+// kinds with their settings and tasks by status; bad bodies are 400s
+// naming the field.
 func TestKinds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
@@ -34,9 +34,20 @@ func TestKinds(t *testing.T) {
 	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || k.Paused || k.Released != 0 {
 		t.Fatalf("resume: %d %s", r.code, r.body)
 	}
+	r = b.do(t, "PUT", "/v1/kinds/embed", `{"concurrency":4,"rate":"300/m"}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || k.Paused || k.Concurrency != 4 || k.Rate != "300/m" {
+		t.Fatalf("limit: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "PUT", "/v1/kinds/embed", `{"rate":"0"}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || k.Concurrency != 4 || k.Rate != "0" {
+		t.Fatalf("remove the rate limit: %d %s", r.code, r.body)
+	}
 	for _, tc := range []struct{ body, field string }{
-		{`{"paused":true,"concurrency":4}`, "concurrency"},
-		{`{"paused":true,"rate":"5/s"}`, "rate"},
+		{`{"concurrency":-1}`, "concurrency"},
+		{`{"concurrency":"4"}`, "concurrency"},
+		{`{"rate":"5/fortnight"}`, "rate"},
+		{`{"rate":"five/s"}`, "rate"},
+		{`{"rate":"100000/s"}`, "rate"},
 		{`{}`, "paused"},
 		{`{"paused":"yes"}`, "paused"},
 		{`{"paused":true,"bogus":1}`, "bogus"},

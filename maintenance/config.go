@@ -50,6 +50,14 @@ type Config struct {
 	// Periodic configures the periodic tasks; the service runs while it
 	// has schedules.
 	Periodic PeriodicConfig
+
+	// Releaser configures the releaser of parked tasks of limited kinds;
+	// ReleaserDisabled runs none (then a kind's tasks parked at a rate
+	// limit, or at a concurrency limit whose slots an expired lease
+	// freed, wait for a finished run of the kind or a change of its
+	// settings).
+	Releaser         ReleaserConfig
+	ReleaserDisabled bool
 }
 
 // WithDefaults returns the configuration with every zero field set to
@@ -60,6 +68,7 @@ func (c Config) WithDefaults() Config {
 	c.Retention = c.Retention.WithDefaults()
 	c.Consumers = c.Consumers.WithDefaults()
 	c.Periodic = c.Periodic.WithDefaults()
+	c.Releaser = c.Releaser.WithDefaults()
 	if s, err := validateSchedules(c.Periodic.Schedules, "Periodic.Schedules"); err == nil {
 		c.Periodic.Schedules = s // parsed, for Schedule.Next
 	}
@@ -85,6 +94,11 @@ func (c Config) Validate() error {
 	}
 	if !c.ConsumersDisabled {
 		if err := c.Consumers.validate(); err != nil {
+			return err
+		}
+	}
+	if !c.ReleaserDisabled {
+		if err := c.Releaser.validate(); err != nil {
 			return err
 		}
 	}

@@ -21,7 +21,11 @@
 //     (Config.Periodic, INGEST_PERIODIC), keyed by schedule and slot so
 //     that no slot gets two tasks, skipping the slots missed while no
 //     process led (see periodic.go and Maintainer.NextSlots). It runs while
-//     there are schedules.
+//     there are schedules;
+//   - the releaser wakes the parked tasks of kinds with a concurrency or
+//     rate limit as slots and starts free (task.Store.ReleaseParked), every
+//     100 ms, and counts the parked tasks of each kind for
+//     ingest_kind_waiting_tasks{kind,reason}.
 //
 // Each service runs in the same loop (after a random start delay within
 // its interval, then once per interval, passes never overlapping) and

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/promreg"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -77,8 +78,8 @@ type Maintainer struct {
 // required; the Redis client too, unless every service that uses Redis is
 // disabled. Its metrics are registered on reg (nil: none).
 //
-// The periodic service creates its tasks with the store given by
-// CreateWith, else with a task store of its own on pool writing to
+// The periodic service and the releaser use the task store given by
+// CreateWith, else a task store of their own on pool writing to
 // Rescuer.Stream.
 func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Maintainer, error) {
 	cfg = cfg.WithDefaults()
@@ -111,17 +112,24 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 	if !cfg.RetentionDisabled {
 		mt.services = append(mt.services, newRetention(cfg.Retention, pool, rdb, m).service())
 	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.store == nil && (len(cfg.Periodic.Schedules) > 0 || !cfg.ReleaserDisabled) {
+		if o.store, err = task.NewStore(task.Config{Stream: cfg.Rescuer.Stream}, pool); err != nil {
+			return nil, err
+		}
+	}
 	if len(cfg.Periodic.Schedules) > 0 {
-		var o options
-		for _, opt := range opts {
-			opt(&o)
-		}
-		if o.store == nil {
-			if o.store, err = task.NewStore(task.Config{Stream: cfg.Rescuer.Stream}, pool); err != nil {
-				return nil, err
-			}
-		}
 		mt.services = append(mt.services, newPeriodic(cfg.Periodic, o.store, m).service())
+	}
+	if !cfg.ReleaserDisabled {
+		r := newReleaser(cfg.Releaser, o.store, m)
+		if _, err := promreg.Register[prometheus.Collector](reg, newWaitingCollector(r)); err != nil {
+			return nil, err
+		}
+		mt.services = append(mt.services, r.service())
 	}
 	if !cfg.ConsumersDisabled {
 		c := cfg.Consumers
@@ -138,8 +146,9 @@ type options struct {
 	store *task.Store
 }
 
-// CreateWith makes the periodic service create its tasks with store (a
-// Service passes its own, which publishes through its relay).
+// CreateWith makes the periodic service create its tasks, and the
+// releaser release parked tasks, with store (a Service passes its own,
+// which publishes through its relay).
 func CreateWith(store *task.Store) Option { return func(o *options) { o.store = store } }
 
 // Config returns the configuration with defaults filled in.

@@ -57,6 +57,7 @@ func runChild() int {
 		Elector:           maintenance.ElectorConfig{ID: os.Getenv(childEnv)},
 		Rescuer:           maintenance.RescuerConfig{Interval: 50 * time.Millisecond},
 		RetentionDisabled: true,
+		ReleaserDisabled:  true,
 		ConsumersDisabled: true,
 	}, pool, rdb, logger, nil)
 	if err != nil {

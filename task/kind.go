@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/ingest-worker/ingest/outbox"
 )
 
 // ParkedUntil is the next_retry_at of a parked task: one whose kind was
@@ -30,23 +28,6 @@ func (t Task) Parked() bool {
 // unparkBatch is how many parked tasks one transaction of a resume
 // releases.
 const unparkBatch = 1000
-
-// PausedKinds returns the kinds that are paused now.
-func (s *Store) PausedKinds(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE paused`)
-	if err != nil {
-		return nil, fmt.Errorf("read paused kinds: %w", err)
-	}
-	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("read paused kinds: %w", err)
-	}
-	out := make(map[string]bool, len(kinds))
-	for _, k := range kinds {
-		out[k] = true
-	}
-	return out, nil
-}
 
 // parkSQL parks the due waiting tasks of $1 whose kind is paused. The
 // paused kinds' rows are share-locked first: a resume (which updates the
@@ -116,64 +97,13 @@ func checkKind(kind string) error {
 	return nil
 }
 
-// SetPaused pauses or resumes kind, as actor, and records the change in
-// ingest_kind_change. Pausing takes effect in every worker within
-// about a second (they read the paused kinds once a second); their tasks
-// already running finish. Resuming releases every task parked meanwhile:
-// each is due at once and gets a new outbox event, a thousand per
-// transaction. It returns how many tasks it released.
+// SetPaused pauses or resumes kind, as actor (SetKind with Paused only).
+// Pausing takes effect in every worker within about a second; their
+// tasks already running finish. Resuming releases the tasks parked
+// meanwhile (all of them, or as many as the kind's limits let start).
+// It returns how many tasks it released.
 func (s *Store) SetPaused(ctx context.Context, actor, kind string, paused bool) (released int, err error) {
-	if err := checkKind(kind); err != nil {
-		return 0, err
-	}
-	if actor == "" {
-		return 0, fmt.Errorf("%w: pausing or resuming a kind needs an actor", ErrInvalidTask)
-	}
-	var changeID int64
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO ingest_kind (kind, paused, updated_by) VALUES ($1, $2, $3)
-			ON CONFLICT (kind) DO UPDATE SET paused = EXCLUDED.paused, updated_at = now(), updated_by = EXCLUDED.updated_by`,
-			kind, paused, actor); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused) VALUES ($1, $2, $3) RETURNING id`,
-			kind, actor, paused).Scan(&changeID)
-	})
-	if err != nil {
-		return 0, fmt.Errorf("set kind %q paused=%v: %w", kind, paused, err)
-	}
-	if paused {
-		return 0, nil
-	}
-	// The flag is off and committed: no task of the kind is parked from
-	// now on (Park share-locks the row and re-checks it), so the loop
-	// ends with every parked task released.
-	for {
-		var n int
-		err := s.inTx(ctx, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, unparkSQL, kind, unparkBatch)
-			if err != nil {
-				return err
-			}
-			ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-			if err != nil {
-				return err
-			}
-			n = len(ids)
-			return outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
-		})
-		if err != nil {
-			return released, fmt.Errorf("resume kind %q (%d parked tasks released so far): %w", kind, released, err)
-		}
-		released += n
-		if n < unparkBatch {
-			break
-		}
-	}
-	if _, err := s.db.Exec(ctx, `UPDATE ingest_kind_change SET released = $2 WHERE id = $1`, changeID, released); err != nil {
-		return released, fmt.Errorf("resume kind %q: record %d released tasks: %w", kind, released, err)
-	}
-	return released, nil
+	return s.SetKind(ctx, actor, kind, KindUpdate{Paused: &paused})
 }
 
 // KindInfo is one kind as Store.Kinds reports it.
@@ -182,14 +112,36 @@ type KindInfo struct {
 	Paused    bool       `json:"paused"`
 	UpdatedAt *time.Time `json:"updated_at,omitempty"`
 	UpdatedBy string     `json:"updated_by,omitempty"`
+	// Concurrency is the kind's concurrency limit (0: none).
+	Concurrency int `json:"concurrency"`
+	// Rate is the kind's rate limit as ParseRate reads it ("0": none).
+	Rate string `json:"rate"`
 	// Counts are the kind's tasks by status (states without tasks are
 	// left out).
 	Counts map[State]int64 `json:"counts"`
 	// Running counts the RUNNING tasks whose lease is live.
 	Running int64 `json:"running"`
-	// Parked counts the tasks waiting for the kind's resume.
+	// Parked counts the tasks waiting for the kind's resume or for a free
+	// slot or start under its limits.
 	Parked int64 `json:"parked"`
+	// StartRate is the kind's observed starts per second over the last
+	// StartRateWindow.
+	StartRate float64 `json:"start_rate"`
 }
+
+// StartRateWindow is the window of KindInfo.StartRate.
+const StartRateWindow = 10 * time.Second
+
+// startRateSQL counts the starts of each kind in the last $1 ms, from the
+// audit rows (read backwards from the newest, by primary key, until one
+// older than the window).
+const startRateSQL = `
+SELECT t.kind, count(*) FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+WHERE tr.id > coalesce((SELECT id FROM ingest_task_transition WHERE created_at < now() - $1 * interval '1 millisecond'
+                        ORDER BY id DESC LIMIT 1), 0)
+  AND tr.to_status = 'RUNNING' AND tr.created_at >= now() - $1 * interval '1 millisecond'
+  AND ($2 = '' OR t.kind = $2)
+GROUP BY t.kind`
 
 // kindsSQL counts every kind's tasks by status, with its settings. It
 // reads the whole task table: an operator's query, not one for a hot path.
@@ -201,9 +153,10 @@ WITH c AS (
     FROM ingest_task WHERE $1 = '' OR kind = $1 GROUP BY kind, status
 )
 SELECT coalesce(c.kind, k.kind), coalesce(k.paused, false), k.updated_at, coalesce(k.updated_by, ''),
+       coalesce(k.concurrency, 0), coalesce(k.rate_count, 0), coalesce(k.rate_period_ms, 1000),
        coalesce(c.status, ''), coalesce(c.n, 0), coalesce(c.running, 0), coalesce(c.parked, 0)
 FROM c FULL JOIN (SELECT * FROM ingest_kind WHERE $1 = '' OR kind = $1) k ON k.kind = c.kind
-ORDER BY 1, 5`
+ORDER BY 1, 8`
 
 // Kinds returns every kind that has tasks or settings, by name.
 func (s *Store) Kinds(ctx context.Context) ([]KindInfo, error) { return s.kinds(ctx, "") }
@@ -230,10 +183,15 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 			k                 KindInfo
 			status            string
 			n, running, parks int64
+			rate              Rate
+			periodMS          int64
 		)
-		if err := rows.Scan(&k.Kind, &k.Paused, &k.UpdatedAt, &k.UpdatedBy, &status, &n, &running, &parks); err != nil {
+		if err := rows.Scan(&k.Kind, &k.Paused, &k.UpdatedAt, &k.UpdatedBy, &k.Concurrency, &rate.Count, &periodMS,
+			&status, &n, &running, &parks); err != nil {
 			return nil, fmt.Errorf("list kinds: %w", err)
 		}
+		rate.Per = time.Duration(periodMS) * time.Millisecond
+		k.Rate = rate.String()
 		if len(out) == 0 || out[len(out)-1].Kind != k.Kind {
 			k.Counts = map[State]int64{}
 			out = append(out, k)
@@ -247,6 +205,25 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("list kinds: %w", err)
+	}
+	rows, err = s.db.Query(ctx, startRateSQL, StartRateWindow.Milliseconds(), kind)
+	if err != nil {
+		return nil, fmt.Errorf("list kinds: start rates: %w", err)
+	}
+	index := make(map[string]int, len(out))
+	for i, k := range out {
+		index[k.Kind] = i
+	}
+	var name string
+	var starts int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &starts}, func() error {
+		if i, ok := index[name]; ok {
+			out[i].StartRate = float64(starts) / StartRateWindow.Seconds()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list kinds: start rates: %w", err)
 	}
 	return out, nil
 }

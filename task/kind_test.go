@@ -27,9 +27,9 @@ func TestPauseParksAndResumeReleases(t *testing.T) {
 	if _, err := b.store.SetPaused(b.ctx, "api:test", "a", true); err != nil {
 		t.Fatal(err)
 	}
-	paused, err := b.store.PausedKinds(b.ctx)
-	if err != nil || !paused["a"] || paused["b"] {
-		t.Fatalf("PausedKinds = %v, %v; want a only", paused, err)
+	limits, err := b.store.KindLimits(b.ctx)
+	if err != nil || len(limits) != 1 || !limits["a"].Paused || limits["a"].Limited() {
+		t.Fatalf("KindLimits = %v, %v; want a paused only", limits, err)
 	}
 	parked, err := b.store.Park(b.ctx, a1, a2, aLater, other)
 	if err != nil || len(parked) != 2 {

@@ -80,4 +80,7 @@ const (
 	NotDue StartOutcome = "NOT_DUE"
 	// NotFound: no task has that id.
 	NotFound StartOutcome = "NOT_FOUND"
+	// Throttled: the task's kind is at its concurrency or rate limit
+	// (StartLimited); the task did not start.
+	Throttled StartOutcome = "THROTTLED"
 )

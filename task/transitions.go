@@ -27,6 +27,9 @@ type StartResult struct {
 	// moved the task to DEAD (Outcome is Skipped) and the caller should
 	// dead-letter its stream entry.
 	Died bool
+	// Parked is set with Outcome Throttled when the task was parked: its
+	// entry can be acknowledged (see StartLimited).
+	Parked bool
 }
 
 // startSQL starts every due task of $1 under lease owner $2 for $3 ms, and
@@ -94,43 +97,9 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 	byID := make(map[uuid.UUID]StartResult, len(ids))
 	err := s.retry(ctx, func() error {
 		clear(byID)
-		rows, err := s.db.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var from State
-			var prevOwner string
-			var started bool
-			t, err := scanTask(rows, &from, &prevOwner, &started)
-			if err != nil {
-				return err
-			}
-			r := StartResult{ID: t.ID, Task: &t}
-			switch {
-			case started && from == Running:
-				r.TookOver = true
-				r.Died = t.Status == Dead
-				r.Outcome = Started
-				if r.Died || t.Status == Cancelled {
-					r.Outcome = Skipped
-				}
-			case started:
-				r.Outcome = Started
-			case from == Queued || from == Retrying:
-				r.Outcome = NotDue
-			default:
-				r.Outcome = Skipped
-			}
-			if r.Outcome != Started {
-				t.Payload = nil
-			}
-			byID[t.ID] = r
-		}
-		// The statement's implicit transaction has committed once the
+		// The statement's implicit transaction has committed once its
 		// rows are read without error.
-		return rows.Err()
+		return s.startInto(ctx, s.db, owner, lease, ids, byID)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start %d tasks: %w", len(ids), err)
@@ -144,6 +113,46 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 		out[i] = r
 	}
 	return out, nil
+}
+
+// startInto runs startSQL for ids on q and records each row's result in
+// byID (ids without a row are left out).
+func (s *Store) startInto(ctx context.Context, q DB, owner string, lease time.Duration, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
+	rows, err := q.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var from State
+		var prevOwner string
+		var started bool
+		t, err := scanTask(rows, &from, &prevOwner, &started)
+		if err != nil {
+			return err
+		}
+		r := StartResult{ID: t.ID, Task: &t}
+		switch {
+		case started && from == Running:
+			r.TookOver = true
+			r.Died = t.Status == Dead
+			r.Outcome = Started
+			if r.Died || t.Status == Cancelled {
+				r.Outcome = Skipped
+			}
+		case started:
+			r.Outcome = Started
+		case from == Queued || from == Retrying:
+			r.Outcome = NotDue
+		default:
+			r.Outcome = Skipped
+		}
+		if r.Outcome != Started {
+			t.Payload = nil
+		}
+		byID[t.ID] = r
+	}
+	return rows.Err()
 }
 
 // Result is the outcome of a guarded transition for one id.

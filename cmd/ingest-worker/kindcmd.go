@@ -12,22 +12,26 @@ import (
 func (a *app) kindCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "kind",
-		Short: "List task kinds; pause or resume one",
-		Long: `'kind list' shows every kind with tasks or settings: paused or not, its tasks
-by status, how many run now and how many are parked. 'kind pause KIND' stops
-the kind's tasks from starting on every worker within about a second (running
-ones finish; a waiting task is parked: no failed attempt, no consumer slot);
-'kind resume KIND' publishes every parked task again. Both are recorded in
-ingest_kind_change with this invocation (cli:<host>-<pid>).`,
+		Short: "List task kinds; pause, resume or limit one",
+		Long: `'kind list' shows every kind with tasks or settings: paused or not, its limits,
+its tasks by status, how many run now, how many are parked and the starts per
+second observed over the last 10 s. 'kind pause KIND' stops the kind's tasks
+from starting on every worker within about a second (running ones finish; a
+waiting task is parked: no failed attempt, no consumer slot); 'kind resume
+KIND' publishes the parked tasks again. 'kind set KIND --concurrency N --rate
+5/s' limits the kind across all workers: at most N tasks RUNNING at once, at
+most 5 starts in any second (0: no limit); tasks beyond a limit wait parked.
+Every change is recorded in ingest_kind_change with this invocation
+(cli:<host>-<pid>).`,
 	}
-	cmd.AddCommand(a.kindListCommand(), a.kindPauseCommand(true), a.kindPauseCommand(false))
+	cmd.AddCommand(a.kindListCommand(), a.kindPauseCommand(true), a.kindPauseCommand(false), a.kindSetCommand())
 	return cmd
 }
 
 func (a *app) kindListCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
-		Short: "Every kind: paused, tasks by status, running, parked",
+		Short: "Every kind: paused, limits, tasks by status, running, parked, start rate",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := a.load(cmd, nil); err != nil {
@@ -52,10 +56,19 @@ func (a *app) kindListCommand() *cobra.Command {
 					state = "paused"
 				}
 				n := func(s task.State) string { return strconv.FormatInt(k.Counts[s], 10) }
-				rows[i] = []string{k.Kind, state, n(task.Queued), n(task.Retrying), strconv.FormatInt(k.Running, 10),
-					strconv.FormatInt(k.Parked, 10), n(task.Succeeded), n(task.Dead), n(task.Cancelled)}
+				conc := "-"
+				if k.Concurrency > 0 {
+					conc = strconv.Itoa(k.Concurrency)
+				}
+				rate := k.Rate
+				if rate == "0" {
+					rate = "-"
+				}
+				rows[i] = []string{k.Kind, state, conc, rate, n(task.Queued), n(task.Retrying), strconv.FormatInt(k.Running, 10),
+					strconv.FormatInt(k.Parked, 10), n(task.Succeeded), n(task.Dead), n(task.Cancelled),
+					strconv.FormatFloat(k.StartRate, 'f', 1, 64)}
 			}
-			a.table([]string{"KIND", "STATE", "QUEUED", "RETRYING", "RUNNING", "PARKED", "SUCCEEDED", "DEAD", "CANCELLED"}, rows)
+			a.table([]string{"KIND", "STATE", "CONCURRENCY", "RATE", "QUEUED", "RETRYING", "RUNNING", "PARKED", "SUCCEEDED", "DEAD", "CANCELLED", "STARTS/S"}, rows)
 			return nil
 		},
 	}
@@ -97,4 +110,79 @@ func (a *app) kindPauseCommand(pause bool) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func (a *app) kindSetCommand() *cobra.Command {
+	var concurrency int
+	var rate string
+	cmd := &cobra.Command{
+		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD]",
+		Short: "Limit a kind across all workers: concurrency and start rate (0: no limit)",
+		Long: `Sets the kind's limits, applied by every worker within about a second:
+--concurrency N: at most N tasks of the kind RUNNING at once (a slot freed by
+a crashed worker comes back when its lease expires); --rate 5/s, 300/m,
+10/500ms: at most that many starts in any window of that length. 0 removes a
+limit. Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
+consumer slot) and start as slots and starts free.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			var u task.KindUpdate
+			if cmd.Flags().Changed("concurrency") {
+				u.Concurrency = &concurrency
+			}
+			if cmd.Flags().Changed("rate") {
+				r, err := task.ParseRate(rate)
+				if err != nil {
+					return usagef("--rate: %s", fieldMsg(err))
+				}
+				u.Rate = &r
+			}
+			if u.Concurrency == nil && u.Rate == nil {
+				return usagef("kind set needs --concurrency or --rate (0 removes a limit)")
+			}
+			store, pool, err := a.openStore(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			released, err := store.SetKind(cmd.Context(), a.actor(), args[0], u)
+			if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
+				return usagef("%s", ferr.Msg)
+			}
+			if err != nil {
+				return err
+			}
+			k, _, err := store.Kind(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if a.json {
+				return a.printJSON(map[string]any{"kind": args[0], "paused": k.Paused, "concurrency": k.Concurrency, "rate": k.Rate, "released": released})
+			}
+			a.printf("kind %s: concurrency %s, rate %s; %d parked tasks released\n", args[0], limitText(strconv.Itoa(k.Concurrency)), limitText(k.Rate), released)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&concurrency, "concurrency", 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
+	cmd.Flags().StringVar(&rate, "rate", "", "most starts per period across all workers: 5/s, 300/m, 10/500ms (0: no limit)")
+	return cmd
+}
+
+// limitText shows a limit, "0" as "no limit".
+func limitText(v string) string {
+	if v == "0" {
+		return "no limit"
+	}
+	return v
+}
+
+// fieldMsg returns the message of a task.FieldError, or the error's text.
+func fieldMsg(err error) string {
+	if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
+		return ferr.Msg
+	}
+	return err.Error()
 }

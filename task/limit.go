@@ -1,0 +1,584 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/outbox"
+)
+
+// Limits on the per-kind settings.
+const (
+	// MaxConcurrency is the largest concurrency limit of a kind.
+	MaxConcurrency = 100_000
+	// MaxRateCount is the largest count of a rate limit (its start log
+	// holds that many times).
+	MaxRateCount = 10_000
+	// rateLogMargin is how much longer than its period a start is kept in
+	// a kind's rate log: transactions' start times (now()) can be out of
+	// commit order by as long as one waits for the kind's lock.
+	rateLogMargin = time.Second
+)
+
+// Rate is a kind's start-rate limit: at most Count starts in any window of
+// length Per, across all processes. The zero Rate is no limit.
+type Rate struct {
+	Count int
+	Per   time.Duration
+}
+
+// rateUnits are the written forms of a rate's period.
+var rateUnits = map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour}
+
+// ParseRate reads a rate limit: "5/s", "300/m", "1000/h", or a count per
+// any Go duration ("10/500ms", "7/2s"); "0" and "" mean no limit.
+func ParseRate(s string) (Rate, error) {
+	s = strings.TrimSpace(s)
+	if s == "" || s == "0" {
+		return Rate{}, nil
+	}
+	count, per, ok := strings.Cut(s, "/")
+	if !ok {
+		return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q is not COUNT/PERIOD (5/s, 300/m, 10/500ms; 0: no limit)", s)}
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(count))
+	if err != nil || n < 0 {
+		return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q: the count %q is not a whole number >= 0", s, count)}
+	}
+	per = strings.TrimSpace(per)
+	d, ok := rateUnits[per]
+	if !ok {
+		if d, err = time.ParseDuration(per); err != nil {
+			return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q: the period %q is not s, m, h or a duration like 500ms", s, per)}
+		}
+	}
+	r := Rate{Count: n, Per: d}
+	if n == 0 {
+		return Rate{}, nil
+	}
+	return r, r.validate()
+}
+
+func (r Rate) validate() error {
+	switch {
+	case r.Count == 0:
+		return nil
+	case r.Count < 0 || r.Count > MaxRateCount:
+		return &FieldError{Field: "rate", Msg: fmt.Sprintf("rate count %d is out of range 0..%d", r.Count, MaxRateCount)}
+	case r.Per < time.Millisecond || r.Per > 24*time.Hour || r.Per%time.Millisecond != 0:
+		return &FieldError{Field: "rate", Msg: fmt.Sprintf("rate period %s is not whole milliseconds between 1ms and 24h", r.Per)}
+	}
+	return nil
+}
+
+// String writes r as ParseRate reads it ("0" for no limit).
+func (r Rate) String() string {
+	if r.Count == 0 {
+		return "0"
+	}
+	for _, u := range []string{"s", "m", "h"} {
+		if r.Per == rateUnits[u] {
+			return strconv.Itoa(r.Count) + "/" + u
+		}
+	}
+	return strconv.Itoa(r.Count) + "/" + r.Per.String()
+}
+
+// Limits are a kind's flow-control settings as workers apply them.
+type Limits struct {
+	Paused bool
+	// Concurrency is the most tasks of the kind RUNNING at once under a
+	// live lease, across all processes (0: no limit).
+	Concurrency int
+	// Rate is the most starts of the kind in any window (zero: no limit).
+	Rate Rate
+}
+
+// Limited reports whether starts of the kind go through StartLimited.
+func (l Limits) Limited() bool { return l.Concurrency > 0 || l.Rate.Count > 0 }
+
+// KindUpdate changes a kind's settings; nil fields are left as they are.
+type KindUpdate struct {
+	Paused      *bool
+	Concurrency *int
+	Rate        *Rate
+}
+
+// KindLimits returns the settings of every kind that is paused or
+// limited; the others have none.
+func (s *Store) KindLimits(ctx context.Context) (map[string]Limits, error) {
+	rows, err := s.db.Query(ctx, `SELECT kind, paused, concurrency, rate_count, rate_period_ms FROM ingest_kind
+		WHERE paused OR concurrency > 0 OR rate_count > 0`)
+	if err != nil {
+		return nil, fmt.Errorf("read kind limits: %w", err)
+	}
+	out := map[string]Limits{}
+	var (
+		kind     string
+		l        Limits
+		periodMS int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&kind, &l.Paused, &l.Concurrency, &l.Rate.Count, &periodMS}, func() error {
+		l.Rate.Per = time.Duration(periodMS) * time.Millisecond
+		if l.Rate.Count == 0 {
+			l.Rate = Rate{}
+		}
+		out[kind] = l
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read kind limits: %w", err)
+	}
+	return out, nil
+}
+
+// SetKind changes kind's settings as actor and records the change in
+// ingest_kind_change. A change takes effect in every worker within about
+// a second (they read the settings once a second); tasks already running
+// finish. When the kind is not paused after the change, parked tasks are
+// released: all of them when it has no limit, else as many as its limits
+// let start now (the leader's releaser wakes the rest as slots and
+// starts free). It returns how many tasks it released.
+func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (released int, err error) {
+	if err := checkKind(kind); err != nil {
+		return 0, err
+	}
+	if actor == "" {
+		return 0, fmt.Errorf("%w: changing a kind's settings needs an actor", ErrInvalidTask)
+	}
+	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil {
+		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency or rate"}
+	}
+	if c := u.Concurrency; c != nil && (*c < 0 || *c > MaxConcurrency) {
+		return 0, &FieldError{Field: "concurrency", Msg: fmt.Sprintf("concurrency %d is out of range 0..%d (0: no limit)", *c, MaxConcurrency)}
+	}
+	var rateCount, ratePeriod *int64
+	var rateText *string
+	if r := u.Rate; r != nil {
+		if err := r.validate(); err != nil {
+			return 0, err
+		}
+		n, ms, txt := int64(r.Count), r.Per.Milliseconds(), r.String()
+		if r.Count == 0 {
+			ms = time.Second.Milliseconds()
+		}
+		rateCount, ratePeriod, rateText = &n, &ms, &txt
+	}
+	var lim Limits
+	var changeID int64
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		var periodMS int64
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by)
+			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6)
+			ON CONFLICT (kind) DO UPDATE SET paused = coalesce($2, k.paused), concurrency = coalesce($3, k.concurrency),
+				rate_count = coalesce($4, k.rate_count), rate_period_ms = coalesce($5, k.rate_period_ms),
+				updated_at = now(), updated_by = $6
+			RETURNING paused, concurrency, rate_count, rate_period_ms`,
+			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor).Scan(&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS); err != nil {
+			return err
+		}
+		lim.Rate.Per = time.Duration(periodMS) * time.Millisecond
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
+			kind, actor, u.Paused, u.Concurrency, rateText).Scan(&changeID); err != nil {
+			return err
+		}
+		if u.Concurrency != nil && *u.Concurrency > 0 {
+			// The kind's tasks running now hold slots, so that a limit
+			// set under load counts them.
+			_, err := tx.Exec(ctx, `INSERT INTO ingest_kind_slot (kind, task_id)
+				SELECT kind, id FROM ingest_task WHERE kind = $1 AND status = 'RUNNING' AND lease_until > now()
+				ON CONFLICT DO NOTHING`, kind)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("change kind %q: %w", kind, err)
+	}
+	if lim.Paused {
+		return 0, nil
+	}
+	// Not paused: release what may start. The change is committed, so a
+	// worker parks no task of the kind from now on unless a limit holds
+	// it, and then the releaser wakes it.
+	for {
+		ids, err := s.ReleaseParked(ctx, kind, 0, 0)
+		released += len(ids)
+		if err != nil {
+			return released, fmt.Errorf("change kind %q (%d parked tasks released so far): %w", kind, released, err)
+		}
+		if len(ids) < unparkBatch || lim.Limited() {
+			break
+		}
+	}
+	if released > 0 {
+		if _, err := s.db.Exec(ctx, `UPDATE ingest_kind_change SET released = $2 WHERE id = $1`, changeID, released); err != nil {
+			return released, fmt.Errorf("change kind %q: record %d released tasks: %w", kind, released, err)
+		}
+	}
+	return released, nil
+}
+
+// limitState is a kind's row, locked by a start or a release of the kind.
+type limitState struct {
+	Limits
+	found bool
+	now   time.Time
+	log   []time.Time // the rate log, oldest first
+}
+
+// lockKind locks kind's ingest_kind row for the transaction (starts and
+// releases of a limited kind are serialized by it) and reads its
+// settings and the transaction's time.
+func lockKind(ctx context.Context, tx pgx.Tx, kind string) (limitState, error) {
+	var st limitState
+	var periodMS int64
+	err := tx.QueryRow(ctx, `SELECT paused, concurrency, rate_count, rate_period_ms, rate_log, now() FROM ingest_kind WHERE kind = $1 FOR UPDATE`,
+		kind).Scan(&st.Paused, &st.Concurrency, &st.Rate.Count, &periodMS, &st.log, &st.now)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return limitState{}, nil
+	}
+	if err != nil {
+		return limitState{}, err
+	}
+	st.found = true
+	st.Rate.Per = time.Duration(periodMS) * time.Millisecond
+	return st, nil
+}
+
+// liveSlotsSQL deletes the stale slots of kind $1 (their task no longer
+// RUNNING under a live lease) and counts the live ones.
+const liveSlotsSQL = `
+WITH stale AS (
+    DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND NOT EXISTS (
+        SELECT 1 FROM ingest_task t WHERE t.id = s.task_id AND t.status = 'RUNNING' AND t.lease_until > now())
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM ingest_kind_slot WHERE kind = $1) - (SELECT count(*) FROM stale)`
+
+// free returns how many more tasks of the kind may start now under its
+// limits (-1: no limit), and the number of recent starts in the rate log.
+func (st limitState) free(ctx context.Context, tx pgx.Tx, kind string) (int, error) {
+	free := -1
+	if st.Concurrency > 0 {
+		var live int
+		if err := tx.QueryRow(ctx, liveSlotsSQL, kind).Scan(&live); err != nil {
+			return 0, err
+		}
+		free = max(st.Concurrency-live, 0)
+	}
+	if st.Rate.Count > 0 {
+		left := max(st.Rate.Count-st.recentStarts(), 0)
+		if free < 0 || left < free {
+			free = left
+		}
+	}
+	return free, nil
+}
+
+// recentStarts counts the starts of the rate log within the rate period
+// before the transaction's time (and any after it: see rateLogMargin).
+func (st limitState) recentStarts() int {
+	from := st.now.Add(-st.Rate.Per)
+	i, _ := slices.BinarySearchFunc(st.log, from, func(t, from time.Time) int {
+		if t.After(from) {
+			return 1
+		}
+		return -1
+	})
+	return len(st.log) - i
+}
+
+// recordStarts adds n starts at the transaction's time to the kind's rate
+// log and drops those older than its period and margin.
+func recordStarts(ctx context.Context, tx pgx.Tx, kind string, n int) error {
+	_, err := tx.Exec(ctx, `UPDATE ingest_kind SET rate_log = (
+		SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM unnest(rate_log || array_fill(now(), ARRAY[$2::int])) AS x
+		WHERE x > now() - (rate_period_ms + $3) * interval '1 millisecond')
+		WHERE kind = $1`, kind, n, rateLogMargin.Milliseconds())
+	return err
+}
+
+// parkDueSQL parks those of $1 that are due QUEUED or RETRYING tasks.
+var parkDueSQL = `
+WITH l AS (
+    SELECT t.id FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
+    ORDER BY t.id FOR NO KEY UPDATE OF t
+)
+UPDATE ingest_task t SET next_retry_at = ` + parkedSQL + `, updated_at = now()
+FROM l WHERE t.id = l.id
+  AND CASE WHEN t.status IN ` + waitingSQL + ` AND ` + due("t") + ` THEN true ELSE false END
+RETURNING t.id`
+
+// StartLimited starts the tasks of ids, all of kind kind as their stream
+// entries say, within the kind's limits, in one transaction that holds
+// the kind's row lock. It returns one result per distinct id, in the
+// order given:
+//   - as many as the kind's free slots and starts allow are started as
+//     Start starts them (tasks of another kind than their entry says are
+//     started without limit);
+//   - the due waiting ones beyond that are parked: Outcome Throttled with
+//     Parked set (their entries can be acknowledged: the releaser wakes
+//     them when a slot or a start frees);
+//   - the others get the outcome Start would give them, or Throttled
+//     without Parked when they would have been taken over (RUNNING under
+//     an expired lease) and no slot is free: try them again later.
+//
+// Each start of a concurrency-limited kind takes a slot (ingest_kind_slot)
+// and each start of a rate-limited kind is logged in its rate log.
+func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Duration, kind string, ids ...uuid.UUID) ([]StartResult, error) {
+	ids = distinct(ids)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	byID := make(map[uuid.UUID]StartResult, len(ids))
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		clear(byID)
+		st, err := lockKind(ctx, tx, kind)
+		if err != nil {
+			return err
+		}
+		if !st.found || !(st.Paused || st.Limited()) {
+			// The limits were removed meanwhile.
+			return s.startInto(ctx, tx, owner, lease, ids, byID)
+		}
+		var mine, other []uuid.UUID
+		rows, err := tx.Query(ctx, `SELECT x.id, t.kind = $2 FROM unnest($1::uuid[]) WITH ORDINALITY AS x(id, n)
+			JOIN ingest_task t ON t.id = x.id ORDER BY x.n`, ids, kind)
+		if err != nil {
+			return err
+		}
+		var id uuid.UUID
+		var same bool
+		if _, err := pgx.ForEachRow(rows, []any{&id, &same}, func() error {
+			if same {
+				mine = append(mine, id)
+			} else {
+				other = append(other, id)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		free := 0
+		if !st.Paused {
+			if free, err = st.free(ctx, tx, kind); err != nil {
+				return err
+			}
+		}
+		// Start as many as may start; when some of them do not (not due,
+		// running elsewhere, finished), offer their places to the next.
+		toStart, rest := other, mine
+		var started []uuid.UUID
+		for len(rest) > 0 && free != 0 {
+			n := len(rest)
+			if free > 0 {
+				n = min(n, free)
+			}
+			toStart = append(toStart, rest[:n]...)
+			rest = rest[n:]
+			if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
+				return err
+			}
+			for _, id := range toStart {
+				if r := byID[id]; r.Outcome == Started && r.Task.Kind == kind {
+					started = append(started, id)
+					if free > 0 {
+						free--
+					}
+				}
+			}
+			toStart = nil
+		}
+		if len(toStart) > 0 { // other, when nothing of the kind may start
+			if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
+				return err
+			}
+		}
+		if len(started) > 0 && st.Concurrency > 0 {
+			if _, err := tx.Exec(ctx, `INSERT INTO ingest_kind_slot (kind, task_id) SELECT $1, unnest($2::uuid[]) ON CONFLICT DO NOTHING`,
+				kind, started); err != nil {
+				return err
+			}
+		}
+		if len(started) > 0 && st.Rate.Count > 0 {
+			if err := recordStarts(ctx, tx, kind, len(started)); err != nil {
+				return err
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		rows, err = tx.Query(ctx, parkDueSQL, rest)
+		if err != nil {
+			return err
+		}
+		parked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return err
+		}
+		for _, id := range parked {
+			byID[id] = StartResult{ID: id, Outcome: Throttled, Parked: true}
+		}
+		var unparked []uuid.UUID
+		for _, id := range rest {
+			if _, ok := byID[id]; !ok {
+				unparked = append(unparked, id)
+			}
+		}
+		return s.notStartedInto(ctx, tx, unparked, byID)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start %d tasks of limited kind %q: %w", len(ids), kind, err)
+	}
+	out := make([]StartResult, len(ids))
+	for i, id := range ids {
+		r, ok := byID[id]
+		if !ok {
+			r = StartResult{ID: id, Outcome: NotFound}
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
+// notStartedInto records in byID what Start would answer for ids, which
+// a limit kept from starting and which could not be parked, without
+// starting them: a takeover that is due is Throttled (not parked).
+func (s *Store) notStartedInto(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `SELECT `+taskColumns+`, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`, ids)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var expired *bool
+		t, err := scanTask(rows, &expired)
+		if err != nil {
+			return err
+		}
+		t.Payload = nil
+		r := StartResult{ID: t.ID, Task: &t, Outcome: Skipped}
+		switch {
+		case t.Status == Queued || t.Status == Retrying:
+			r.Outcome = NotDue
+		case t.Status == Running && expired != nil && *expired:
+			r = StartResult{ID: t.ID, Outcome: Throttled}
+		}
+		byID[t.ID] = r
+	}
+	return rows.Err()
+}
+
+// ReleaseParked wakes at most max (0: a thousand) parked tasks of kind, as
+// many as its limits let start now less inTransit (tasks woken earlier
+// that have not started yet): each gets next_retry_at NULL and a new
+// outbox event, due at once. A kind that is paused releases nothing. It
+// returns the tasks it released.
+func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max int) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
+	var claim outbox.Claim
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		claim.Discard() // of an attempt that was rolled back
+		claim, ids = outbox.Claim{}, nil
+		st, err := lockKind(ctx, tx, kind)
+		if err != nil || st.Paused {
+			return err
+		}
+		n := unparkBatch
+		if max > 0 {
+			n = min(n, max)
+		}
+		if st.Limited() {
+			free, err := st.free(ctx, tx, kind)
+			if err != nil {
+				return err
+			}
+			if free >= 0 {
+				n = min(n, free-inTransit)
+			}
+		}
+		if n <= 0 {
+			return nil
+		}
+		rows, err := tx.Query(ctx, unparkSQL, kind, n)
+		if err != nil {
+			return err
+		}
+		if ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
+			return err
+		}
+		if s.relay == nil {
+			return outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
+		}
+		// Published by this process's relay as soon as the transaction
+		// commits, as CreateBatch does: a freed slot is used at once.
+		claim, err = s.relay.InsertClaimed(ctx, tx, s.cfg.Stream, ids, slices.Repeat([]string{kind}, len(ids)))
+		return err
+	})
+	if err != nil {
+		claim.Discard()
+		return nil, fmt.Errorf("release parked tasks of kind %q: %w", kind, err)
+	}
+	claim.Publish()
+	return ids, nil
+}
+
+// LimitedKinds returns the kinds not paused that have a limit: those whose
+// parked tasks the releaser wakes as slots and starts free (a resume, or
+// the removal of a kind's last limit, releases all its parked tasks at
+// once).
+func (s *Store) LimitedKinds(ctx context.Context) ([]string, error) {
+	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE NOT paused AND (concurrency > 0 OR rate_count > 0) ORDER BY kind`)
+	if err != nil {
+		return nil, fmt.Errorf("read limited kinds: %w", err)
+	}
+	kinds, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read limited kinds: %w", err)
+	}
+	return kinds, nil
+}
+
+// InTransit counts those of ids that are waiting to start and not parked:
+// released tasks on their way to a worker.
+func (s *Store) InTransit(ctx context.Context, ids []uuid.UUID) (int, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	var n int
+	err := s.db.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status IN `+waitingSQL+`
+		AND next_retry_at IS DISTINCT FROM `+parkedSQL, ids).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count released tasks in transit: %w", err)
+	}
+	return n, nil
+}
+
+// ParkedCounts returns the number of parked tasks of each kind that has
+// any (an operator's count over ingest_task_parked_idx).
+func (s *Store) ParkedCounts(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.db.Query(ctx, `SELECT kind, count(*) FROM ingest_task WHERE next_retry_at = `+parkedSQL+` AND status IN `+waitingSQL+` GROUP BY kind`)
+	if err != nil {
+		return nil, fmt.Errorf("count parked tasks: %w", err)
+	}
+	out := map[string]int64{}
+	var kind string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&kind, &n}, func() error { out[kind] = n; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("count parked tasks: %w", err)
+	}
+	return out, nil
+}
