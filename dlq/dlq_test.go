@@ -275,3 +275,36 @@ func TestReplay(t *testing.T) {
 		}
 	})
 }
+
+// TestWriterRefusesKeysInDifferentClusterSlots: on Redis Cluster the DLQ
+// script's keys must share a hash tag; a single-node client takes any keys.
+func TestWriterRefusesKeysInDifferentClusterSlots(t *testing.T) {
+	t.Parallel()
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:1"}}) // never dialled
+	defer cc.Close()
+	for _, tc := range []struct {
+		stream, dlq string
+		ok          bool
+	}{
+		{"{ingest}:tasks", "{ingest}:tasks:dlq", true},
+		{"a{q}", "b{q}c", true},
+		{"ingest:tasks", "", true},
+		{"ingest:tasks", "ingest:tasks:dlq", false},
+		{"{a}:tasks", "{b}:tasks:dlq", false},
+		{"{ingest}:tasks", "ingest:tasks:dlq", false},
+		{"{}:tasks", "{}:tasks:dlq", false},
+	} {
+		_, err := dlq.NewWriter(dlq.Config{Stream: tc.stream, Group: "g", DLQ: tc.dlq}, cc)
+		if tc.ok != (err == nil) {
+			t.Errorf("cluster, stream %q, DLQ %q: NewWriter = %v, want ok %v", tc.stream, tc.dlq, err, tc.ok)
+		}
+		if err != nil && (!strings.Contains(err.Error(), tc.dlq) || !strings.Contains(err.Error(), "hash tag")) {
+			t.Errorf("error %q does not name the DLQ key %q and the hash tag", err, tc.dlq)
+		}
+	}
+	single := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer single.Close()
+	if _, err := dlq.NewWriter(dlq.Config{Stream: "ingest:tasks", Group: "g", DLQ: "ingest:tasks:dlq"}, single); err != nil {
+		t.Errorf("single node, keys without a tag: NewWriter = %v", err)
+	}
+}

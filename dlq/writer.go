@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ingest-worker/ingest/internal/clip"
@@ -115,7 +116,27 @@ func NewWriter(cfg Config, rdb redis.UniversalClient) (*Writer, error) {
 	if rdb == nil {
 		return nil, errors.New("dlq: nil redis client")
 	}
+	if _, cluster := rdb.(*redis.ClusterClient); cluster && cfg.DLQ != "" {
+		if tag := HashTag(cfg.Stream); tag == "" || tag != HashTag(cfg.DLQ) {
+			return nil, fmt.Errorf("dlq config: invalid DLQ: on Redis Cluster %q must share a {hash tag} with Stream %q (the DLQ script writes both keys), for example {ingest}:tasks and {ingest}:tasks:dlq", cfg.DLQ, cfg.Stream)
+		}
+	}
 	return &Writer{cfg: cfg, rdb: rdb}, nil
+}
+
+// HashTag returns the Redis Cluster hash tag of key, "" when it has none:
+// the text between the first '{' and the first '}' after it, when not
+// empty. Keys with the same tag are in the same slot.
+func HashTag(key string) string {
+	open := strings.IndexByte(key, '{')
+	if open < 0 {
+		return ""
+	}
+	end := strings.IndexByte(key[open+1:], '}')
+	if end <= 0 {
+		return ""
+	}
+	return key[open+1 : open+1+end]
 }
 
 // Enabled reports whether the writer writes DLQ entries (a DLQ key is

@@ -602,7 +602,7 @@ func (c *Config) validate() []error {
 	if c.DLQStreamKey != "" && c.DLQStreamKey == c.StreamKey {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "must differ from INGEST_REDIS_STREAM_KEY (%s)", c.StreamKey)
 	}
-	if tag := hashTag(c.StreamKey); c.DLQStreamKey != "" && tag != hashTag(c.DLQStreamKey) {
+	if tag := dlq.HashTag(c.StreamKey); c.DLQStreamKey != "" && tag != dlq.HashTag(c.DLQStreamKey) {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q must have the same {hash tag} as INGEST_REDIS_STREAM_KEY %q (one Lua script writes both keys; Redis Cluster needs them in one slot)", c.DLQStreamKey, c.StreamKey)
 	} else if c.RedisCluster && c.Queue == queueRedis && c.DLQStreamKey != "" && tag == "" {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q and INGEST_REDIS_STREAM_KEY %q must share a {hash tag} with INGEST_REDIS_CLUSTER=true, so that they are in one slot (one Lua script writes both keys), for example {ingest}:tasks and {ingest}:tasks:dlq", c.DLQStreamKey, c.StreamKey)
@@ -626,19 +626,6 @@ func (c *Config) warnings() []string {
 			c.ReclaimIdle.Milliseconds(), (c.TaskLease/3).Milliseconds()))
 	}
 	return out
-}
-
-// hashTag returns the Redis Cluster hash tag of key ("" when none).
-func hashTag(key string) string {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return ""
-	}
-	end := strings.IndexByte(key[open+1:], '}')
-	if end <= 0 {
-		return ""
-	}
-	return key[open+1 : open+1+end]
 }
 
 // secretsOf returns the secret values among resolved settings (whether or
