@@ -99,6 +99,9 @@ type cluster struct {
 	procs []*proc
 
 	killed   map[string]bool // consumer names of SIGKILLed workers (under mu)
+	// killedAt is when each SIGKILLed worker was gone (under mu): its
+	// handlers' runs ended by then.
+	killedAt map[string]time.Time
 	crashes  atomic.Int64    // unexpected process exits
 	faults   atomic.Int64
 	inflight atomic.Int64 // tasks in flight at the moments of the faults
@@ -138,7 +141,8 @@ func newCluster(t *testing.T, o clusterOptions) *cluster {
 		t.Fatal(err)
 	}
 	if _, err := c.db.Pool.Exec(context.Background(), `CREATE TABLE chaos_effect (task_id uuid NOT NULL, run_at timestamptz NOT NULL, worker text NOT NULL);
-		CREATE INDEX ON chaos_effect (task_id)`); err != nil {
+		CREATE INDEX ON chaos_effect (task_id);
+		CREATE TABLE chaos_run (task_id uuid NOT NULL, worker text NOT NULL, started_at timestamptz NOT NULL, ended_at timestamptz)`); err != nil {
 		t.Fatal(err)
 	}
 	c.env = append([]string{
@@ -261,6 +265,10 @@ func (p *proc) kill() string {
 		c.killed = map[string]bool{}
 	}
 	c.killed[old] = true
+	if c.killedAt == nil {
+		c.killedAt = map[string]time.Time{}
+	}
+	c.killedAt[old] = time.Now()
 	c.mu.Unlock()
 	// The tasks it held are counted when verifying: those taken over
 	// from it.

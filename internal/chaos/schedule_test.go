@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -42,6 +43,15 @@ func TestSchedulingUnderKills(t *testing.T) {
 	start := time.Now()
 	// A paused kind: its tasks are parked until the resume below.
 	if _, err := c.store.SetPaused(ctx, "chaos", "held", true); err != nil {
+		t.Fatal(err)
+	}
+	// Limited kinds: at most 3 capped tasks running, at most 10 rated
+	// starts in any second, across the workers.
+	capN, rate := 3, task.Rate{Count: 10, Per: time.Second}
+	if _, err := c.store.SetKind(ctx, "chaos", "capped", task.KindUpdate{Concurrency: &capN}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.store.SetKind(ctx, "chaos", "rated", task.KindUpdate{Rate: &rate}); err != nil {
 		t.Fatal(err)
 	}
 	ws := c.spawn("w", 4)
@@ -95,6 +105,19 @@ func TestSchedulingUnderKills(t *testing.T) {
 	}
 	var resumedAt time.Time
 	later := create(size(20, 100), 20, start.Add(time.Hour))
+	limited := func(kind string, n, ms int) {
+		nts := make([]task.NewTask, n)
+		for i := range nts {
+			p, _ := json.Marshal(map[string]any{"ms": ms})
+			nts[i] = task.NewTask{Kind: kind, Payload: p, MaxAttempts: 50}
+		}
+		if _, err := c.store.CreateBatch(ctx, nts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nCapped, nRated := size(60, 300), size(60, 400)
+	limited("capped", nCapped, 100)
+	limited("rated", nRated, 5)
 
 	outcomes := map[uuid.UUID]task.CancelOutcome{}
 	cancel := func(ids []uuid.UUID) {
@@ -131,7 +154,7 @@ func TestSchedulingUnderKills(t *testing.T) {
 		w.stop()
 	}
 	c.spawn("f", 2, "CHAOS_PERIODIC=")
-	r := c.finish(row{Scenario: "9. delayed, cancelled, periodic and paused tasks, SIGKILL every 2 s (4 workers)"}, expect{}, start)
+	r := c.finish(row{Scenario: "9. delayed, cancelled, periodic, paused and limited tasks, SIGKILL every 2 s (4 workers)"}, expect{}, start)
 
 	// Delayed: no run before its time.
 	early := 0
@@ -229,8 +252,77 @@ func TestSchedulingUnderKills(t *testing.T) {
 			t.Errorf("a burst: 3 periodic tasks created within %s (at %s)", d, created[i].Format(time.RFC3339Nano))
 		}
 	}
-	note := fmt.Sprintf("%d delayed, %d early; %d cancels (%d of running tasks); %d periodic slots, longest gap %s; %d tasks of a paused kind, %d run before its resume",
-		nDelayed, early, len(outcomes), requested, len(slots), longest, len(held), heldEarly)
+	// Concurrency limit: no moment with more than capN runs of capped (a
+	// run of a killed worker ended when the worker was gone).
+	type event struct {
+		at    time.Time
+		delta int
+	}
+	var events []event
+	rows, err = c.db.Pool.Query(ctx, `SELECT worker, started_at, ended_at FROM chaos_run r JOIN ingest_task t ON t.id = r.task_id WHERE t.kind = 'capped'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	killedAt := maps.Clone(c.killedAt)
+	c.mu.Unlock()
+	for rows.Next() {
+		var worker string
+		var began time.Time
+		var ended *time.Time
+		if err := rows.Scan(&worker, &began, &ended); err != nil {
+			t.Fatal(err)
+		}
+		end, killed := killedAt[worker]
+		if ended != nil {
+			end = *ended
+		} else if !killed {
+			t.Errorf("a run of capped on %s started at %s has no end and its worker was not killed", worker, began.Format(time.RFC3339Nano))
+			continue
+		}
+		events = append(events, event{began, 1}, event{end, -1})
+	}
+	slices.SortFunc(events, func(a, b event) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // an end before a start at the same time
+	})
+	inCap, maxCap := 0, 0
+	for _, e := range events {
+		inCap += e.delta
+		maxCap = max(maxCap, inCap)
+	}
+	if maxCap > capN {
+		t.Errorf("%d runs of capped at once, its concurrency limit is %d", maxCap, capN)
+	}
+	// Rate limit: no second with more than 10 starts of rated (the starts
+	// as audited, the times the limit counts).
+	var starts []time.Time
+	rows, err = c.db.Pool.Query(ctx, `SELECT tr.created_at FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+		WHERE t.kind = 'rated' AND tr.to_status = 'RUNNING' ORDER BY tr.created_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		starts = append(starts, at)
+	}
+	mostRated := 0
+	for i, j := 0, 0; i < len(starts); i++ {
+		for j < len(starts) && starts[j].Sub(starts[i]) < rate.Per {
+			j++
+		}
+		mostRated = max(mostRated, j-i)
+	}
+	if mostRated > rate.Count {
+		t.Errorf("%d starts of rated within one second, its rate limit is %d/s", mostRated, rate.Count)
+	}
+	note := fmt.Sprintf("%d delayed, %d early; %d cancels (%d of running tasks); %d periodic slots, longest gap %s; %d tasks of a paused kind, %d run before its resume; %d tasks limited to 3 running, at most %d at once; %d tasks limited to 10/s, at most %d starts in a second",
+		nDelayed, early, len(outcomes), requested, len(slots), longest, len(held), heldEarly, nCapped, maxCap, nRated, mostRated)
 	amendRow(r.Scenario, note, t.Failed())
 	c.t.Logf("scenario 9: %s", note)
 }

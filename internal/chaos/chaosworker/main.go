@@ -15,6 +15,8 @@
 //     execution, succeed;
 //   - tick:  as ok (the kind of periodic schedules);
 //   - held:  as ok (a kind the suite pauses and resumes);
+//   - capped, rated: as ok, and the run's start and end are recorded in
+//     chaos_run (kinds the suite limits: their overlaps are measured);
 //   - long:  sleep CHAOS_LONG_MS, record, succeed;
 //   - panic: record, then panic (the task ends DEAD after its attempts).
 package main
@@ -170,6 +172,8 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	svc.Handle("ok", h.ok)
 	svc.Handle("tick", h.ok)
 	svc.Handle("held", h.ok)
+	svc.Handle("capped", h.timed)
+	svc.Handle("rated", h.timed)
 	svc.Handle("long", h.longRun)
 	svc.Handle("panic", h.panics)
 	logger.Info("worker started")
@@ -203,6 +207,22 @@ func (h *handlers) ok(ctx context.Context, t ingest.Task) error {
 		}
 	}
 	return h.record(ctx, t)
+}
+
+// timed is ok with the run's start and end in chaos_run (the end stays
+// NULL when the process is killed during the run).
+func (h *handlers) timed(ctx context.Context, t ingest.Task) error {
+	var at time.Time
+	if err := h.pool.QueryRow(ctx, `INSERT INTO chaos_run (task_id, worker, started_at) VALUES ($1, $2, clock_timestamp()) RETURNING started_at`,
+		t.ID, h.worker).Scan(&at); err != nil {
+		return fmt.Errorf("record run start: %w", err)
+	}
+	err := h.ok(ctx, t)
+	// A failed write leaves the end NULL, which the suite reports; the
+	// task's outcome does not depend on it.
+	_, _ = h.pool.Exec(context.WithoutCancel(ctx), `UPDATE chaos_run SET ended_at = clock_timestamp() WHERE task_id = $1 AND worker = $2 AND started_at = $3`,
+		t.ID, h.worker, at)
+	return err
 }
 
 func (h *handlers) longRun(ctx context.Context, t ingest.Task) error {
