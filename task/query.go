@@ -40,7 +40,10 @@ func (s *Store) GetWithTransitions(ctx context.Context, id uuid.UUID) (Task, []t
 type ListParams struct {
 	Status State  // "" for any
 	Kind   string // "" for any
-	Limit  int    // 1..1000; 0 means 50
+	// Since and Until bound created_at to [Since, Until); zero: open.
+	// Both ride the keyset order of the listing's index.
+	Since, Until time.Time
+	Limit        int // 1..1000; 0 means 50
 	// Cursor continues a listing where the previous page ended ("" for the
 	// first page).
 	Cursor string
@@ -70,6 +73,12 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 	}
 	if p.Kind != "" {
 		where = append(where, "kind = "+arg(p.Kind))
+	}
+	if !p.Since.IsZero() {
+		where = append(where, "created_at >= "+arg(p.Since))
+	}
+	if !p.Until.IsZero() {
+		where = append(where, "created_at < "+arg(p.Until))
 	}
 	if p.Cursor != "" {
 		at, id, err := decodeCursor(p.Cursor)

@@ -52,6 +52,10 @@ func TestList(t *testing.T) {
 		{"ByStatusAndKind", task.ListParams{Status: task.Running, Kind: "a", Limit: 2}, newestFirst(func(i int) bool { return i%3 == 0 }), 4},
 		{"NoMatch", task.ListParams{Status: task.Running, Kind: "b"}, nil, 1},
 		{"UnknownKind", task.ListParams{Kind: "zzz"}, nil, 1},
+		{"CreatedWindowPaged", task.ListParams{Since: created[5].CreatedAt, Until: created[15].CreatedAt, Limit: 4},
+			newestFirst(func(i int) bool { return i >= 5 && i < 15 }), 3},
+		{"CreatedWindowByKind", task.ListParams{Kind: "a", Since: created[6].CreatedAt},
+			newestFirst(func(i int) bool { return i >= 6 && i%3 == 0 }), 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
