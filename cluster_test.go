@@ -32,10 +32,10 @@ type clusterBundle struct {
 	master  *testenv.RedisServer // the master serving the stream's slot
 }
 
-func newClusterBundle(t *testing.T) *clusterBundle {
+func newClusterBundle(t *testing.T, o testenv.ClusterOptions) *clusterBundle {
 	t.Helper()
 	stream, dlq := testenv.Keys(t)
-	c := testenv.NewRedisCluster(t)
+	c := testenv.NewRedisCluster(t, o)
 	b := &clusterBundle{serviceBundle: &serviceBundle{t: t, db: testenv.NewDatabase(t), stream: stream, dlq: dlq}, cluster: c, crdb: c.Client(t)}
 	var err error
 	if b.master, err = c.MasterOf(context.Background(), stream); err != nil {
@@ -129,7 +129,7 @@ func (b *clusterBundle) checkTerminalOnce() {
 func TestClusterServiceEndToEnd(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := newClusterBundle(t)
+	b := newClusterBundle(t, testenv.ClusterOptions{})
 	cfg := b.fastConfig("c1")
 	cfg.Maintenance.Consumers = maintenance.ConsumersConfig{IdleTimeout: 200 * time.Millisecond, Interval: 100 * time.Millisecond}
 	var mu sync.Mutex
@@ -243,7 +243,7 @@ func TestClusterRecoveryAfterMasterLosesData(t *testing.T) {
 	t.Parallel()
 	n := recoveryTasks(t, 2000)
 	ctx := context.Background()
-	b := newClusterBundle(t)
+	b := newClusterBundle(t, testenv.ClusterOptions{})
 	cfg := b.fastConfig("c1")
 	cfg.Maintenance.Rescuer = maintenance.RescuerConfig{} // the defaults: a minute's grace
 	gate := make(chan struct{})
@@ -263,7 +263,7 @@ func TestClusterRecoveryAfterMasterLosesData(t *testing.T) {
 		return err == nil && l >= int64(n)
 	})
 	killed := time.Now()
-	b.master.Kill()
+	b.cluster.Kill(b.master)
 	if err := b.cluster.Restart(ctx, b.master); err != nil {
 		t.Fatal(err)
 	}
@@ -283,16 +283,45 @@ func TestClusterRecoveryAfterMasterLosesData(t *testing.T) {
 	b.checkTerminalOnce()
 }
 
-// TestClusterMasterRestartMidRun: tasks are created and worked without a
-// pause while the master serving the stream's slot is killed and started
-// again empty. Publishes fail while it is down (the outbox keeps the
-// events and retries), entries held by the handlers vanish with it; every
-// task still ends SUCCEEDED, exactly once in its audit trail, and nothing
-// stays pending.
-func TestClusterMasterRestartMidRun(t *testing.T) {
+// TestClusterMasterFaultMidRun: tasks are created and worked without a
+// pause while the master serving the stream's slot is killed: started
+// again empty (Restart; the loss is reported and the rescuer republishes),
+// or replaced by its replica (Failover, a node timeout of 1 s; the last
+// writes before the kill may be lost). Publishes fail meanwhile (the
+// outbox keeps the events and retries), entries held by the handlers may
+// vanish; every task still ends SUCCEEDED, exactly once in its audit
+// trail, and nothing stays pending.
+func TestClusterMasterFaultMidRun(t *testing.T) {
 	t.Parallel()
+	t.Run("Restart", func(t *testing.T) {
+		t.Parallel()
+		testClusterMasterFaultMidRun(t, testenv.ClusterOptions{}, func(b *clusterBundle) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := b.cluster.Restart(ctx, b.master); err != nil {
+				t.Fatal(err)
+			}
+		})
+	})
+	t.Run("Failover", func(t *testing.T) {
+		t.Parallel()
+		testClusterMasterFaultMidRun(t, testenv.ClusterOptions{Replicas: true, NodeTimeout: time.Second}, func(b *clusterBundle) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			m, err := b.cluster.WaitFailover(ctx, b.stream, b.master)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("replica %s took over from %s", m.Addr(), b.master.Addr())
+		})
+	})
+}
+
+// testClusterMasterFaultMidRun kills the stream's master mid-run and calls
+// repair once publishes have failed.
+func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair func(b *clusterBundle)) {
 	ctx := context.Background()
-	b := newClusterBundle(t)
+	b := newClusterBundle(t, o)
 	var mu sync.Mutex
 	seen := map[uuid.UUID]bool{}
 	svc := b.run(b.fastConfig("c1"), map[string]ingest.Handler{"k": func(ctx context.Context, tk ingest.Task) error {
@@ -329,8 +358,8 @@ func TestClusterMasterRestartMidRun(t *testing.T) {
 			time.Sleep(5 * time.Millisecond) // a steady trickle, not a flood
 		}
 	}()
-	b.eventually(30*time.Second, "tasks flowing before the restart", func() bool { return b.count(task.Succeeded) >= 200 })
-	b.master.Kill()
+	b.eventually(30*time.Second, "tasks flowing before the fault", func() bool { return b.count(task.Succeeded) >= 200 })
+	b.cluster.Kill(b.master)
 	before := created.Load()
 	// While the master is down the relay's publishes fail and are kept.
 	b.eventually(20*time.Second, "failed publishes while the master is down", func() bool {
@@ -338,10 +367,8 @@ func TestClusterMasterRestartMidRun(t *testing.T) {
 		err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE attempt_count > 0 AND status <> 'SENT'`).Scan(&failed)
 		return err == nil && failed > 0
 	})
-	if err := b.cluster.Restart(ctx, b.master); err != nil {
-		t.Fatal(err)
-	}
-	b.eventually(30*time.Second, "tasks created after the restart", func() bool { return created.Load() >= before+200 })
+	repair(b)
+	b.eventually(30*time.Second, "tasks created after the recovery", func() bool { return created.Load() >= before+200 })
 	close(stop)
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -28,7 +28,7 @@ func TestClusterWorkers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	bin := buildBinary(t)
-	cluster := testenv.NewRedisCluster(t)
+	cluster := testenv.NewRedisCluster(t, testenv.ClusterOptions{})
 	crdb := cluster.Client(t)
 	db := testenv.NewEmptyDatabase(t)
 	stream, dlqKey := testenv.Keys(t)

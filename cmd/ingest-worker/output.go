@@ -126,6 +126,10 @@ func (a *app) openRedis(ctx context.Context) (redis.UniversalClient, error) {
 			return nil, usagef("INGEST_REDIS_URL: %s is not a valid Redis Cluster URL", redact.DSN(a.cfg.RedisURL))
 		}
 		opt.PoolSize = max(opt.PoolSize, a.cfg.WorkerConcurrency+8)
+		// A failed master refuses connections and sends no MOVED: only a
+		// reload of the slot map finds the replica that took over its
+		// slots. go-redis reloads every minute by default.
+		opt.ClusterStateReloadInterval = time.Second
 		rdb := redis.NewClusterClient(opt)
 		err = rdb.ForEachMaster(pctx, func(ctx context.Context, c *redis.Client) error {
 			if err := c.Ping(ctx).Err(); err != nil {
