@@ -20,7 +20,8 @@ const (
 	// MaxConcurrency is the largest concurrency limit of a kind.
 	MaxConcurrency = 100_000
 	// MaxRateCount is the largest count of a rate limit (its start log
-	// holds that many times).
+	// holds up to that many times, rewritten by each start transaction:
+	// 80 KB at the largest).
 	MaxRateCount = 10_000
 	// rateLogMargin is how much longer than its period a start is kept in
 	// a kind's rate log: transactions' start times (now()) can be out of
@@ -265,15 +266,24 @@ WITH stale AS (
 SELECT (SELECT count(*) FROM ingest_kind_slot WHERE kind = $1) - (SELECT count(*) FROM stale)`
 
 // free returns how many more tasks of the kind may start now under its
-// limits (-1: no limit), and the number of recent starts in the rate log.
-func (st limitState) free(ctx context.Context, tx pgx.Tx, kind string) (int, error) {
+// limits (-1: no limit), for a start of want tasks. The slot rows are
+// counted first, stale ones included: when that leaves room for want, the
+// stale ones need not be found (they only make the count higher), so
+// they are deleted only when the kind comes near its limit, which bounds
+// the table at about the limit plus one batch.
+func (st limitState) free(ctx context.Context, tx pgx.Tx, kind string, want int) (int, error) {
 	free := -1
 	if st.Concurrency > 0 {
-		var live int
-		if err := tx.QueryRow(ctx, liveSlotsSQL, kind).Scan(&live); err != nil {
+		var taken int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM ingest_kind_slot WHERE kind = $1`, kind).Scan(&taken); err != nil {
 			return 0, err
 		}
-		free = max(st.Concurrency-live, 0)
+		if taken+want > st.Concurrency {
+			if err := tx.QueryRow(ctx, liveSlotsSQL, kind).Scan(&taken); err != nil {
+				return 0, err
+			}
+		}
+		free = max(st.Concurrency-taken, 0)
 	}
 	if st.Rate.Count > 0 {
 		left := max(st.Rate.Count-st.recentStarts(), 0)
@@ -297,13 +307,27 @@ func (st limitState) recentStarts() int {
 	return len(st.log) - i
 }
 
-// recordStarts adds n starts at the transaction's time to the kind's rate
-// log and drops those older than its period and margin.
-func recordStarts(ctx context.Context, tx pgx.Tx, kind string, n int) error {
-	_, err := tx.Exec(ctx, `UPDATE ingest_kind SET rate_log = (
-		SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM unnest(rate_log || array_fill(now(), ARRAY[$2::int])) AS x
-		WHERE x > now() - (rate_period_ms + $3) * interval '1 millisecond')
-		WHERE kind = $1`, kind, n, rateLogMargin.Milliseconds())
+// recordStartsSQL takes a slot of kind $1 for each task of $2 when the
+// kind has a concurrency limit ($3), and adds their starts, at the
+// transaction's time, to its rate log when it has a rate limit ($4),
+// keeping the latest rate_count of those within its period and the margin
+// $5 (whether a start is allowed depends on those only).
+const recordStartsSQL = `
+WITH slots AS (
+    INSERT INTO ingest_kind_slot (kind, task_id) SELECT $1, id FROM unnest($2::uuid[]) AS x(id) WHERE $3
+    ON CONFLICT DO NOTHING
+)
+UPDATE ingest_kind SET rate_log = (
+    SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM (
+        SELECT x FROM unnest(rate_log || array_fill(now(), ARRAY[cardinality($2::uuid[])])) AS x
+        WHERE x > now() - (rate_period_ms + $5) * interval '1 millisecond'
+        ORDER BY x DESC LIMIT rate_count) AS latest)
+WHERE kind = $1 AND $4`
+
+// recordStarts records the starts of the tasks of ids in the kind's
+// limits: a slot each, and their times in its rate log.
+func recordStarts(ctx context.Context, tx pgx.Tx, kind string, ids []uuid.UUID, st limitState) error {
+	_, err := tx.Exec(ctx, recordStartsSQL, kind, ids, st.Concurrency > 0, st.Rate.Count > 0, rateLogMargin.Milliseconds())
 	return err
 }
 
@@ -370,7 +394,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 		}
 		free := 0
 		if !st.Paused {
-			if free, err = st.free(ctx, tx, kind); err != nil {
+			if free, err = st.free(ctx, tx, kind, len(mine)); err != nil {
 				return err
 			}
 		}
@@ -403,14 +427,8 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 				return err
 			}
 		}
-		if len(started) > 0 && st.Concurrency > 0 {
-			if _, err := tx.Exec(ctx, `INSERT INTO ingest_kind_slot (kind, task_id) SELECT $1, unnest($2::uuid[]) ON CONFLICT DO NOTHING`,
-				kind, started); err != nil {
-				return err
-			}
-		}
-		if len(started) > 0 && st.Rate.Count > 0 {
-			if err := recordStarts(ctx, tx, kind, len(started)); err != nil {
+		if len(started) > 0 && st.Limited() {
+			if err := recordStarts(ctx, tx, kind, started, st); err != nil {
 				return err
 			}
 		}
@@ -481,12 +499,24 @@ func (s *Store) notStartedInto(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, 
 	return rows.Err()
 }
 
+// anyParkedSQL tells whether kind $1 has a parked task (one probe of
+// ingest_task_parked_idx).
+var anyParkedSQL = `SELECT EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND next_retry_at = ` + parkedSQL + ` AND status IN ` + waitingSQL + `)`
+
 // ReleaseParked wakes at most max (0: a thousand) parked tasks of kind, as
 // many as its limits let start now less inTransit (tasks woken earlier
 // that have not started yet): each gets next_retry_at NULL and a new
 // outbox event, due at once. A kind that is paused releases nothing. It
 // returns the tasks it released.
 func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max int) ([]uuid.UUID, error) {
+	// Most calls find nothing parked: they take no lock.
+	var parked bool
+	if err := s.db.QueryRow(ctx, anyParkedSQL, kind).Scan(&parked); err != nil {
+		return nil, fmt.Errorf("release parked tasks of kind %q: %w", kind, err)
+	}
+	if !parked {
+		return nil, nil
+	}
 	var ids []uuid.UUID
 	var claim outbox.Claim
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -501,7 +531,7 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 			n = min(n, max)
 		}
 		if st.Limited() {
-			free, err := st.free(ctx, tx, kind)
+			free, err := st.free(ctx, tx, kind, n)
 			if err != nil {
 				return err
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/bench"
 	"github.com/ingest-worker/ingest/internal/pgtemp"
 	"github.com/ingest-worker/ingest/migrations"
+	"github.com/ingest-worker/ingest/task"
 )
 
 const benchLong = `Measure the full production path: tasks are created in PostgreSQL (task,
@@ -75,6 +76,8 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&opts.PayloadBytes, "payload-bytes", 0, "length of a string carried in each task's payload (0: none)")
 	f.Float64Var(&opts.FailRate, "fail-rate", 0, "fraction of tasks whose first attempt fails, chosen from the task id; they are retried once, soon")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "handler slots of the worker")
+	f.IntVar(&opts.KindConcurrency, "kind-concurrency", 0, "limit the run's kind to this many running tasks across workers (0: no limit), to measure the limiter")
+	f.Var((*rateFlag)(&opts.KindRate), "kind-rate", "limit the run's kind to this start rate, e.g. 50000/s (0: no limit), to measure the limiter")
 	f.IntVar(&opts.ReadCount, "read-count", bench.DefaultReadCount, "most entries per stream read (all started in one statement)")
 	f.IntVar(&opts.CompleteBatch, "complete-batch", bench.DefaultCompleteBatch, "most outcomes per completion statement")
 	f.DurationVar(&opts.CompleteWindow, "complete-window", bench.DefaultCompleteWindow, "longest wait gathering outcomes")
@@ -137,5 +140,19 @@ func (a *app) bench(cmd *cobra.Command, opts bench.Options) error {
 		return a.printJSON(rep)
 	}
 	bench.Print(a.stdout, rep)
+	return nil
+}
+
+// rateFlag is a task.Rate as a command-line flag ("5/s", "300/m").
+type rateFlag task.Rate
+
+func (r *rateFlag) String() string { return task.Rate(*r).String() }
+func (r *rateFlag) Type() string   { return "rate" }
+func (r *rateFlag) Set(s string) error {
+	v, err := task.ParseRate(s)
+	if err != nil {
+		return errors.New(fieldMsg(err))
+	}
+	*r = rateFlag(v)
 	return nil
 }

@@ -101,6 +101,11 @@ type Options struct {
 	// error, so they are retried once (decided by FailsFirstAttempt from
 	// the task id).
 	FailRate float64
+	// KindConcurrency and KindRate limit the run's task kind across the
+	// workers (task.Store.SetKind; 0 and the zero Rate: no limit), to
+	// measure the cost of the limiter.
+	KindConcurrency int
+	KindRate        task.Rate
 	// Worker tuning: handler slots, entries per stream read, completer
 	// batch and window, outbox relay batch.
 	Concurrency    int
@@ -161,6 +166,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("fail rate must be in [0, 1), got %v", o.FailRate)
 	case o.PoolConns < 4:
 		return fmt.Errorf("pool conns must be >= 4, got %d", o.PoolConns)
+	case o.KindConcurrency < 0 || o.KindConcurrency > task.MaxConcurrency:
+		return fmt.Errorf("kind concurrency must be in [0, %d], got %d", task.MaxConcurrency, o.KindConcurrency)
 	}
 	return nil
 }
@@ -374,6 +381,12 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	}
 	store := svc.Store()
 	svc.Handle(b.kind, b.handler)
+	if o.KindConcurrency > 0 || o.KindRate.Count > 0 {
+		if _, err := store.SetKind(ctx, "bench", b.kind, task.KindUpdate{Concurrency: &o.KindConcurrency, Rate: &o.KindRate}); err != nil {
+			return rep, err
+		}
+		fmt.Fprintf(b.out, "kind %s limited: concurrency %d, rate %s\n", b.kind, o.KindConcurrency, o.KindRate)
+	}
 
 	fmt.Fprintf(b.out, "bench %s: %d tasks, %s mode", b.id, o.Tasks, rep.Mode)
 	if o.Rate > 0 {
@@ -587,6 +600,8 @@ func (b *run) cleanup() {
 	defer cancel()
 	_ = b.rdb.Del(ctx, b.stream, b.dlq).Err()
 	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_task WHERE kind = $1`, b.kind)
+	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1`, b.kind)
+	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_kind WHERE kind = $1`, b.kind)
 }
 
 // Print writes the report as a table.
