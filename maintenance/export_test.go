@@ -138,3 +138,24 @@ func (p *periodic) RunOnce(ctx context.Context) (created, existing int, err erro
 	return p.runOnce(ctx)
 }
 func (p *periodic) Reset() { p.reset() }
+
+// Releaser is the releaser of parked tasks, outside any Maintainer.
+type Releaser = releaser
+
+// NewReleaser returns a releaser on store with its metrics, and its
+// ingest_kind_waiting_tasks collector, on reg.
+func NewReleaser(cfg ReleaserConfig, store *task.Store, reg *prometheus.Registry) (*Releaser, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(reg, false)
+	if err != nil {
+		return nil, err
+	}
+	r := newReleaser(cfg, store, m)
+	return r, reg.Register(newWaitingCollector(r))
+}
+
+// RunOnce runs one releaser pass and returns how many tasks it released.
+func (r *releaser) RunOnce(ctx context.Context) (int, error) { return r.runOnce(ctx) }

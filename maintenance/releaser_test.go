@@ -1,0 +1,122 @@
+package maintenance_test
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestReleaserWakesParkedTasks: the releaser releases a concurrency-limited
+// kind's parked tasks when a crashed worker's lease expires, never more
+// than the free slots even across passes (the released tasks count as in
+// transit until they start), and a rate-limited kind's when its window
+// moves on; ingest_kind_waiting_tasks reports the parked tasks by reason.
+func TestReleaserWakesParkedTasks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := testenv.DB(t)
+	store, err := task.NewStore(task.Config{}, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r, err := maintenance.NewReleaser(maintenance.ReleaserConfig{WaitingInterval: time.Millisecond}, store, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	two, rate, yes := 2, task.Rate{Count: 1, Per: 300 * time.Millisecond}, true
+	for kind, u := range map[string]task.KindUpdate{
+		"c": {Concurrency: &two}, "r": {Rate: &rate}, "p": {Paused: &yes},
+	} {
+		if _, err := store.SetKind(ctx, "test", kind, u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create := func(kind string, n int) []task.StartResult {
+		nts := make([]task.NewTask, n)
+		for i := range nts {
+			nts[i] = task.NewTask{Kind: kind, Payload: []byte(`{}`)}
+		}
+		res, err := store.CreateBatch(ctx, nts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []task.StartResult
+		for _, c := range res {
+			ids = append(ids, task.StartResult{ID: c.Task.ID})
+		}
+		return ids
+	}
+	startAll := func(kind string, rs []task.StartResult, lease time.Duration) (started int) {
+		for _, x := range rs {
+			out, err := store.StartLimited(ctx, "w", lease, kind, x.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Outcome == task.Started {
+				started++
+			}
+		}
+		return started
+	}
+	cs := create("c", 6)
+	if n := startAll("c", cs, 200*time.Millisecond); n != 2 {
+		t.Fatalf("%d of c started, want 2 (its limit)", n)
+	}
+	rs := create("r", 3)
+	if n := startAll("r", rs, time.Minute); n != 1 {
+		t.Fatalf("%d of r started, want 1 (its rate)", n)
+	}
+	if _, err := store.Park(ctx, create("p", 1)[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("first pass released %d, %v; want nothing (no slot, no start free)", n, err)
+	}
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "ingest_kind_waiting_tasks" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			got[labels["kind"]+"/"+labels["reason"]] = m.GetGauge().GetValue()
+		}
+	}
+	if want := map[string]float64{"c/limit": 4, "r/limit": 2, "p/paused": 1}; !maps.Equal(got, want) {
+		t.Fatalf("ingest_kind_waiting_tasks = %v, want %v", got, want)
+	}
+	// The two c leases expire (200 ms) and the rate window moves on
+	// (300 ms): 2 of c and 1 of r are released, and no more while they
+	// are in transit.
+	var released int
+	testenv.Eventually(t, 5*time.Second, "the releaser releases 3", func() bool {
+		n, err := r.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released += n
+		if released > 3 {
+			t.Fatalf("released %d, more than the 2 slots and 1 start that are free", released)
+		}
+		return released == 3
+	})
+	for range 3 {
+		if n, err := r.RunOnce(ctx); err != nil || n != 0 {
+			t.Fatalf("a pass with the released tasks in transit released %d more, %v", n, err)
+		}
+	}
+}
