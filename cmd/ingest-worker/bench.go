@@ -130,6 +130,9 @@ func (a *app) bench(cmd *cobra.Command, opts bench.Options) error {
 	}
 	defer rdb.Close()
 
+	if opts.Listen, err = a.listenSource(ctx, pool); err != nil {
+		return err
+	}
 	opts.Logger = a.log
 	opts.Progress = 2 * time.Second
 	rep, err := bench.Run(ctx, opts, pool, rdb, out)

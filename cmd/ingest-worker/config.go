@@ -82,6 +82,10 @@ type Config struct {
 	KafkaRetryMaxBackoff  time.Duration
 	KafkaPublishBatchSize int
 	KafkaPublishInterval  time.Duration
+
+	// DatabaseListenURL: a direct connection for what needs a session
+	// (LISTEN, the migration lock) when DatabaseURL is a pooler's.
+	DatabaseListenURL string // INGEST_DATABASE_LISTEN_URL
 }
 
 // scope says which commands carry a setting's flag. Every setting is read
@@ -122,6 +126,9 @@ var settings = []setting{
 	{env: "INGEST_DATABASE_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
 		usage: "PostgreSQL URL or key=value DSN (empty: the standard PG* variables apply)",
 		set:   func(c *Config, v string) error { c.DatabaseURL = v; return checkDatabaseURL(v) }},
+	{env: "INGEST_DATABASE_LISTEN_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
+		usage: "direct PostgreSQL connection (not through a pooler) for LISTEN and the migration lock, when INGEST_DATABASE_URL goes through a transaction-pooling PgBouncer (empty: LISTEN on INGEST_DATABASE_URL, or poll behind a pooler)",
+		set:   func(c *Config, v string) error { c.DatabaseListenURL = v; return checkDatabaseURL(v) }},
 	// INGEST_REDIS_CLUSTER comes before INGEST_REDIS_URL: it decides how
 	// the URL is read.
 	{env: "INGEST_REDIS_CLUSTER", def: "false", typ: "bool", scope: scopeGlobal,

@@ -88,11 +88,15 @@ func (a *app) newKafkaStack(ctx context.Context, pool *pgxpool.Pool, opts ...kgo
 		return nil, fmt.Errorf("schema check: %w", err)
 	}
 	c := a.cfg
+	listen, err := a.listenSource(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	s := &stack{a: a, pool: pool, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var err error
 	s.svc, err = ingest.NewKafkaService(ingest.ServiceConfig{
-		Store: a.kafkaStoreConfig(),
+		Listen: listen,
+		Store:  a.kafkaStoreConfig(),
 		Worker: ingest.Config{
 			Consumer:        c.ConsumerName,
 			Concurrency:     c.WorkerConcurrency,

@@ -17,7 +17,10 @@ func (a *app) migrateCommand() *cobra.Command {
 		Long: `Apply every pending schema migration to the database of INGEST_DATABASE_URL.
 
 Running it again is harmless: an up-to-date schema is left alone. Several
-processes may run it at once (an advisory lock serialises them). 'run' refuses
+processes may run it at once (an advisory lock serialises them). Behind a
+transaction-pooling PgBouncer it applies through INGEST_DATABASE_LISTEN_URL,
+a direct connection (the lock needs a session), and refuses without it;
+--status works through the pooler. 'run' refuses
 to start against a schema older than the binary, so run this first after an
 upgrade. With --status it only reports the schema version and what is
 pending, changing nothing.`,
@@ -53,7 +56,12 @@ pending, changing nothing.`,
 				}
 				return nil
 			}
-			applied, err := migrations.Up(cmd.Context(), pool)
+			mpool, closeMigrationDB, err := a.openMigrationDB(cmd.Context(), pool)
+			if err != nil {
+				return err
+			}
+			defer closeMigrationDB()
+			applied, err := migrations.Up(cmd.Context(), mpool)
 			if err != nil {
 				return err
 			}

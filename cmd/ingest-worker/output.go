@@ -103,7 +103,7 @@ func (a *app) openDB(ctx context.Context) (*pgxpool.Pool, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", a.dbShown(), err)
 	}
-	return pool, nil
+	return a.behindPooler(pctx, pc, pool)
 }
 
 // dbShown names the database for messages, without its password.

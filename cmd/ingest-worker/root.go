@@ -54,6 +54,9 @@ type app struct {
 	all   []resolved
 	scrub *redact.Scrubber
 	log   *slog.Logger
+	// dbPooled: openDB found INGEST_DATABASE_URL behind a connection
+	// pooler (session.go).
+	dbPooled bool
 }
 
 // execute runs the command line args and returns the exit code.

@@ -160,11 +160,15 @@ func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.Univer
 	for _, w := range c.warnings() {
 		a.log.Warn(w)
 	}
+	listen, err := a.listenSource(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	s := &stack{a: a, pool: pool, rdb: rdb, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var err error
 	s.svc, err = ingest.NewService(ingest.ServiceConfig{
-		Store: a.storeConfig(),
+		Listen: listen,
+		Store:  a.storeConfig(),
 		Worker: ingest.Config{
 			Stream:          c.StreamKey,
 			Group:           c.Group,

@@ -44,6 +44,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/hook"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -77,6 +78,10 @@ const (
 
 // Options configures a run. Zero fields take the Default* values.
 type Options struct {
+	// Listen is where the service's LISTEN connections come from
+	// (ingest.ServiceConfig.Listen): the binary's INGEST_DATABASE_LISTEN_URL,
+	// or none behind a pooler.
+	Listen pgsession.Source
 	// Tasks is how many tasks are created and worked.
 	Tasks int
 	// Preload inserts every task first, then starts the worker and times
@@ -311,6 +316,7 @@ func (b *run) serviceConfig() ingest.ServiceConfig {
 		Reclaim:     reclaim.Config{BatchSize: 1000},
 		Relay:       outbox.RelayConfig{BatchSize: o.RelayBatch},
 		Maintenance: maintenance.Config{Retention: maintenance.RetentionConfig{DisableTrim: true}},
+		Listen:      o.Listen,
 	}
 	if o.FailRate > 0 {
 		cfg.Reclaim.Interval = FailReclaimInterval
