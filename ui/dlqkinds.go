@@ -1,0 +1,260 @@
+package ui
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// dlqPageSize is how many DLQ entries one page of the DLQ page reads.
+const dlqPageSize = 100
+
+// dlqView is the DLQ page.
+type dlqView struct {
+	Key      string
+	Length   int64
+	Entries  []dlq.Entry
+	Scanned  int
+	Next     string
+	After    string
+	Filter   redriveForm
+	Preview  *dlq.BulkRedriveResult
+	Shown    int // ids of Preview listed
+	Error    string
+	RedisErr string
+}
+
+// redriveForm is the filter of a bulk redrive as the forms carry it.
+type redriveForm struct {
+	Status, Kind, Error, Since, Until string
+	Limit                             int
+}
+
+// maxUIRedrive bounds the limit of a bulk redrive from the dashboard.
+const maxUIRedrive = 100000
+
+// readFilter reads a redriveForm from r's query or form values.
+func readFilter(get func(string) string) (redriveForm, task.RedriveFilter, error) {
+	f := redriveForm{Status: strings.ToUpper(strings.TrimSpace(get("status"))), Kind: strings.TrimSpace(get("kind")),
+		Error: get("error"), Since: get("since"), Until: get("until"), Limit: task.DefaultRedriveLimit}
+	if f.Status == "" {
+		f.Status = string(task.Dead)
+	}
+	if v := strings.TrimSpace(get("limit")); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxUIRedrive {
+			return f, task.RedriveFilter{}, fmt.Errorf("limit must be a whole number from 1 to %d, got %q", maxUIRedrive, v)
+		}
+		f.Limit = n
+	}
+	rf := task.RedriveFilter{Status: task.State(f.Status), Kind: f.Kind, ErrorContains: f.Error, Limit: f.Limit}
+	var err error
+	if rf.Since, err = parseTime(f.Since); err != nil {
+		return f, rf, fmt.Errorf("since: %w", err)
+	}
+	if rf.Until, err = parseTime(f.Until); err != nil {
+		return f, rf, fmt.Errorf("until: %w", err)
+	}
+	if err := rf.Validate(); err != nil {
+		return f, rf, err
+	}
+	return f, rf, nil
+}
+
+// query is the filter as URL query values.
+func (f redriveForm) query() url.Values {
+	q := url.Values{}
+	for k, v := range map[string]string{"status": f.Status, "kind": f.Kind, "error": f.Error, "since": f.Since, "until": f.Until} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	q.Set("limit", strconv.Itoa(f.Limit))
+	return q
+}
+
+func (h *Handler) dlqPage(w http.ResponseWriter, r *http.Request, v *view) {
+	q := r.URL.Query()
+	dv := &dlqView{Key: h.cfg.DLQKey, After: q.Get("after")}
+	v.Title, v.Nav, v.D = "DLQ", "dlq", dv
+	ctx := r.Context()
+	form, f, ferr := readFilter(q.Get)
+	dv.Filter = form
+	code := http.StatusOK
+	if ferr != nil {
+		dv.Error, code = ferr.Error(), http.StatusBadRequest
+	}
+	if ferr == nil && q.Get("preview") != "" {
+		res, err := dlq.RedriveMatching(ctx, nil, "", h.cfg.Store, h.cfg.Actor, f, task.RedriveOptions{DryRun: true})
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		dv.Preview = &res
+		dv.Shown = min(len(res.IDs), 100)
+	}
+	if h.cfg.DLQKey != "" {
+		// The listing: a page of entries, newest first, those matching
+		// the kind and error filter shown.
+		entries, err := dlq.List(ctx, h.cfg.Redis, h.cfg.DLQKey, dlq.ListParams{Count: dlqPageSize, Newest: true, After: dv.After})
+		if err != nil {
+			dv.RedisErr = err.Error()
+		}
+		dv.Scanned = len(entries)
+		for _, e := range entries {
+			if (form.Kind == "" || e.Kind == form.Kind) && (form.Error == "" || strings.Contains(e.LastError, form.Error)) {
+				dv.Entries = append(dv.Entries, e)
+			}
+		}
+		if len(entries) == dlqPageSize {
+			nq := form.query()
+			nq.Set("after", entries[len(entries)-1].ID)
+			dv.Next = Prefix + "dlq?" + nq.Encode()
+		}
+		if n, err := h.cfg.Redis.XLen(ctx, h.cfg.DLQKey).Result(); err == nil {
+			dv.Length = n
+		}
+	}
+	lq := form.query()
+	if dv.After != "" {
+		lq.Set("after", dv.After)
+	}
+	lq.Set("live", "1")
+	v.Live = Prefix + "dlq?" + lq.Encode()
+	h.render(w, r, code, "dlq", v)
+}
+
+// bulkRedrive redrives the tasks a filter selects and removes their DLQ
+// entries: dlq.RedriveMatching, as POST /v1/tasks/redrive does.
+func (h *Handler) bulkRedrive(w http.ResponseWriter, r *http.Request) {
+	form, f, err := readFilter(r.PostFormValue)
+	back := Prefix + "dlq?" + form.query().Encode()
+	if err != nil {
+		h.done(w, r, Prefix+"dlq", true, "%v", err)
+		return
+	}
+	res, err := dlq.RedriveMatching(r.Context(), h.cfg.Redis, h.cfg.DLQKey, h.cfg.Store, h.cfg.Actor, f, task.RedriveOptions{})
+	if err != nil {
+		h.log.ErrorContext(r.Context(), "ui bulk redrive", "err", err)
+		h.done(w, r, back, true, "Bulk redrive failed after %d of %d matched tasks were redriven: %v", res.Redriven, res.Matched, err)
+		return
+	}
+	h.done(w, r, back, false, "Matched %d tasks, redrove %d, removed %d DLQ entries.", res.Matched, res.Redriven, res.DLQRemoved)
+}
+
+// replay redrives the task of one DLQ entry and removes the entry
+// (dlq.Replay).
+func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
+	entry := strings.TrimSpace(r.PostFormValue("entry"))
+	back := Prefix + "dlq"
+	if h.cfg.DLQKey == "" {
+		h.done(w, r, back, true, "No DLQ stream is configured.")
+		return
+	}
+	if entry == "" {
+		h.done(w, r, back, true, "No DLQ entry given.")
+		return
+	}
+	res, err := dlq.Replay(r.Context(), h.cfg.Redis, h.cfg.DLQKey, h.cfg.Store, h.cfg.Actor, entry)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	rr := res[0]
+	switch rr.Outcome {
+	case dlq.Replayed:
+		h.done(w, r, back, false, "Entry %s replayed: task %s is %s again.", rr.EntryID, rr.TaskID, rr.Status)
+	case dlq.NotDead:
+		h.done(w, r, back, false, "Entry %s removed: its task is %s, not DEAD.", rr.EntryID, rr.Status)
+	default:
+		msg := string(rr.Outcome)
+		if rr.Detail != "" {
+			msg += ": " + rr.Detail
+		}
+		h.done(w, r, back, true, "Entry %s not replayed (%s).", rr.EntryID, msg)
+	}
+}
+
+// kindsView is the kinds page.
+type kindsView struct {
+	Kinds    []task.KindInfo
+	Periodic []maintenance.Slot
+}
+
+func (h *Handler) kinds(w http.ResponseWriter, r *http.Request, v *view) {
+	ks, err := h.cfg.Store.Kinds(r.Context())
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	kv := &kindsView{Kinds: ks}
+	if h.cfg.Periodic != nil {
+		kv.Periodic = h.cfg.Periodic(time.Now())
+	}
+	v.Title, v.Nav, v.Live, v.D = "Kinds", "kinds", Prefix+"kinds?live=1", kv
+	h.render(w, r, http.StatusOK, "kinds", v)
+}
+
+// setKind pauses, resumes or sets the limits of a kind
+// (task.Store.SetKind).
+func (h *Handler) setKind(w http.ResponseWriter, r *http.Request) {
+	kind := r.PathValue("kind")
+	back := Prefix + "kinds"
+	var u task.KindUpdate
+	var what string
+	switch op := r.PostFormValue("op"); op {
+	case "pause", "resume":
+		p := op == "pause"
+		u.Paused, what = &p, op+"d"
+	case "limits":
+		c, err := strconv.Atoi(strings.TrimSpace(cmpOr(r.PostFormValue("concurrency"), "0")))
+		if err != nil || c < 0 {
+			h.done(w, r, back, true, "Concurrency must be a whole number >= 0 (0: no limit).")
+			return
+		}
+		rate, err := task.ParseRate(strings.TrimSpace(cmpOr(r.PostFormValue("rate"), "0")))
+		if err != nil {
+			h.done(w, r, back, true, "Rate: %v", fieldMsg(err))
+			return
+		}
+		u.Concurrency, u.Rate, what = &c, &rate, "limits set"
+	default:
+		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("unknown operation %q (pause, resume or limits)", op))
+		return
+	}
+	released, err := h.cfg.Store.SetKind(r.Context(), h.cfg.Actor, kind, u)
+	var ferr *task.FieldError
+	if errors.As(err, &ferr) {
+		h.done(w, r, back, true, "%s", ferr.Msg)
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	h.done(w, r, back, false, "Kind %s %s; %d parked tasks released.", kind, what, released)
+}
+
+func cmpOr(v, def string) string {
+	if strings.TrimSpace(v) == "" {
+		return def
+	}
+	return v
+}
+
+// fieldMsg is a store error's message without its field prefix.
+func fieldMsg(err error) string {
+	var ferr *task.FieldError
+	if errors.As(err, &ferr) {
+		return ferr.Msg
+	}
+	return err.Error()
+}

@@ -1,0 +1,40 @@
+// Package ui owns the web dashboard of an ingest-worker process: the HTML
+// pages under /ui/ (overview, tasks, one task, DLQ, kinds), their actions
+// (cancel, redrive, bulk redrive with a dry run, pause, resume, kind
+// limits), the login and CSRF protection in front of them, the SVG charts,
+// and the static assets, all embedded in the binary (no CDN).
+//
+// Pages are Go html/template, rendered on the server (auto-escaped: task
+// payloads and errors are shown as text). The only script is htmx
+// (static/htmx.min.js, vendored from npm, see static/VENDORED.md): a page's
+// live part reloads itself every 2 s (hx-trigger="every 2s", the same
+// handler with ?live=1 renders just that part). Actions are plain HTML
+// forms answered with a redirect (post/redirect/get), so they work without
+// script too.
+//
+// Routes (Handler serves them; `ingest-worker run` and `ingest-worker ui`
+// mount it at /ui/):
+//
+//	GET  /ui/                          overview
+//	GET  /ui/tasks                     tasks: ?status=&kind=&q= (id or idempotency key)&since=&until=&cursor=
+//	GET  /ui/tasks/{id}                one task: row, audit timeline, outbox rows, PEL entry, DLQ entries
+//	POST /ui/tasks/{id}/cancel         cancel it
+//	POST /ui/tasks/{id}/redrive        redrive it (DEAD or CANCELLED) and remove its DLQ entries
+//	GET  /ui/dlq                       DLQ entries (?kind=&error=); ?preview=1 dry-runs a bulk redrive
+//	POST /ui/dlq/redrive               bulk redrive by filter (dlq.RedriveMatching)
+//	POST /ui/dlq/replay                redrive one DLQ entry (dlq.Replay)
+//	GET  /ui/kinds                     kinds with settings, counts and next periodic slots
+//	POST /ui/kinds/{kind}              pause, resume, concurrency and rate limits (task.Store.SetKind)
+//	GET  /ui/login, POST /ui/login     the token form (only with a token configured)
+//	POST /ui/logout                    forget the session cookie
+//	GET  /ui/static/...                embedded assets
+//
+// With Config.Token set, every page but the login form and the assets
+// needs a session: the token is asked once and a session cookie (HttpOnly,
+// SameSite=Strict, an HMAC keyed by the token, valid SessionTTL) is set;
+// the token is compared in constant time. Every POST needs the CSRF token
+// of the page (a hidden field equal to an HttpOnly cookie, compared in
+// constant time) and passes Go's cross-origin protection (Sec-Fetch-Site or
+// Origin must be this site). With Config.ReadOnly the pages have no action
+// buttons and every action POST is refused with 403.
+package ui

@@ -1,0 +1,393 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Overview limits. Counting a large table by status on every poll would
+// read it all; the overview counts at most CountCap rows per status,
+// through the (status, created_at, id) index, exactly below the cap, and
+// shows the planner's estimate (pg_class.reltuples times the status's
+// frequency in pg_stats) above it. The whole overview is cached for
+// overviewTTL, so any number of open dashboards cost one set of queries
+// per interval.
+const (
+	CountCap    = 5000
+	overviewTTL = 1500 * time.Millisecond
+	redisWait   = time.Second
+)
+
+// statusCount is one status on the overview.
+type statusCount struct {
+	State task.State
+	N     int64
+	// Capped: at least N (the exact count stopped at CountCap);
+	// Estimate is the planner's estimate then (0 when unknown).
+	Capped   bool
+	Estimate int64
+}
+
+// kindRow is one kind on the overview: its tasks among the counted ones,
+// its recent throughput, its settings.
+type kindRow struct {
+	Kind                      string
+	Waiting, Running          int64
+	Dead, Cancelled           int64
+	Succeeded15, Failed15     int64
+	Paused                    bool
+	Concurrency               int
+	Rate                      string
+	Limited                   bool
+	WaitingCapped, DeadCapped bool
+}
+
+type consumerRow struct {
+	Name    string
+	Pending int64
+	Idle    time.Duration
+}
+
+type leaderRow struct {
+	Name, ID  string
+	ElectedAt time.Time
+	ExpiresAt time.Time
+}
+
+// redisView is the Redis side of the overview.
+type redisView struct {
+	Stream, Group, DLQKey string
+	Length                int64
+	GroupExists           bool
+	Pending               int64
+	Lag                   int64
+	LagKnown              bool
+	DLQ                   int64
+	Consumers             []consumerRow
+	Err                   string
+}
+
+type overviewData struct {
+	At        time.Time
+	Statuses  []statusCount
+	Total     int64
+	Kinds     []kindRow
+	Redis     *redisView
+	Backlog   int64
+	BacklogC  bool // capped
+	OldestDue time.Duration
+	Leaders   []leaderRow
+	Series    series
+	Took      time.Duration
+	Errors    []string
+}
+
+// overviewCache keeps the last overview for overviewTTL.
+type overviewCache struct {
+	mu   sync.Mutex
+	last *overviewData
+}
+
+// forget drops the cached overview.
+func (c *overviewCache) forget() {
+	c.mu.Lock()
+	c.last = nil
+	c.mu.Unlock()
+}
+
+func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *view) {
+	d, err := h.Overview(r.Context())
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	v.Title, v.Nav, v.Live, v.D = "Overview", "overview", Prefix+"?live=1", d
+	h.render(w, r, http.StatusOK, "overview", v)
+}
+
+// Overview returns the overview's data, from the cache when it is
+// fresher than overviewTTL.
+func (h *Handler) Overview(ctx context.Context) (*overviewData, error) {
+	c := h.stats
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last != nil && time.Since(c.last.At) < overviewTTL {
+		return c.last, nil
+	}
+	d, err := h.readOverview(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.last = d
+	return d, nil
+}
+
+// statusCountsSQL counts up to $2 tasks of each status in $1, newest
+// first through ingest_task_status_created_idx, by kind.
+const statusCountsSQL = `
+SELECT s.status, x.kind, count(*)
+FROM unnest($1::text[]) AS s(status)
+CROSS JOIN LATERAL (
+    SELECT t.kind FROM ingest_task t WHERE t.status = s.status
+    ORDER BY t.created_at DESC, t.id DESC LIMIT $2
+) x
+GROUP BY 1, 2`
+
+// estimateSQL is the planner's estimate of the tasks per status.
+const estimateSQL = `
+SELECT u.v, (u.f * greatest(c.reltuples, 0))::bigint
+FROM pg_class c, pg_stats s,
+     unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS u(v, f)
+WHERE c.oid = 'ingest_task'::regclass AND s.schemaname = current_schema()
+  AND s.tablename = 'ingest_task' AND s.attname = 'status'`
+
+// backlogSQL counts up to $1 unpublished outbox rows on the partial claim
+// index (outbox_event_claim_idx), and the earliest due time among them.
+const backlogSQL = `
+SELECT count(*), min(next_retry_at) FROM (
+    SELECT next_retry_at FROM outbox_event WHERE status IN ('NEW', 'RETRYING')
+    ORDER BY next_retry_at, id LIMIT $1
+) o`
+
+const leaderSQL = `SELECT name, leader_id, elected_at, expires_at FROM ingest_leader WHERE expires_at > now() ORDER BY name`
+
+const kindSettingsSQL = `
+SELECT kind, paused, concurrency, rate_count, rate_period_ms FROM ingest_kind
+WHERE paused OR concurrency > 0 OR rate_count > 0 ORDER BY kind`
+
+func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
+	begun := time.Now()
+	d := &overviewData{At: begun}
+	var mu sync.Mutex
+	softErr := func(what string, err error) {
+		mu.Lock()
+		d.Errors = append(d.Errors, fmt.Sprintf("%s: %v", what, err))
+		mu.Unlock()
+	}
+	kinds := map[string]*kindRow{}
+	kind := func(name string) *kindRow {
+		k := kinds[name]
+		if k == nil {
+			k = &kindRow{Kind: name}
+			kinds[name] = k
+		}
+		return k
+	}
+	var (
+		counts    = map[task.State]int64{}
+		estimates = map[task.State]int64{}
+		perKind   = map[string]map[task.State]int64{}
+		settings  []kindRow
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		states := make([]string, len(task.States))
+		for i, s := range task.States {
+			states[i] = string(s)
+		}
+		rows, err := h.cfg.DB.Query(gctx, statusCountsSQL, states, CountCap)
+		if err != nil {
+			return fmt.Errorf("count tasks: %w", err)
+		}
+		var st, k string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&st, &k, &n}, func() error {
+			counts[task.State(st)] += n
+			if perKind[k] == nil {
+				perKind[k] = map[task.State]int64{}
+			}
+			perKind[k][task.State(st)] = n
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("count tasks: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		rows, err := h.cfg.DB.Query(gctx, estimateSQL)
+		if err != nil {
+			softErr("estimates", err)
+			return nil
+		}
+		var st string
+		var n int64
+		if _, err := pgx.ForEachRow(rows, []any{&st, &n}, func() error { estimates[task.State(st)] = n; return nil }); err != nil {
+			softErr("estimates", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		var due *time.Time
+		if err := h.cfg.DB.QueryRow(gctx, backlogSQL, CountCap+1).Scan(&d.Backlog, &due); err != nil {
+			return fmt.Errorf("outbox backlog: %w", err)
+		}
+		if d.Backlog > CountCap {
+			d.Backlog, d.BacklogC = CountCap, true
+		}
+		if due != nil && time.Since(*due) > 0 {
+			d.OldestDue = time.Since(*due)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		rows, err := h.cfg.DB.Query(gctx, leaderSQL)
+		if err != nil {
+			return fmt.Errorf("leader: %w", err)
+		}
+		d.Leaders, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (leaderRow, error) {
+			var l leaderRow
+			return l, r.Scan(&l.Name, &l.ID, &l.ElectedAt, &l.ExpiresAt)
+		})
+		if err != nil {
+			return fmt.Errorf("leader: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		rows, err := h.cfg.DB.Query(gctx, kindSettingsSQL)
+		if err != nil {
+			return fmt.Errorf("kind settings: %w", err)
+		}
+		settings, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (kindRow, error) {
+			var k kindRow
+			var rate task.Rate
+			var periodMS int64
+			err := r.Scan(&k.Kind, &k.Paused, &k.Concurrency, &rate.Count, &periodMS)
+			rate.Per = time.Duration(periodMS) * time.Millisecond
+			k.Rate = rate.String()
+			k.Limited = k.Concurrency > 0 || rate.Count > 0
+			return k, err
+		})
+		if err != nil {
+			return fmt.Errorf("kind settings: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		s, err := h.samp.Series(gctx)
+		if err != nil {
+			softErr("audit samples", err)
+		}
+		d.Series = s
+		return nil
+	})
+	if h.cfg.Redis != nil {
+		g.Go(func() error {
+			d.Redis = h.readRedis(gctx)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	for _, s := range task.States {
+		sc := statusCount{State: s, N: counts[s], Capped: counts[s] >= CountCap}
+		if sc.Capped {
+			sc.Estimate = max(estimates[s], sc.N)
+			d.Total += sc.Estimate
+		} else {
+			d.Total += sc.N
+		}
+		d.Statuses = append(d.Statuses, sc)
+	}
+	for name, byState := range perKind {
+		k := kind(name)
+		k.Waiting = byState[task.Queued] + byState[task.Retrying]
+		k.Running = byState[task.Running]
+		k.Dead, k.Cancelled = byState[task.Dead], byState[task.Cancelled]
+		k.WaitingCapped = counts[task.Queued] >= CountCap || counts[task.Retrying] >= CountCap
+		k.DeadCapped = counts[task.Dead] >= CountCap
+	}
+	for name, t := range d.Series.ByKind {
+		k := kind(name)
+		k.Succeeded15, k.Failed15 = t.Succeeded, t.Retried+t.Dead
+	}
+	for _, s := range settings {
+		k := kind(s.Kind)
+		k.Paused, k.Concurrency, k.Rate, k.Limited = s.Paused, s.Concurrency, s.Rate, s.Limited
+	}
+	for _, k := range kinds {
+		d.Kinds = append(d.Kinds, *k)
+	}
+	sort.Slice(d.Kinds, func(i, j int) bool { return d.Kinds[i].Kind < d.Kinds[j].Kind })
+	d.Took = time.Since(begun)
+	return d, nil
+}
+
+// readRedis reads the stream, its group, consumers and the DLQ depth.
+func (h *Handler) readRedis(ctx context.Context) *redisView {
+	ctx, cancel := context.WithTimeout(ctx, redisWait)
+	defer cancel()
+	rv := &redisView{Stream: h.cfg.Stream, Group: h.cfg.Group, DLQKey: h.cfg.DLQKey}
+	rdb := h.cfg.Redis
+	var err error
+	defer func() {
+		if err != nil {
+			rv.Err = err.Error()
+		}
+	}()
+	if rv.Length, err = rdb.XLen(ctx, rv.Stream).Result(); err != nil {
+		return rv
+	}
+	if h.cfg.DLQKey != "" {
+		if rv.DLQ, err = rdb.XLen(ctx, h.cfg.DLQKey).Result(); err != nil {
+			return rv
+		}
+	}
+	groups, gerr := rdb.XInfoGroups(ctx, rv.Stream).Result()
+	if gerr != nil {
+		if !noStream(gerr) {
+			err = gerr
+		}
+		return rv
+	}
+	for _, g := range groups {
+		if g.Name == rv.Group {
+			rv.GroupExists, rv.Pending = true, g.Pending
+			if g.Lag == 0 || (g.Lag > 0 && g.EntriesRead > 0) {
+				rv.Lag, rv.LagKnown = g.Lag, true
+			}
+		}
+	}
+	if !rv.GroupExists {
+		return rv
+	}
+	cs, cerr := rdb.XInfoConsumers(ctx, rv.Stream, rv.Group).Result()
+	if cerr != nil {
+		err = cerr
+		return rv
+	}
+	for _, c := range cs {
+		rv.Consumers = append(rv.Consumers, consumerRow{Name: c.Name, Pending: c.Pending, Idle: c.Idle})
+	}
+	slices.SortFunc(rv.Consumers, func(a, b consumerRow) int {
+		if a.Pending != b.Pending {
+			return int(b.Pending - a.Pending)
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return rv
+}
+
+// noStream reports a Redis error meaning the stream or group is missing.
+func noStream(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return err != nil
+	}
+	s := err.Error()
+	return strings.Contains(s, "no such key") || strings.HasPrefix(s, "NOGROUP") || strings.HasPrefix(s, "ERR The XINFO")
+}

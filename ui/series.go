@@ -1,0 +1,313 @@
+package ui
+
+import (
+	"context"
+	"fmt"
+	"html/template"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/task"
+)
+
+// The charts cover Window in buckets of Bucket.
+const (
+	Bucket      = 30 * time.Second
+	Window      = 15 * time.Minute
+	sampleEvery = time.Second
+	// sampleBatch bounds the audit rows one read takes; a backlog (the
+	// first read after start-up at high throughput) is caught up over
+	// several reads, maxBatches per refresh.
+	sampleBatch = 50000
+	maxBatches  = 4
+)
+
+// agg sums the transitions of one bucket and kind.
+type agg struct {
+	Created, Started, Succeeded, Retried, Dead, Cancelled int64
+	// LatSum and LatMax are seconds from a task's creation to its
+	// SUCCEEDED transition; LatN counts them.
+	LatSum, LatMax float64
+	LatN           int64
+}
+
+func (a *agg) add(b agg) {
+	a.Created += b.Created
+	a.Started += b.Started
+	a.Succeeded += b.Succeeded
+	a.Retried += b.Retried
+	a.Dead += b.Dead
+	a.Cancelled += b.Cancelled
+	a.LatSum += b.LatSum
+	a.LatN += b.LatN
+	a.LatMax = max(a.LatMax, b.LatMax)
+}
+
+// series is what the charts show.
+type series struct {
+	Start  time.Time
+	Points []agg // one per Bucket from Start
+	Totals agg
+	ByKind map[string]agg
+	// Charts are inline SVG.
+	Throughput, Failures, Latency template.HTML
+}
+
+// sampler keeps the transitions of the last Window per bucket and kind,
+// in process. It reads the audit table (ingest_task_transition)
+// incrementally: each refresh reads only the rows after the last id it
+// saw, by primary key, so a poll costs what was written since the last
+// one, not the window. The first refresh starts at the first row of the
+// window: the newest row older than the window, found by reading the
+// primary key backwards from the newest row (startSQL).
+//
+// An audit row whose transaction commits after a row with a larger id
+// was read is not counted (ids are taken before commit); the charts may
+// miss such a row, nothing else depends on them.
+type sampler struct {
+	db      task.DB
+	mu      sync.Mutex
+	started bool
+	lastID  int64
+	at      time.Time
+	buckets map[int64]map[string]*agg
+}
+
+func newSampler(db task.DB) *sampler {
+	return &sampler{db: db, buckets: map[int64]map[string]*agg{}}
+}
+
+const startSQL = `
+SELECT coalesce((SELECT id FROM ingest_task_transition
+                 WHERE created_at < now() - $1 * interval '1 millisecond'
+                 ORDER BY id DESC LIMIT 1), 0)`
+
+// sampleSQL aggregates the audit rows after id $1 (at most $2 of them,
+// by primary key) per bucket of $3 seconds, kind, status reached and
+// creation, with the creation-to-success latency of SUCCEEDED rows; the
+// task's kind and created_at come by primary key.
+const sampleSQL = `
+WITH n AS (
+    SELECT id, task_id, from_status, to_status, created_at FROM ingest_task_transition
+    WHERE id > $1 ORDER BY id LIMIT $2
+)
+SELECT max(n.id), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, n.to_status, n.from_status IS NULL,
+       count(*),
+       coalesce(sum(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8,
+       coalesce(max(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8
+FROM n JOIN ingest_task t ON t.id = n.task_id
+GROUP BY 2, 3, 4, 5`
+
+// refresh reads the audit rows written since the last refresh.
+func (s *sampler) refresh(ctx context.Context) error {
+	if !s.started {
+		if err := s.db.QueryRow(ctx, startSQL, Window.Milliseconds()).Scan(&s.lastID); err != nil {
+			return fmt.Errorf("audit samples: %w", err)
+		}
+		s.started = true
+	}
+	step := int64(Bucket / time.Second)
+	for range maxBatches {
+		rows, err := s.db.Query(ctx, sampleSQL, s.lastID, sampleBatch, step)
+		if err != nil {
+			return fmt.Errorf("audit samples: %w", err)
+		}
+		var (
+			maxID, bucket, n int64
+			kind, to         string
+			created          bool
+			latSum, latMax   float64
+			seen             int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&maxID, &bucket, &kind, &to, &created, &n, &latSum, &latMax}, func() error {
+			s.lastID = max(s.lastID, maxID)
+			seen += n
+			byKind := s.buckets[bucket]
+			if byKind == nil {
+				byKind = map[string]*agg{}
+				s.buckets[bucket] = byKind
+			}
+			a := byKind[kind]
+			if a == nil {
+				a = &agg{}
+				byKind[kind] = a
+			}
+			switch {
+			case created:
+				a.Created += n
+			case to == string(task.Running):
+				a.Started += n
+			case to == string(task.Succeeded):
+				a.Succeeded += n
+				a.LatSum += latSum
+				a.LatN += n
+				a.LatMax = max(a.LatMax, latMax)
+			case to == string(task.Retrying):
+				a.Retried += n
+			case to == string(task.Dead):
+				a.Dead += n
+			case to == string(task.Cancelled):
+				a.Cancelled += n
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("audit samples: %w", err)
+		}
+		if seen < sampleBatch {
+			break
+		}
+	}
+	oldest := time.Now().Add(-Window-Bucket).Unix() / step
+	for b := range s.buckets {
+		if b < oldest {
+			delete(s.buckets, b)
+		}
+	}
+	return nil
+}
+
+// Series refreshes the samples (at most every sampleEvery) and returns
+// the charts.
+func (s *sampler) Series(ctx context.Context) (series, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var err error
+	if time.Since(s.at) >= sampleEvery {
+		err = s.refresh(ctx)
+		if err == nil {
+			s.at = time.Now()
+		}
+	}
+	step := int64(Bucket / time.Second)
+	n := int(Window / Bucket)
+	last := time.Now().Unix() / step
+	first := last - int64(n) + 1
+	out := series{Start: time.Unix(first*step, 0), Points: make([]agg, n), ByKind: map[string]agg{}}
+	for b, byKind := range s.buckets {
+		if b < first || b > last {
+			continue
+		}
+		for k, a := range byKind {
+			out.Points[b-first].add(*a)
+			t := out.ByKind[k]
+			t.add(*a)
+			out.ByKind[k] = t
+			out.Totals.add(*a)
+		}
+	}
+	per := func(f func(a agg) float64) []float64 {
+		v := make([]float64, n)
+		for i, p := range out.Points {
+			v[i] = f(p)
+		}
+		return v
+	}
+	perMin := 60 / Bucket.Seconds()
+	out.Throughput = chart("tasks per minute", "", []line{
+		{"created", "s-created", per(func(a agg) float64 { return float64(a.Created) * perMin })},
+		{"succeeded", "s-ok", per(func(a agg) float64 { return float64(a.Succeeded) * perMin })},
+	})
+	out.Failures = chart("failures per minute", "", []line{
+		{"retried", "s-retry", per(func(a agg) float64 { return float64(a.Retried) * perMin })},
+		{"dead", "s-dead", per(func(a agg) float64 { return float64(a.Dead) * perMin })},
+	})
+	out.Latency = chart("created → succeeded", "s", []line{
+		{"average", "s-avg", per(func(a agg) float64 {
+			if a.LatN == 0 {
+				return 0
+			}
+			return a.LatSum / float64(a.LatN)
+		})},
+		{"max", "s-max", per(func(a agg) float64 { return a.LatMax })},
+	})
+	return out, err
+}
+
+// line is one series of a chart.
+type line struct {
+	Name, Class string
+	V           []float64
+}
+
+// chart renders lines as an inline SVG (the values are numbers and the
+// names constants: nothing here comes from a user).
+func chart(title, unit string, lines []line) template.HTML {
+	const w, h, left, top, bottom = 600.0, 160.0, 46.0, 12.0, 22.0
+	top2 := 0.0
+	n := 0
+	for _, l := range lines {
+		n = max(n, len(l.V))
+		for _, v := range l.V {
+			top2 = max(top2, v)
+		}
+	}
+	ymax := niceCeil(top2)
+	plotW, plotH := w-left-8, h-top-bottom
+	x := func(i int) float64 {
+		if n <= 1 {
+			return left
+		}
+		return left + plotW*float64(i)/float64(n-1)
+	}
+	y := func(v float64) float64 { return top + plotH*(1-v/ymax) }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %g %g" role="img" aria-label="%s">`, w, h, template.HTMLEscapeString(title))
+	for i := 0; i <= 4; i++ {
+		v := ymax * float64(i) / 4
+		fmt.Fprintf(&b, `<line class="grid" x1="%g" x2="%g" y1="%.1f" y2="%.1f"/>`, left, w-8, y(v), y(v))
+		fmt.Fprintf(&b, `<text class="ylab" x="%g" y="%.1f">%s%s</text>`, left-4, y(v)+4, shortNum(v), unit)
+	}
+	mins := int(Window / time.Minute)
+	for m := 0; m <= mins; m += 5 {
+		i := int(float64(n-1) * float64(m) / float64(mins))
+		label := "now"
+		if m < mins {
+			label = fmt.Sprintf("-%dm", mins-m)
+		}
+		fmt.Fprintf(&b, `<text class="xlab" x="%.1f" y="%g">%s</text>`, x(i), h-6, label)
+	}
+	for _, l := range lines {
+		var pts strings.Builder
+		for i, v := range l.V {
+			fmt.Fprintf(&pts, "%.1f,%.1f ", x(i), y(v))
+		}
+		fmt.Fprintf(&b, `<polyline class="%s" points="%s"><title>%s</title></polyline>`, l.Class, strings.TrimSpace(pts.String()), l.Name)
+	}
+	b.WriteString(`</svg><p class="legend">`)
+	for _, l := range lines {
+		fmt.Fprintf(&b, `<span class="key %s">%s</span> `, l.Class, l.Name)
+	}
+	b.WriteString(`</p>`)
+	return template.HTML(b.String())
+}
+
+// niceCeil rounds v up to 1, 2 or 5 times a power of ten (at least 1).
+func niceCeil(v float64) float64 {
+	if v <= 1 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if v <= m*p {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+func shortNum(v float64) string {
+	switch {
+	case v >= 1e6:
+		return fmt.Sprintf("%gM", math.Round(v/1e5)/10)
+	case v >= 1e3:
+		return fmt.Sprintf("%gk", math.Round(v/1e2)/10)
+	case v == math.Trunc(v):
+		return fmt.Sprintf("%g", v)
+	}
+	return fmt.Sprintf("%.1f", v)
+}

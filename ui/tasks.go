@@ -1,0 +1,376 @@
+package ui
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/transition"
+)
+
+// pageSize is how many tasks the tasks page lists.
+const pageSize = 50
+
+// tasksView is the tasks page.
+type tasksView struct {
+	Status, Kind, Q, Since, Until string
+	Tasks                         []task.Task
+	Next, First                   string // links ("" when none)
+	Cursor                        string
+	Error                         string
+	Note                          string
+	MaxAttempts                   int
+}
+
+// keySQL finds the tasks with idempotency key $1 (of kind $2, "" any)
+// through the unique (kind, idempotency_key) index: the kinds are
+// enumerated by a loose scan of ingest_task_kind_created_idx (one index
+// probe per kind), and each probed with the key.
+const keySQL = `
+WITH RECURSIVE k AS (
+    (SELECT kind FROM ingest_task ORDER BY kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.kind FROM ingest_task t WHERE t.kind > k.kind ORDER BY t.kind LIMIT 1) FROM k WHERE k.kind IS NOT NULL
+)
+SELECT x.id FROM k CROSS JOIN LATERAL (
+    SELECT t.id FROM ingest_task t WHERE t.kind = k.kind AND t.idempotency_key = $1
+) x
+WHERE k.kind IS NOT NULL AND ($2 = '' OR k.kind = $2)
+LIMIT 100`
+
+// parseTime reads a filter time: RFC 3339, or the "2006-01-02T15:04"
+// of a datetime-local input, taken as UTC.
+func parseTime(v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.Parse(layout, v); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%q is not a time (2026-11-24T09:00 or RFC 3339; UTC)", v)
+}
+
+func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
+	q := r.URL.Query()
+	tv := &tasksView{Status: strings.ToUpper(q.Get("status")), Kind: q.Get("kind"), Q: strings.TrimSpace(q.Get("q")),
+		Since: q.Get("since"), Until: q.Get("until"), Cursor: q.Get("cursor"), MaxAttempts: h.cfg.MaxAttempts}
+	v.Title, v.Nav, v.D = "Tasks", "tasks", tv
+	live := url.Values{}
+	for _, k := range []string{"status", "kind", "q", "since", "until", "cursor"} {
+		if q.Get(k) != "" {
+			live.Set(k, q.Get(k))
+		}
+	}
+	live.Set("live", "1")
+	v.Live = Prefix + "tasks?" + live.Encode()
+	code := http.StatusOK
+	bad := func(msg string) {
+		tv.Error, code = msg, http.StatusBadRequest
+		h.render(w, r, code, "tasks", v)
+	}
+	p := task.ListParams{Kind: tv.Kind, Cursor: tv.Cursor, Limit: pageSize}
+	if tv.Status != "" {
+		p.Status = task.State(tv.Status)
+		if !p.Status.Valid() {
+			bad(fmt.Sprintf("status %q is not one of %v", tv.Status, task.States))
+			return
+		}
+	}
+	var err error
+	if p.Since, err = parseTime(tv.Since); err != nil {
+		bad("since: " + err.Error())
+		return
+	}
+	if p.Until, err = parseTime(tv.Until); err != nil {
+		bad("until: " + err.Error())
+		return
+	}
+	ctx := r.Context()
+	switch id, perr := uuid.Parse(tv.Q); {
+	case tv.Q != "" && perr == nil:
+		t, err := h.cfg.Store.Get(ctx, id)
+		if errors.Is(err, task.ErrNotFound) {
+			tv.Note = "No task has the id " + tv.Q + "."
+		} else if err != nil {
+			h.internal(w, r, err)
+			return
+		} else {
+			tv.Tasks = []task.Task{t}
+		}
+	case tv.Q != "":
+		rows, err := h.cfg.DB.Query(ctx, keySQL, tv.Q, tv.Kind)
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		for _, id := range ids {
+			t, err := h.cfg.Store.Get(ctx, id)
+			if err == nil {
+				t.Payload = nil
+				tv.Tasks = append(tv.Tasks, t)
+			}
+		}
+		if len(tv.Tasks) == 0 {
+			tv.Note = fmt.Sprintf("No task has the id or idempotency key %q.", tv.Q)
+		}
+	default:
+		tasks, next, err := h.cfg.Store.List(ctx, p)
+		if errors.Is(err, task.ErrInvalidTask) {
+			bad(err.Error())
+			return
+		}
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		tv.Tasks = tasks
+		if next != "" {
+			nq := url.Values{}
+			for k, vs := range live {
+				nq[k] = vs
+			}
+			nq.Del("live")
+			nq.Set("cursor", next)
+			tv.Next = Prefix + "tasks?" + nq.Encode()
+		}
+		if tv.Cursor != "" {
+			fq := url.Values{}
+			for k, vs := range live {
+				fq[k] = vs
+			}
+			fq.Del("live")
+			fq.Del("cursor")
+			tv.First = Prefix + "tasks?" + fq.Encode()
+		}
+	}
+	h.render(w, r, code, "tasks", v)
+}
+
+// outboxRow is one outbox_event of a task.
+type outboxRow struct {
+	ID           int64
+	Stream       string
+	Status       string
+	AttemptCount int
+	StreamID     string
+	LastError    string
+	CreatedAt    time.Time
+	SentAt       *time.Time
+}
+
+// entryState is what Redis holds about one stream entry of a task.
+type entryState struct {
+	ID         string
+	Stream     string
+	InStream   bool
+	Pending    bool
+	Consumer   string
+	Idle       time.Duration
+	Deliveries int64
+}
+
+// taskView is a task's page: what `ingest-worker task show` shows.
+type taskView struct {
+	Task        task.Task
+	Allowed     string
+	TraceID     string
+	Transitions []transition.Record
+	Outbox      []outboxRow
+	Entries     []entryState
+	DLQ         []dlq.Entry
+	DLQScanned  int
+	DLQKey      string
+	Stream      string
+	Group       string
+	RedisErr    string
+	HasRedis    bool
+}
+
+// outboxOfSQL reads a task's outbox rows (as task show does).
+const outboxOfSQL = `
+SELECT id, stream, status, attempt_count, coalesce(stream_id, ''), coalesce(last_error, ''), created_at, sent_at
+FROM outbox_event WHERE task_id = $1 ORDER BY id`
+
+// dlqScan bounds the DLQ entries a task's page searches, newest first.
+const dlqScan = 5000
+
+func (h *Handler) taskPage(w http.ResponseWriter, r *http.Request, v *view) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("%q is not a task id (a UUID)", r.PathValue("id")))
+		return
+	}
+	tv, err := h.explain(r.Context(), id)
+	if errors.Is(err, task.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	v.Title, v.Nav, v.Live, v.D = "Task "+id.String(), "tasks", Prefix+"tasks/"+id.String()+"?live=1", tv
+	h.render(w, r, http.StatusOK, "task", v)
+}
+
+// explain gathers everything known about one task: its row, audit trail,
+// outbox rows, its stream entries' PEL state and its DLQ entries.
+func (h *Handler) explain(ctx context.Context, id uuid.UUID) (*taskView, error) {
+	tv := &taskView{Stream: h.cfg.Stream, Group: h.cfg.Group, DLQKey: h.cfg.DLQKey, HasRedis: h.cfg.Redis != nil}
+	var err error
+	tv.Task, tv.Transitions, err = h.cfg.Store.GetWithTransitions(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if tv.Task.MaxAttempts != nil {
+		tv.Allowed = fmt.Sprintf("%d (the task's max_attempts)", *tv.Task.MaxAttempts)
+	} else {
+		tv.Allowed = fmt.Sprintf("%d (the workers' setting; the task sets none)", h.cfg.MaxAttempts)
+	}
+	if parts := strings.Split(tv.Task.Traceparent, "-"); len(parts) == 4 {
+		tv.TraceID = parts[1]
+	}
+	rows, err := h.cfg.DB.Query(ctx, outboxOfSQL, id)
+	if err != nil {
+		return nil, fmt.Errorf("outbox rows of %s: %w", id, err)
+	}
+	tv.Outbox, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
+		var o outboxRow
+		return o, r.Scan(&o.ID, &o.Stream, &o.Status, &o.AttemptCount, &o.StreamID, &o.LastError, &o.CreatedAt, &o.SentAt)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox rows of %s: %w", id, err)
+	}
+	if h.cfg.Redis != nil {
+		rctx, cancel := context.WithTimeout(ctx, redisWait)
+		defer cancel()
+		if err := h.redisStateOf(rctx, tv); err != nil {
+			tv.RedisErr = err.Error()
+		}
+	}
+	return tv, nil
+}
+
+// redisStateOf fills in the Redis state of the task's stream entries and
+// its DLQ entries.
+func (h *Handler) redisStateOf(ctx context.Context, tv *taskView) error {
+	rdb := h.cfg.Redis
+	for _, o := range tv.Outbox {
+		if o.StreamID == "" {
+			continue
+		}
+		e := entryState{ID: o.StreamID, Stream: o.Stream}
+		msgs, err := rdb.XRangeN(ctx, o.Stream, o.StreamID, o.StreamID, 1).Result()
+		if err != nil {
+			return fmt.Errorf("xrange %s: %w", o.Stream, err)
+		}
+		e.InStream = len(msgs) > 0
+		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: o.Stream, Group: h.cfg.Group, Start: o.StreamID, End: o.StreamID, Count: 1}).Result()
+		if err != nil && !noStream(err) {
+			return fmt.Errorf("xpending %s %s: %w", o.Stream, h.cfg.Group, err)
+		}
+		if len(pend) > 0 {
+			e.Pending, e.Consumer, e.Idle, e.Deliveries = true, pend[0].Consumer, pend[0].Idle, pend[0].RetryCount
+		}
+		tv.Entries = append(tv.Entries, e)
+	}
+	if h.cfg.DLQKey == "" {
+		return nil
+	}
+	after := ""
+	for tv.DLQScanned < dlqScan {
+		page, err := dlq.List(ctx, rdb, h.cfg.DLQKey, dlq.ListParams{Count: 1000, Newest: true, After: after})
+		if err != nil {
+			return err
+		}
+		for _, e := range page {
+			if e.TaskID == tv.Task.ID.String() {
+				tv.DLQ = append(tv.DLQ, e)
+			}
+		}
+		tv.DLQScanned += len(page)
+		if len(page) < 1000 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	return nil
+}
+
+// cancel cancels a task (task.Store.Cancel).
+func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "not a task id")
+		return
+	}
+	back := Prefix + "tasks/" + id.String()
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if len(reason) > task.MaxCancelReasonBytes {
+		h.done(w, r, back, true, "The reason is %d bytes; the limit is %d.", len(reason), task.MaxCancelReasonBytes)
+		return
+	}
+	res, err := h.cfg.Store.Cancel(r.Context(), h.cfg.Actor, reason, id)
+	if errors.Is(err, task.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	switch res.Outcome {
+	case task.CancelDone:
+		h.done(w, r, back, false, "Task cancelled.")
+	case task.CancelRequested:
+		h.done(w, r, back, false, "Cancel requested: the task is RUNNING on %s and ends CANCELLED when its handler returns.", res.Task.LeaseOwner)
+	default:
+		h.done(w, r, back, true, "The task is %s; only QUEUED, RETRYING and RUNNING tasks can be cancelled.", res.Task.Status)
+	}
+}
+
+// redrive redrives a DEAD or CANCELLED task and removes its DLQ entries,
+// as dlq replay does.
+func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "not a task id")
+		return
+	}
+	back := Prefix + "tasks/" + id.String()
+	res, err := h.cfg.Store.Redrive(r.Context(), h.cfg.Actor, id)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	switch rr := res[0]; {
+	case rr.Applied:
+		n, err := dlq.RemoveTasks(context.WithoutCancel(r.Context()), h.cfg.Redis, h.cfg.DLQKey, []uuid.UUID{id})
+		if err != nil {
+			h.done(w, r, back, true, "Task redriven (QUEUED), but its DLQ entries were not removed: %v", err)
+			return
+		}
+		h.done(w, r, back, false, "Task redriven: QUEUED again with a new outbox event; %d DLQ entries removed.", n)
+	case rr.Status == "":
+		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+	default:
+		h.done(w, r, back, true, "The task is %s; only DEAD and CANCELLED tasks can be redriven.", rr.Status)
+	}
+}

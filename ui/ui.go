@@ -1,0 +1,448 @@
+package ui
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Prefix is the path the dashboard is served under.
+const Prefix = "/ui/"
+
+// Defaults and limits.
+const (
+	// SessionTTL is how long a login lasts.
+	SessionTTL = 12 * time.Hour
+	// DefaultActor is recorded as the worker of the dashboard's
+	// transitions and kind changes.
+	DefaultActor = "ui"
+	// LiveInterval is how often a page's live part reloads itself.
+	LiveInterval = 2 * time.Second
+)
+
+const (
+	sessionCookie = "ingest_ui_session"
+	csrfCookie    = "ingest_ui_csrf"
+	flashCookie   = "ingest_ui_flash"
+	csrfField     = "csrf"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// Config configures a Handler.
+type Config struct {
+	// Store reads and changes tasks; DB is the pool it runs on (the
+	// dashboard's own read queries: overview counts, audit samples,
+	// outbox rows, the leader).
+	Store *task.Store
+	DB    task.DB
+	// Redis, Stream, Group and DLQKey name the task stream, its consumer
+	// group and the DLQ stream; Redis nil (Kafka mode): no Redis view;
+	// DLQKey "": no DLQ.
+	Redis  redis.UniversalClient
+	Stream string
+	Group  string
+	DLQKey string
+	// Token, when set, is asked once on a login form (INGEST_API_TOKEN).
+	Token string
+	// ReadOnly hides every action and refuses action POSTs with 403
+	// (INGEST_UI_READONLY).
+	ReadOnly bool
+	// Actor is recorded as the worker of cancels, redrives and kind
+	// changes; default DefaultActor.
+	Actor string
+	// MaxAttempts is the workers' limit of runs for tasks without their
+	// own (shown on a task's page); 0: task.DefaultMaxAttempts.
+	MaxAttempts int
+	// Periodic returns the next slot of each periodic schedule; nil: none.
+	Periodic func(now time.Time) []maintenance.Slot
+	// Logger receives failures; nil discards them.
+	Logger *slog.Logger
+}
+
+// Handler serves the dashboard under Prefix.
+type Handler struct {
+	cfg   Config
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+	key   []byte // HMAC key of session cookies, derived from the token
+	cop   *http.CrossOriginProtection
+	log   *slog.Logger
+	stats *overviewCache
+	samp  *sampler
+}
+
+// New returns the dashboard's handler.
+func New(cfg Config) (*Handler, error) {
+	if cfg.Store == nil || cfg.DB == nil {
+		return nil, errors.New("ui: a task store and its database are required")
+	}
+	cfg.Actor = cmp.Or(cfg.Actor, DefaultActor)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, task.DefaultMaxAttempts)
+	if cfg.Redis == nil {
+		cfg.DLQKey = ""
+	}
+	h := &Handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection()}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	mac := sha256.Sum256([]byte("ingest-worker ui session\x00" + cfg.Token))
+	h.key = mac[:]
+	h.stats = &overviewCache{}
+	h.samp = newSampler(cfg.DB)
+	if err := h.parseTemplates(); err != nil {
+		return nil, err
+	}
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
+	mux.HandleFunc("GET /ui/login", h.loginPage)
+	mux.HandleFunc("POST /ui/login", h.login)
+	mux.HandleFunc("POST /ui/logout", h.logout)
+	mux.HandleFunc("GET /ui/{$}", h.page(h.overview))
+	mux.HandleFunc("GET /ui/tasks", h.page(h.tasks))
+	mux.HandleFunc("GET /ui/tasks/{id}", h.page(h.taskPage))
+	mux.HandleFunc("POST /ui/tasks/{id}/cancel", h.action(h.cancel))
+	mux.HandleFunc("POST /ui/tasks/{id}/redrive", h.action(h.redrive))
+	mux.HandleFunc("GET /ui/dlq", h.page(h.dlqPage))
+	mux.HandleFunc("POST /ui/dlq/redrive", h.action(h.bulkRedrive))
+	mux.HandleFunc("POST /ui/dlq/replay", h.action(h.replay))
+	mux.HandleFunc("GET /ui/kinds", h.page(h.kinds))
+	mux.HandleFunc("POST /ui/kinds/{kind}", h.action(h.setKind))
+	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
+		h.fail(w, r, http.StatusNotFound, "no such page")
+	})
+	h.mux = mux
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "same-origin")
+	hd.Set("X-Frame-Options", "DENY")
+	h.mux.ServeHTTP(w, r)
+}
+
+// staticHandler lets browsers cache the embedded assets for an hour.
+func staticHandler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "public, max-age=3600")
+		next.ServeHTTP(w, r)
+	})
+}
+
+// view is what every page template gets.
+type view struct {
+	Title    string
+	Nav      string // the active menu entry
+	CSRF     string
+	ReadOnly bool
+	Auth     bool // a token is configured: show the logout button
+	Flash    *flash
+	Live     string // the URL of the page's live part ("": none)
+	Interval string // hx-trigger of the live part
+	Now      time.Time
+	D        any
+}
+
+type flash struct {
+	Error bool
+	Msg   string
+}
+
+// page wraps a GET handler: a session is required when a token is set
+// (else the login form, 401).
+func (h *Handler) page(f func(w http.ResponseWriter, r *http.Request, v *view)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !h.authed(r) {
+			if r.Header.Get("HX-Request") != "" {
+				w.Header().Set("HX-Redirect", Prefix+"login")
+			}
+			h.renderLogin(w, r, http.StatusUnauthorized, "", r.URL.RequestURI())
+			return
+		}
+		v := &view{CSRF: h.csrfToken(w, r), ReadOnly: h.cfg.ReadOnly, Auth: h.cfg.Token != "", Now: time.Now(),
+			Interval: "every " + LiveInterval.String()}
+		v.Flash = h.takeFlash(w, r)
+		f(w, r, v)
+	}
+}
+
+// action wraps a POST handler: session (401), read-only (403), CSRF token
+// and cross-origin check (403), then f, which answers (usually with
+// h.done).
+func (h *Handler) action(f http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !h.authed(r) {
+			h.fail(w, r, http.StatusUnauthorized, "log in first")
+			return
+		}
+		if h.cfg.ReadOnly {
+			h.fail(w, r, http.StatusForbidden, "the dashboard is read-only (INGEST_UI_READONLY)")
+			return
+		}
+		if err := h.checkCSRF(r); err != nil {
+			h.fail(w, r, http.StatusForbidden, err.Error())
+			return
+		}
+		f(w, r)
+	}
+}
+
+// checkCSRF checks the cross-origin headers and the form's CSRF token.
+func (h *Handler) checkCSRF(r *http.Request) error {
+	if err := h.cop.Check(r); err != nil {
+		return errors.New("cross-origin request refused")
+	}
+	r.Body = http.MaxBytesReader(nil, r.Body, 1<<20)
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || c.Value == "" {
+		return errors.New("missing CSRF cookie: reload the page and try again")
+	}
+	if subtle.ConstantTimeCompare([]byte(r.PostFormValue(csrfField)), []byte(c.Value)) != 1 {
+		return errors.New("invalid CSRF token: reload the page and try again")
+	}
+	return nil
+}
+
+// csrfToken returns the CSRF token of this browser, setting its cookie
+// when it has none.
+func (h *Handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 43 {
+		if _, err := base64.RawURLEncoding.DecodeString(c.Value); err == nil {
+			return c.Value
+		}
+	}
+	v := randomToken()
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: v, Path: Prefix, HttpOnly: true, Secure: r.TLS != nil,
+		SameSite: http.SameSiteStrictMode})
+	return v
+}
+
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// session returns a session cookie's value: expiry, nonce and their HMAC.
+func (h *Handler) session(exp time.Time) string {
+	body := strconv.FormatInt(exp.Unix(), 10) + "." + randomToken()
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(body))
+	return body + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// authed reports whether r may see the dashboard: no token configured,
+// or a valid unexpired session cookie.
+func (h *Handler) authed(r *http.Request) bool {
+	if h.cfg.Token == "" {
+		return true
+	}
+	c, err := r.Cookie(sessionCookie)
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(c.Value, '.')
+	if i < 0 {
+		return false
+	}
+	body, sig := c.Value[:i], c.Value[i+1:]
+	got, err := base64.RawURLEncoding.DecodeString(sig)
+	if err != nil {
+		return false
+	}
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(body))
+	if !hmac.Equal(got, m.Sum(nil)) {
+		return false
+	}
+	expS, _, _ := strings.Cut(body, ".")
+	exp, err := strconv.ParseInt(expS, 10, 64)
+	return err == nil && time.Now().Unix() < exp
+}
+
+type loginView struct {
+	Next  string
+	Error string
+}
+
+func (h *Handler) renderLogin(w http.ResponseWriter, r *http.Request, code int, msg, next string) {
+	v := &view{Title: "Log in", CSRF: h.csrfToken(w, r), Now: time.Now(), D: loginView{Next: safeNext(next), Error: msg}}
+	h.render(w, r, code, "login", v)
+}
+
+func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
+	if h.authed(r) {
+		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
+		return
+	}
+	h.renderLogin(w, r, http.StatusOK, "", r.URL.Query().Get("next"))
+}
+
+// login checks the token of the login form and sets the session cookie.
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	if h.cfg.Token == "" {
+		http.Redirect(w, r, Prefix, http.StatusSeeOther)
+		return
+	}
+	if err := h.checkCSRF(r); err != nil {
+		h.fail(w, r, http.StatusForbidden, err.Error())
+		return
+	}
+	next := r.PostFormValue("next")
+	got := sha256.Sum256([]byte(strings.TrimSpace(r.PostFormValue("token"))))
+	want := sha256.Sum256([]byte(h.cfg.Token))
+	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		h.log.WarnContext(r.Context(), "ui login refused: wrong token", "remote", r.RemoteAddr)
+		h.renderLogin(w, r, http.StatusUnauthorized, "That token is not the one this server has (INGEST_API_TOKEN).", next)
+		return
+	}
+	exp := time.Now().Add(SessionTTL)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: h.session(exp), Path: Prefix, Expires: exp,
+		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, safeNext(next), http.StatusSeeOther)
+}
+
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if err := h.checkCSRF(r); err != nil {
+		h.fail(w, r, http.StatusForbidden, err.Error())
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, Prefix+"login", http.StatusSeeOther)
+}
+
+// safeNext returns next when it is a path of the dashboard, else Prefix:
+// a login never redirects off the site.
+func safeNext(next string) string {
+	if strings.HasPrefix(next, Prefix) && !strings.ContainsAny(next, "\\\r\n") && !strings.HasPrefix(next, "//") {
+		return next
+	}
+	return Prefix
+}
+
+// done ends an action: a flash message for the next page, and a redirect
+// to it (post/redirect/get).
+func (h *Handler) done(w http.ResponseWriter, r *http.Request, to string, isErr bool, format string, args ...any) {
+	h.stats.forget() // the next overview shows the change
+	msg := fmt.Sprintf(format, args...)
+	kind := "ok"
+	if isErr {
+		kind = "error"
+	}
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: base64.RawURLEncoding.EncodeToString([]byte(kind + "\n" + msg)),
+		Path: Prefix, MaxAge: 60, HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, safeNext(to), http.StatusSeeOther)
+}
+
+// takeFlash returns the flash message an action left, and clears it.
+func (h *Handler) takeFlash(w http.ResponseWriter, r *http.Request) *flash {
+	if r.URL.Query().Get("live") != "" {
+		return nil
+	}
+	c, err := r.Cookie(flashCookie)
+	if err != nil {
+		return nil
+	}
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	raw, err := base64.RawURLEncoding.DecodeString(c.Value)
+	if err != nil {
+		return nil
+	}
+	kind, msg, _ := strings.Cut(string(raw), "\n")
+	return &flash{Error: kind == "error", Msg: msg}
+}
+
+// fail answers an error page (or, for htmx, a plain message).
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	v := &view{Title: http.StatusText(code), Now: time.Now(), Auth: h.cfg.Token != "" && h.authed(r),
+		D: struct {
+			Code int
+			Msg  string
+		}{code, msg}}
+	if v.Auth {
+		v.CSRF = h.csrfToken(w, r)
+	}
+	h.render(w, r, code, "error", v)
+}
+
+// internal logs err and answers 500.
+func (h *Handler) internal(w http.ResponseWriter, r *http.Request, err error) {
+	h.log.ErrorContext(r.Context(), "ui request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	h.fail(w, r, http.StatusInternalServerError, "internal error: "+err.Error())
+}
+
+// render executes a page: the whole document, or with ?live=1 only its
+// live part.
+func (h *Handler) render(w http.ResponseWriter, r *http.Request, code int, page string, v *view) {
+	t := h.pages[page]
+	name := "layout"
+	if r.URL.Query().Get("live") != "" && t.Lookup("live") != nil {
+		name = "live"
+	}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, name, v); err != nil {
+		h.log.ErrorContext(r.Context(), "ui template", "page", page, "err", err)
+		http.Error(w, "template error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (h *Handler) parseTemplates() error {
+	base, err := template.New("base").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
+	if err != nil {
+		return fmt.Errorf("ui templates: %w", err)
+	}
+	names, err := fs.Glob(templateFS, "templates/*.html")
+	if err != nil {
+		return err
+	}
+	h.pages = map[string]*template.Template{}
+	for _, n := range names {
+		page := strings.TrimSuffix(strings.TrimPrefix(n, "templates/"), ".html")
+		if page == "layout" {
+			continue
+		}
+		t, err := template.Must(base.Clone()).ParseFS(templateFS, n)
+		if err != nil {
+			return fmt.Errorf("ui template %s: %w", n, err)
+		}
+		h.pages[page] = t
+	}
+	return nil
+}
