@@ -177,10 +177,10 @@ func (p *processor) complete(batch []outcome) {
 	p.settle(acks, later, settle, metric)
 	p.deadLetter(letters)
 	if limits := p.kindLimits(p.ioCtx); len(limits) > 0 {
-		freed := map[string]int{}
+		freed := map[string][]uuid.UUID{}
 		for _, res := range results {
 			if o, ok := byTask[res.ID]; ok && res.Applied && limits[o.r.task.Kind].Concurrency > 0 {
-				freed[o.r.task.Kind]++
+				freed[o.r.task.Kind] = append(freed[o.r.task.Kind], res.ID)
 			}
 		}
 		p.releaseSlots(p.ioCtx, freed)

@@ -116,18 +116,15 @@ func (p *processor) startAll(ctx context.Context, ds []delivery, ids []uuid.UUID
 	return out, nil
 }
 
-// releaseSlots hands the slots freed by finished runs to parked tasks of
-// their kinds: freed counts the runs of each kind that left RUNNING. The
-// leader's releaser does the same for slots freed otherwise (an expired
-// lease) and for rate limits; this makes a freed slot used at once.
-func (p *processor) releaseSlots(ctx context.Context, freed map[string]int) {
-	limits := p.kindLimits(ctx)
-	for kind, n := range freed {
-		if limits[kind].Concurrency == 0 || limits[kind].Paused {
-			continue
-		}
-		if _, err := p.store.ReleaseParked(ctx, kind, 0, n); err != nil {
-			p.log.Warn("releasing parked tasks into freed slots failed; the leader's releaser does it", "kind", kind, "err", err)
+// releaseSlots gives back the slots held by finished runs and hands them
+// to parked tasks of their kinds (task.Store.FreeSlots): freed lists the
+// tasks of each concurrency-limited kind whose runs ended. The leader's
+// releaser does the same for slots freed otherwise (an expired lease) and
+// for rate limits; this makes a freed slot used at once.
+func (p *processor) releaseSlots(ctx context.Context, freed map[string][]uuid.UUID) {
+	for kind, ids := range freed {
+		if _, err := p.store.FreeSlots(ctx, kind, ids...); err != nil {
+			p.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
 		}
 	}
 }

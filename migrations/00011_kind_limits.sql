@@ -10,9 +10,11 @@ ALTER TABLE ingest_kind
     ADD COLUMN concurrency    integer NOT NULL DEFAULT 0 CHECK (concurrency >= 0),
     ADD COLUMN rate_count     integer NOT NULL DEFAULT 0 CHECK (rate_count >= 0),
     ADD COLUMN rate_period_ms integer NOT NULL DEFAULT 1000 CHECK (rate_period_ms > 0),
-    -- The start times of the kind's tasks in the last rate period (and a
-    -- margin): what its rate limit counts.
-    ADD COLUMN rate_log       timestamptz[] NOT NULL DEFAULT '{}';
+    -- The kind's starts in the last rate period (and a margin), one
+    -- element per start transaction: its time in rate_log and how many
+    -- tasks it started in rate_log_n. What its rate limit counts.
+    ADD COLUMN rate_log       timestamptz[] NOT NULL DEFAULT '{}',
+    ADD COLUMN rate_log_n     integer[] NOT NULL DEFAULT '{}';
 
 -- The settings after each change (NULL: not changed by it).
 ALTER TABLE ingest_kind_change
@@ -39,6 +41,7 @@ ALTER TABLE ingest_kind_change
     DROP COLUMN concurrency,
     ALTER COLUMN paused SET NOT NULL;
 ALTER TABLE ingest_kind
+    DROP COLUMN rate_log_n,
     DROP COLUMN rate_log,
     DROP COLUMN rate_period_ms,
     DROP COLUMN rate_count,

@@ -19,9 +19,7 @@ import (
 const (
 	// MaxConcurrency is the largest concurrency limit of a kind.
 	MaxConcurrency = 100_000
-	// MaxRateCount is the largest count of a rate limit (its start log
-	// holds up to that many times, rewritten by each start transaction:
-	// 80 KB at the largest).
+	// MaxRateCount is the largest count of a rate limit.
 	MaxRateCount = 10_000
 	// rateLogMargin is how much longer than its period a start is kept in
 	// a kind's rate log: transactions' start times (now()) can be out of
@@ -233,7 +231,8 @@ type limitState struct {
 	Limits
 	found bool
 	now   time.Time
-	log   []time.Time // the rate log, oldest first
+	log   []time.Time // the rate log: start transactions' times, oldest first
+	logN  []int       // and how many tasks each started
 }
 
 // lockKind locks kind's ingest_kind row for the transaction (starts and
@@ -242,8 +241,8 @@ type limitState struct {
 func lockKind(ctx context.Context, tx pgx.Tx, kind string) (limitState, error) {
 	var st limitState
 	var periodMS int64
-	err := tx.QueryRow(ctx, `SELECT paused, concurrency, rate_count, rate_period_ms, rate_log, now() FROM ingest_kind WHERE kind = $1 FOR UPDATE`,
-		kind).Scan(&st.Paused, &st.Concurrency, &st.Rate.Count, &periodMS, &st.log, &st.now)
+	err := tx.QueryRow(ctx, `SELECT paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n, now() FROM ingest_kind WHERE kind = $1 FOR UPDATE`,
+		kind).Scan(&st.Paused, &st.Concurrency, &st.Rate.Count, &periodMS, &st.log, &st.logN, &st.now)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return limitState{}, nil
 	}
@@ -296,6 +295,7 @@ func (st limitState) free(ctx context.Context, tx pgx.Tx, kind string, want int)
 
 // recentStarts counts the starts of the rate log within the rate period
 // before the transaction's time (and any after it: see rateLogMargin).
+// The log's times are sorted (array_agg ORDER BY).
 func (st limitState) recentStarts() int {
 	from := st.now.Add(-st.Rate.Per)
 	i, _ := slices.BinarySearchFunc(st.log, from, func(t, from time.Time) int {
@@ -304,24 +304,29 @@ func (st limitState) recentStarts() int {
 		}
 		return -1
 	})
-	return len(st.log) - i
+	n := 0
+	for _, k := range st.logN[min(i, len(st.logN)):] {
+		n += k
+	}
+	return n
 }
 
 // recordStartsSQL takes a slot of kind $1 for each task of $2 when the
-// kind has a concurrency limit ($3), and adds their starts, at the
-// transaction's time, to its rate log when it has a rate limit ($4),
-// keeping the latest rate_count of those within its period and the margin
-// $5 (whether a start is allowed depends on those only).
+// kind has a concurrency limit ($3), and adds their starts, one element at
+// the transaction's time with their number, to its rate log when it has a
+// rate limit ($4), dropping the elements older than its period and the
+// margin $5. One element per start transaction, not per task, keeps the
+// log as short as the number of start transactions in a period.
 const recordStartsSQL = `
 WITH slots AS (
     INSERT INTO ingest_kind_slot (kind, task_id) SELECT $1, id FROM unnest($2::uuid[]) AS x(id) WHERE $3
     ON CONFLICT DO NOTHING
 )
-UPDATE ingest_kind SET rate_log = (
-    SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM (
-        SELECT x FROM unnest(rate_log || array_fill(now(), ARRAY[cardinality($2::uuid[])])) AS x
-        WHERE x > now() - (rate_period_ms + $5) * interval '1 millisecond'
-        ORDER BY x DESC LIMIT rate_count) AS latest)
+UPDATE ingest_kind k SET (rate_log, rate_log_n) = (
+    SELECT coalesce(array_agg(at ORDER BY at), '{}'), coalesce(array_agg(n ORDER BY at), '{}') FROM (
+        SELECT at, n FROM unnest(k.rate_log, k.rate_log_n) AS x(at, n)
+        WHERE at > now() - (k.rate_period_ms + $5) * interval '1 millisecond'
+        UNION ALL SELECT now(), cardinality($2::uuid[])) AS y)
 WHERE kind = $1 AND $4`
 
 // recordStarts records the starts of the tasks of ids in the kind's
@@ -497,6 +502,22 @@ func (s *Store) notStartedInto(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, 
 		byID[t.ID] = r
 	}
 	return rows.Err()
+}
+
+// FreeSlots gives back the slots of kind held by the tasks of ids, whose
+// runs ended (the worker that recorded their outcome calls it), and
+// releases as many parked tasks of the kind as it freed slots. A slot not
+// given back (its worker crashed) is found stale by a later start of the
+// kind once the kind nears its limit.
+func (s *Store) FreeSlots(ctx context.Context, kind string, ids ...uuid.UUID) ([]uuid.UUID, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	tag, err := s.db.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2)`, kind, ids)
+	if err != nil {
+		return nil, fmt.Errorf("free %d slots of kind %q: %w", len(ids), kind, err)
+	}
+	return s.ReleaseParked(ctx, kind, 0, max(int(tag.RowsAffected()), 1))
 }
 
 // anyParkedSQL tells whether kind $1 has a parked task (one probe of
