@@ -23,12 +23,42 @@ import (
 // while its webhook requests hang, whose tasks then finish on the other;
 // a success path, a retry, DEAD tasks in the DLQ, and the CLI's view of the
 // cluster (task show with its PEL entry, pending, dlq list, dlq replay).
-// Keys without a shared hash tag stop start-up.
+// Keys without a shared hash tag stop start-up. The demo runs its script
+// on the same cluster.
 func TestClusterWorkers(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	bin := buildBinary(t)
 	cluster := testenv.NewRedisCluster(t, testenv.ClusterOptions{})
+	t.Run("KillAndCLI", func(t *testing.T) { t.Parallel(); testClusterWorkers(t, bin, cluster) })
+	t.Run("Demo", func(t *testing.T) { t.Parallel(); testClusterDemo(t, bin, cluster) })
+}
+
+// testClusterDemo: `demo` against a cluster (INGEST_REDIS_URL set, so no
+// in-process Redis) gives the script's outcome, and its redis-cli
+// commands follow the cluster's redirects.
+func testClusterDemo(t *testing.T, bin string, cluster *testenv.RedisCluster) {
+	db := testenv.NewEmptyDatabase(t)
+	stream, dlqKey := testenv.Keys(t)
+	r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_CLUSTER=true", "INGEST_REDIS_URL=" + cluster.URL(),
+		"INGEST_REDIS_STREAM_KEY=" + stream, "INGEST_REDIS_DLQ_STREAM_KEY=" + dlqKey}, "", "demo", "--json")
+	if r.code != 0 {
+		t.Fatalf("demo: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	var sum demoSummary
+	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil {
+		t.Fatalf("demo --json output: %v\n%s", err, r.stdout)
+	}
+	wantOK, wantDead := demoOK+demoFlaky, demoBroken+1
+	if sum.Tasks != wantOK+wantDead || sum.ByStatus["SUCCEEDED"] != wantOK || sum.ByStatus["DEAD"] != wantDead || len(sum.DLQ) != wantDead {
+		t.Fatalf("demo summary %+v: want %d SUCCEEDED, %d DEAD and %d DLQ entries", sum, wantOK, wantDead, wantDead)
+	}
+	if cmds := strings.Join(sum.Commands, "\n"); !strings.Contains(cmds, "redis-cli -c -u 'redis://"+cluster.Masters[0].Addr()+"'") {
+		t.Errorf("demo commands %q lack redis-cli -c of the first node", sum.Commands)
+	}
+}
+
+func testClusterWorkers(t *testing.T, bin string, cluster *testenv.RedisCluster) {
+	ctx := context.Background()
 	crdb := cluster.Client(t)
 	db := testenv.NewEmptyDatabase(t)
 	stream, dlqKey := testenv.Keys(t)

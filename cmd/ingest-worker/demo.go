@@ -158,6 +158,10 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 		say("Redis:      in-process (miniredis) on %s\n", m.Addr())
 	} else {
 		redisCLI = "redis-cli -u '" + redact.DSN(a.cfg.RedisURL) + "'"
+		if a.cfg.RedisCluster { // one node, following redirects (-c)
+			first, _, _ := strings.Cut(a.cfg.RedisURL, "?")
+			redisCLI = "redis-cli -c -u '" + redact.DSN(first) + "'"
+		}
 		say("Redis:      %s\n", redact.DSN(a.cfg.RedisURL))
 	}
 
