@@ -64,6 +64,7 @@ type Config struct {
 	ShutdownTimeout         time.Duration
 	HTTPAddr                string // "": no HTTP server
 	APIToken                string
+	UIReadOnly              bool // INGEST_UI_READONLY
 	WebhookURL              string
 	WebhookTimeout          time.Duration
 	Periodic                string // INGEST_PERIODIC, validated JSON (see periodic)
@@ -235,6 +236,9 @@ var settings = []setting{
 	{env: "INGEST_API_TOKEN", typ: "token", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
 		usage: "when set, the task API requires Authorization: Bearer <token>",
 		set:   func(c *Config, v string) error { c.APIToken = v; return nil }},
+	{env: "INGEST_UI_READONLY", def: "false", typ: "bool", scope: scopeWorker,
+		usage: "the web dashboard (/ui/) shows no action buttons and refuses actions with 403",
+		set:   setBool(func(c *Config) *bool { return &c.UIReadOnly })},
 	{env: "INGEST_WEBHOOK_URL", typ: "url", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
 		usage: "built-in handler: POST every task to this URL",
 		set: func(c *Config, v string) error {

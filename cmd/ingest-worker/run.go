@@ -32,7 +32,8 @@ const runLong = `Run a worker process: stream consumers (INGEST_WORKER_CONCURREN
 time), the reclaimer (crashed workers' entries, due retries), the outbox relay
 (publishes committed tasks to Redis), the rescuer (republishes tasks whose
 stream entry was lost), outbox retention and stream trimming, and the HTTP
-server on INGEST_HTTP_ADDR (/metrics, /healthz, /readyz and the task API).
+server on INGEST_HTTP_ADDR (/metrics, /healthz, /readyz, the task API and
+the web dashboard at /ui/).
 Run as many processes as you like against the same PostgreSQL and Redis: one
 of them at a time, elected leader (table ingest_leader, metric ingest_leader),
 runs the rescuer, retention and the removal of idle consumers; when it stops
@@ -253,7 +254,11 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 	var srv *http.Server
 	httpDone := make(chan error, 1)
 	if ln != nil {
-		srv = &http.Server{Handler: s.api, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		h, err := s.handler()
+		if err != nil {
+			return err
+		}
+		srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		go func() { httpDone <- srv.Serve(ln) }()
 	}
 

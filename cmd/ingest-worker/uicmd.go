@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/migrations"
+	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/ui"
+)
+
+// newUI returns the web dashboard on store; rdb nil: no Redis view
+// (Kafka mode).
+func (a *app) newUI(store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient) (*ui.Handler, error) {
+	c := a.cfg
+	cfg := ui.Config{Store: store, DB: pool, Token: c.APIToken, ReadOnly: c.UIReadOnly,
+		Actor: "ui:" + c.ConsumerName, MaxAttempts: c.MaxAttempts, Logger: a.log.With("component", "ui"),
+		Periodic: func(now time.Time) []maintenance.Slot { return maintenance.NextSlots(c.periodic(), now) }}
+	if rdb != nil {
+		cfg.Redis, cfg.Stream, cfg.Group, cfg.DLQKey = rdb, c.StreamKey, c.Group, c.DLQStreamKey
+	}
+	h, err := ui.New(cfg)
+	if err != nil {
+		return nil, usageErr(err)
+	}
+	return h, nil
+}
+
+// withUI serves the dashboard under /ui/ and next everything else.
+func withUI(dash *ui.Handler, next http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(ui.Prefix, dash)
+	mux.Handle("GET /ui", http.RedirectHandler(ui.Prefix, http.StatusMovedPermanently))
+	if next != nil {
+		mux.Handle("/", next)
+	}
+	return mux
+}
+
+// handler is what a worker's HTTP server serves: the API and probes, and
+// the dashboard under /ui/.
+func (s *stack) handler() (http.Handler, error) {
+	dash, err := s.a.newUI(s.store, s.pool, s.rdb)
+	if err != nil {
+		return nil, err
+	}
+	return withUI(dash, s.api), nil
+}
+
+const uiLong = `Serve the web dashboard at /ui/ on INGEST_HTTP_ADDR without running any
+worker: the overview (tasks by status and kind, throughput, failures and
+latency over the last 15 minutes, the stream, pending entries, DLQ depth,
+outbox backlog, consumers, the leader), tasks with filters, one task in
+depth (row, audit trail, outbox rows, PEL entry, DLQ entry) with cancel and
+redrive, the DLQ with redrive of one entry or by filter after a dry run, and
+kinds with pause, resume and limits. 'run' serves the same dashboard next to
+its API. Pages update themselves every 2 seconds.
+
+With INGEST_API_TOKEN set the dashboard asks for the token once and keeps a
+session cookie; with INGEST_UI_READONLY=true it shows no action buttons and
+refuses actions (403). /healthz answers 200; / redirects to /ui/.`
+
+func (a *app) uiCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Serve the web dashboard (/ui/) on INGEST_HTTP_ADDR, without running workers",
+		Long:  uiLong,
+		Example: `  ingest-worker ui --http-addr 127.0.0.1:8081
+  INGEST_API_TOKEN=secret INGEST_UI_READONLY=true ingest-worker ui`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.load(cmd, nil); err != nil {
+				return err
+			}
+			if a.cfg.HTTPAddr == "" {
+				return usagef("INGEST_HTTP_ADDR is empty: set the address the dashboard listens on")
+			}
+			ctx := cmd.Context()
+			var (
+				pool *pgxpool.Pool
+				rdb  redis.UniversalClient
+				err  error
+			)
+			if a.cfg.Queue == queueKafka {
+				if pool, err = a.openDB(ctx); err != nil {
+					return err
+				}
+				defer pool.Close()
+			} else {
+				var closeAll func()
+				if pool, rdb, closeAll, err = a.openServers(ctx); err != nil {
+					return err
+				}
+				defer closeAll()
+			}
+			if err := migrations.Check(ctx, pool); err != nil {
+				return fmt.Errorf("schema check: %w", err)
+			}
+			store, err := task.NewStore(a.storeConfig(), pool)
+			if err != nil {
+				return usageErr(err)
+			}
+			dash, err := a.newUI(store, pool, rdb)
+			if err != nil {
+				return err
+			}
+			probes := http.NewServeMux()
+			probes.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+			})
+			probes.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
+			ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+			if err != nil {
+				return fmt.Errorf("INGEST_HTTP_ADDR: listen on %s: %w", a.cfg.HTTPAddr, err)
+			}
+			srv := &http.Server{Handler: withUI(dash, probes), ReadHeaderTimeout: 10 * time.Second,
+				ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
+			done := make(chan error, 1)
+			go func() { done <- srv.Serve(ln) }()
+			a.log.Info("ingest-worker dashboard running", "url", "http://"+ln.Addr().String()+ui.Prefix,
+				"auth", a.cfg.APIToken != "", "read_only", a.cfg.UIReadOnly, "database", a.dbShown())
+			select {
+			case err := <-done:
+				return fmt.Errorf("http server: %w", err)
+			case <-ctx.Done():
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Warn("http server shutdown", "err", err)
+			}
+			return nil
+		},
+	}
+	for _, env := range []string{"INGEST_HTTP_ADDR", "INGEST_API_TOKEN", "INGEST_UI_READONLY"} {
+		addFlag(cmd.Flags(), settingFlag(env))
+	}
+	return cmd
+}
