@@ -204,7 +204,13 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 		return err
 	}
 	defer closeAll()
-	if applied, err := migrations.Up(ctx, pool); err != nil {
+	mpool, closeMigrationDB, err := a.openMigrationDB(ctx, pool) // a direct connection behind a pooler
+	if err != nil {
+		return err
+	}
+	applied, err := migrations.Up(ctx, mpool)
+	closeMigrationDB()
+	if err != nil {
 		return err
 	} else if len(applied) > 0 {
 		say("schema:     applied migration(s) %s\n", joinInts(applied))

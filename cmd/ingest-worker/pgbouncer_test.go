@@ -212,4 +212,11 @@ func TestBinaryThroughPgBouncer(t *testing.T) {
 	if code := b.wait(20 * time.Second); code != 0 {
 		t.Errorf("worker B exited with %d after SIGTERM:\n%s", code, b.stderr.String())
 	}
+
+	// The demo, on this database through the bouncer: its migration goes
+	// over the direct URL, its script runs to the end.
+	r = runBin(t, bin, append(base, direct, "INGEST_HTTP_ADDR="), "", "demo", "--json", "--timeout", "40s")
+	if r.code != 0 || !strings.Contains(r.stdout, "demo.permanent") {
+		t.Errorf("demo through PgBouncer: exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
 }
