@@ -360,6 +360,7 @@ func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair
 	}()
 	b.eventually(30*time.Second, "tasks flowing before the fault", func() bool { return b.count(task.Succeeded) >= 200 })
 	b.cluster.Kill(b.master)
+	killed := time.Now()
 	before := created.Load()
 	// While the master is down the relay's publishes fail and are kept.
 	b.eventually(20*time.Second, "failed publishes while the master is down", func() bool {
@@ -368,6 +369,7 @@ func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair
 		return err == nil && failed > 0
 	})
 	repair(b)
+	repaired := time.Since(killed)
 	b.eventually(30*time.Second, "tasks created after the recovery", func() bool { return created.Load() >= before+200 })
 	close(stop)
 	if err := <-done; err != nil {
@@ -375,6 +377,8 @@ func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair
 	}
 	total := int(created.Load())
 	b.eventually(60*time.Second, "every task SUCCEEDED", func() bool { return b.count(task.Succeeded) == total })
+	t.Logf("the cluster was ok again %s after the kill; all %d tasks SUCCEEDED %s after it (%d created before it)",
+		repaired.Round(10*time.Millisecond), total, time.Since(killed).Round(10*time.Millisecond), before)
 	b.eventually(10*time.Second, "nothing pending", func() bool {
 		p, err := b.crdb.XPending(ctx, b.stream, ingest.DefaultGroup).Result()
 		return err == nil && p.Count == 0
@@ -388,5 +392,4 @@ func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair
 		t.Errorf("%d tasks DEAD, want 0", n)
 	}
 	b.checkTerminalOnce()
-	t.Logf("%d tasks, %d created before the master was killed", total, before)
 }
