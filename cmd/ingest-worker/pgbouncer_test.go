@@ -57,8 +57,9 @@ func bouncerListeners(t *testing.T, b *testenv.PgBouncer) int {
 // directly and never through the bouncer; a task succeeds, one is retried
 // and succeeds, one ends DEAD with its DLQ entry; a worker is SIGKILLed in
 // the middle of a task and a second worker, without a listen URL (so it
-// polls), finishes it; task, dlq, pending and migrate --status read through
-// the bouncer.
+// polls), finishes it; task show, list and cancel, dlq list and replay,
+// kind list, pending, migrate --status and the demo work through the
+// bouncer.
 func TestBinaryThroughPgBouncer(t *testing.T) {
 	t.Parallel()
 	bin := buildBinary(t)
@@ -157,9 +158,14 @@ func TestBinaryThroughPgBouncer(t *testing.T) {
 	if _, n := status(dead); n != 2 || rc.count(dead) != 2 {
 		t.Errorf("dead: attempt_count %d after %d runs, want 2 and 2", n, rc.count(dead))
 	}
+	var dlqID string
 	testenv.Eventually(t, 10*time.Second, "dead's DLQ entry", func() bool {
 		msgs, err := rdb.XRange(ctx, dlqKey, "-", "+").Result()
-		return err == nil && len(msgs) == 1 && msgs[0].Values["task_id"] == dead.String()
+		if err != nil || len(msgs) != 1 || msgs[0].Values["task_id"] != dead.String() {
+			return false
+		}
+		dlqID = msgs[0].ID
+		return true
 	})
 
 	// A worker SIGKILLed in the middle of a task; another one, without a
@@ -208,9 +214,26 @@ func TestBinaryThroughPgBouncer(t *testing.T) {
 	if out := mustRun(t, bin, base, "", "pending", "--json"); !strings.Contains(out, `"SUCCEEDED"`) {
 		t.Errorf("pending --json: want the task counts:\n%s", out)
 	}
+	if out := mustRun(t, bin, base, "", "kind", "list"); !strings.Contains(out, "pgb.slow") {
+		t.Errorf("kind list: want pgb.slow:\n%s", out)
+	}
 	b.signal(syscall.SIGTERM)
 	if code := b.wait(20 * time.Second); code != 0 {
 		t.Errorf("worker B exited with %d after SIGTERM:\n%s", code, b.stderr.String())
+	}
+
+	// With no worker left: the DEAD task replayed from the DLQ (QUEUED
+	// again, its entry gone), then cancelled.
+	mustRun(t, bin, base, "", "dlq", "replay", dlqID)
+	if st, _ := status(dead); st != "QUEUED" {
+		t.Errorf("dlq replay: the task is %s, want QUEUED", st)
+	}
+	if n, err := rdb.XLen(ctx, dlqKey).Result(); err != nil || n != 0 {
+		t.Errorf("dlq replay: %d DLQ entries left (%v), want 0", n, err)
+	}
+	mustRun(t, bin, base, "", "task", "cancel", dead.String(), "--reason", "test")
+	if st, _ := status(dead); st != "CANCELLED" {
+		t.Errorf("task cancel: the task is %s, want CANCELLED", st)
 	}
 
 	// The demo, on this database through the bouncer: its migration goes
