@@ -32,6 +32,7 @@ var funcs = template.FuncMap{
 	"deref2":   func(t *time.Time) time.Time { return *t },
 	"int64":    func(n int) int64 { return int64(n) },
 	"countCap": func() int64 { return CountCap },
+	"kindCap":  func() int64 { return KindCap },
 	"sub":      func(a, b int) int { return a - b },
 	"pathesc":  url.PathEscape,
 	"count":    func(m map[task.State]int64, s string) int64 { return m[task.State(s)] },

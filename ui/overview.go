@@ -20,13 +20,17 @@ import (
 
 // Overview limits. Counting a large table by status on every poll would
 // read it all; the overview counts at most CountCap rows per status,
-// through the (status, created_at, id) index, exactly below the cap, and
-// shows the planner's estimate (pg_class.reltuples times the status's
-// frequency in pg_stats) above it. The whole overview is cached for
-// overviewTTL, so any number of open dashboards cost one set of queries
-// per interval.
+// through the (status, created_at, id) index (an index-only scan where
+// the visibility map allows), exactly below the cap, and shows the
+// planner's estimate (pg_class.reltuples times the status's frequency in
+// pg_stats) above it. The kinds of the newest KindCap tasks of each status
+// but SUCCEEDED are counted (their rows are read for the kind); succeeded
+// tasks per kind come from the audit samples. The whole overview is cached
+// for overviewTTL, so any number of open dashboards cost one set of
+// queries per interval.
 const (
 	CountCap    = 5000
+	KindCap     = 1000
 	overviewTTL = 1500 * time.Millisecond
 	redisWait   = time.Second
 )
@@ -81,18 +85,19 @@ type redisView struct {
 }
 
 type overviewData struct {
-	At        time.Time
-	Statuses  []statusCount
-	Total     int64
-	Kinds     []kindRow
-	Redis     *redisView
-	Backlog   int64
-	BacklogC  bool // capped
-	OldestDue time.Duration
-	Leaders   []leaderRow
-	Series    series
-	Took      time.Duration
-	Errors    []string
+	At         time.Time
+	Statuses   []statusCount
+	Total      int64
+	Kinds      []kindRow
+	Redis      *redisView
+	Backlog    int64
+	BacklogDue int64 // of Backlog, due now (the rest are delayed tasks' rows)
+	BacklogC   bool  // capped
+	OldestDue  time.Duration
+	Leaders    []leaderRow
+	Series     series
+	Took       time.Duration
+	Errors     []string
 }
 
 // overviewCache keeps the last overview for overviewTTL.
@@ -135,9 +140,15 @@ func (h *Handler) Overview(ctx context.Context) (*overviewData, error) {
 	return d, nil
 }
 
-// statusCountsSQL counts up to $2 tasks of each status in $1, newest
-// first through ingest_task_status_created_idx, by kind.
+// statusCountsSQL counts up to $2 tasks of each status in $1 through
+// ingest_task_status_created_idx.
 const statusCountsSQL = `
+SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM ingest_task t WHERE t.status = s.status LIMIT $2) x)
+FROM unnest($1::text[]) AS s(status)`
+
+// kindCountsSQL counts the newest $2 tasks of each status in $1 by kind,
+// through ingest_task_status_created_idx.
+const kindCountsSQL = `
 SELECT s.status, x.kind, count(*)
 FROM unnest($1::text[]) AS s(status)
 CROSS JOIN LATERAL (
@@ -155,9 +166,10 @@ WHERE c.oid = 'ingest_task'::regclass AND s.schemaname = current_schema()
   AND s.tablename = 'ingest_task' AND s.attname = 'status'`
 
 // backlogSQL counts up to $1 unpublished outbox rows on the partial claim
-// index (outbox_event_claim_idx), and the earliest due time among them.
+// index (outbox_event_claim_idx), in due order: how many, how many are
+// due, and the earliest due time.
 const backlogSQL = `
-SELECT count(*), min(next_retry_at) FROM (
+SELECT count(*), count(*) FILTER (WHERE next_retry_at <= now()), min(next_retry_at) FROM (
     SELECT next_retry_at FROM outbox_event WHERE status IN ('NEW', 'RETRYING')
     ORDER BY next_retry_at, id LIMIT $1
 ) o`
@@ -193,19 +205,34 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 		settings  []kindRow
 	)
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		states := make([]string, len(task.States))
-		for i, s := range task.States {
-			states[i] = string(s)
+	var states, unfinished []string
+	for _, s := range task.States {
+		states = append(states, string(s))
+		if s != task.Succeeded {
+			unfinished = append(unfinished, string(s))
 		}
+	}
+	g.Go(func() error {
 		rows, err := h.cfg.DB.Query(gctx, statusCountsSQL, states, CountCap)
 		if err != nil {
 			return fmt.Errorf("count tasks: %w", err)
 		}
+		var st string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[task.State(st)] = n; return nil })
+		if err != nil {
+			return fmt.Errorf("count tasks: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		rows, err := h.cfg.DB.Query(gctx, kindCountsSQL, unfinished, KindCap)
+		if err != nil {
+			return fmt.Errorf("count tasks by kind: %w", err)
+		}
 		var st, k string
 		var n int64
 		_, err = pgx.ForEachRow(rows, []any{&st, &k, &n}, func() error {
-			counts[task.State(st)] += n
 			if perKind[k] == nil {
 				perKind[k] = map[task.State]int64{}
 			}
@@ -213,7 +240,7 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 			return nil
 		})
 		if err != nil {
-			return fmt.Errorf("count tasks: %w", err)
+			return fmt.Errorf("count tasks by kind: %w", err)
 		}
 		return nil
 	})
@@ -232,11 +259,12 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 	})
 	g.Go(func() error {
 		var due *time.Time
-		if err := h.cfg.DB.QueryRow(gctx, backlogSQL, CountCap+1).Scan(&d.Backlog, &due); err != nil {
+		if err := h.cfg.DB.QueryRow(gctx, backlogSQL, CountCap+1).Scan(&d.Backlog, &d.BacklogDue, &due); err != nil {
 			return fmt.Errorf("outbox backlog: %w", err)
 		}
 		if d.Backlog > CountCap {
 			d.Backlog, d.BacklogC = CountCap, true
+			d.BacklogDue = min(d.BacklogDue, CountCap)
 		}
 		if due != nil && time.Since(*due) > 0 {
 			d.OldestDue = time.Since(*due)
@@ -309,8 +337,8 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 		k.Waiting = byState[task.Queued] + byState[task.Retrying]
 		k.Running = byState[task.Running]
 		k.Dead, k.Cancelled = byState[task.Dead], byState[task.Cancelled]
-		k.WaitingCapped = counts[task.Queued] >= CountCap || counts[task.Retrying] >= CountCap
-		k.DeadCapped = counts[task.Dead] >= CountCap
+		k.WaitingCapped = counts[task.Queued] >= KindCap || counts[task.Retrying] >= KindCap
+		k.DeadCapped = counts[task.Dead] >= KindCap
 	}
 	for name, t := range d.Series.ByKind {
 		k := kind(name)

@@ -89,7 +89,8 @@ SELECT coalesce((SELECT id FROM ingest_task_transition
 // sampleSQL aggregates the audit rows after id $1 (at most $2 of them,
 // by primary key) per bucket of $3 seconds, kind, status reached and
 // creation, with the creation-to-success latency of SUCCEEDED rows; the
-// task's kind and created_at come by primary key.
+// task's kind and created_at come by primary key (a LATERAL probe: a join
+// could be planned as a scan of the task table).
 const sampleSQL = `
 WITH n AS (
     SELECT id, task_id, from_status, to_status, created_at FROM ingest_task_transition
@@ -99,7 +100,7 @@ SELECT max(n.id), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, 
        count(*),
        coalesce(sum(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8,
        coalesce(max(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8
-FROM n JOIN ingest_task t ON t.id = n.task_id
+FROM n CROSS JOIN LATERAL (SELECT kind, created_at FROM ingest_task WHERE id = n.task_id LIMIT 1) t
 GROUP BY 2, 3, 4, 5`
 
 // refresh reads the audit rows written since the last refresh.
@@ -269,7 +270,11 @@ func chart(title, unit string, lines []line) template.HTML {
 		if m < mins {
 			label = fmt.Sprintf("-%dm", mins-m)
 		}
-		fmt.Fprintf(&b, `<text class="xlab" x="%.1f" y="%g">%s</text>`, x(i), h-6, label)
+		class := "xlab"
+		if m == mins {
+			class += " end"
+		}
+		fmt.Fprintf(&b, `<text class="%s" x="%.1f" y="%g">%s</text>`, class, x(i), h-6, label)
 	}
 	for _, l := range lines {
 		var pts strings.Builder
