@@ -154,7 +154,8 @@ func (b *bouncerBundle) directListeners() map[string]int {
 // TestServiceThroughPgBouncer: a Service whose every statement goes
 // through a transaction-pooling PgBouncer, with no direct connection
 // (Listen.None): tasks created by another process are published by the
-// relay's polling, a task succeeds, a failing one is retried and succeeds,
+// relay's polling, a task succeeds, the tasks of a kind limited to two at
+// once succeed (the limiter's statements, through the bouncer), a failing one is retried and succeeds,
 // one that always fails ends DEAD with exactly one DLQ entry, and an
 // operator's cancel reaches a running handler through the lease renewal.
 // Nothing LISTENs, neither through the bouncer nor directly.
@@ -163,8 +164,24 @@ func TestServiceThroughPgBouncer(t *testing.T) {
 	b := newBouncerBundle(t)
 	var cancelled atomic.Bool
 	started := make(chan struct{}, 1)
+	two := 2
+	if _, err := b.store.SetKind(context.Background(), "test", "limited", task.KindUpdate{Concurrency: &two}); err != nil {
+		t.Fatal(err)
+	}
+	var limitedRunning, limitedMax atomic.Int64
 	b.run(b.config("w1", pgsession.Source{None: true}), map[string]ingest.Handler{
 		"ok": func(context.Context, ingest.Task) error { return nil },
+		"limited": func(context.Context, ingest.Task) error {
+			n := limitedRunning.Add(1)
+			defer limitedRunning.Add(-1)
+			for {
+				if m := limitedMax.Load(); n <= m || limitedMax.CompareAndSwap(m, n) {
+					break
+				}
+			}
+			time.Sleep(20 * time.Millisecond) // a little work, so that starts overlap
+			return nil
+		},
 		"flaky": func(_ context.Context, tk ingest.Task) error {
 			if tk.Attempt == 1 {
 				return errors.New("first attempt fails")
@@ -180,9 +197,24 @@ func TestServiceThroughPgBouncer(t *testing.T) {
 		},
 	})
 	ok, flaky, bad := b.create("ok", 3), b.create("flaky", 3), b.create("bad", 2)
+	var limited []uuid.UUID
+	for range 6 {
+		limited = append(limited, b.create("limited", 3))
+	}
 	testenv.Eventually(t, 20*time.Second, "ok and flaky SUCCEEDED, bad DEAD", func() bool {
 		return b.get(ok).Status == task.Succeeded && b.get(flaky).Status == task.Succeeded && b.get(bad).Status == task.Dead
 	})
+	testenv.Eventually(t, 20*time.Second, "the 6 tasks of the limited kind SUCCEEDED", func() bool {
+		for _, id := range limited {
+			if b.get(id).Status != task.Succeeded {
+				return false
+			}
+		}
+		return true
+	})
+	if m := limitedMax.Load(); m > 2 {
+		t.Errorf("the kind limited to 2 ran %d at once", m)
+	}
 	if tk := b.get(flaky); tk.AttemptCount != 1 {
 		t.Errorf("flaky: attempt_count %d, want 1 (one failed run, then success)", tk.AttemptCount)
 	}
