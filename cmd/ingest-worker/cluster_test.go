@@ -31,6 +31,19 @@ func TestClusterWorkers(t *testing.T) {
 	cluster := testenv.NewRedisCluster(t, testenv.ClusterOptions{})
 	t.Run("KillAndCLI", func(t *testing.T) { t.Parallel(); testClusterWorkers(t, bin, cluster) })
 	t.Run("Demo", func(t *testing.T) { t.Parallel(); testClusterDemo(t, bin, cluster) })
+	t.Run("Unreachable", func(t *testing.T) {
+		t.Parallel()
+		// A cluster URL whose nodes do not answer: exit 1 naming the URL,
+		// without its password.
+		dead := freeAddr(t)
+		url := "redis://:cluster-secret-1@" + dead + "?addr=" + freeAddr(t)
+		r := runBin(t, bin, []string{"INGEST_DATABASE_URL=postgres://127.0.0.1:1/x", "INGEST_REDIS_CLUSTER=true", "INGEST_REDIS_URL=" + url,
+			"INGEST_REDIS_STREAM_KEY={q}:tasks", "INGEST_REDIS_DLQ_STREAM_KEY={q}:dlq"}, "", "dlq", "list")
+		if r.code != exitRuntime || !strings.Contains(r.stderr, "connect to Redis Cluster") || !strings.Contains(r.stderr, dead) ||
+			strings.Contains(r.stderr, "cluster-secret-1") {
+			t.Fatalf("dlq list against an unreachable cluster: exit %d, stderr %q; want 1 naming the cluster, not its password", r.code, r.stderr)
+		}
+	})
 }
 
 // testClusterDemo: `demo` against a cluster (INGEST_REDIS_URL set, so no
