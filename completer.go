@@ -183,7 +183,15 @@ func (p *processor) complete(batch []outcome) {
 				freed[o.r.task.Kind] = append(freed[o.r.task.Kind], res.ID)
 			}
 		}
-		p.releaseSlots(p.ioCtx, freed)
+		if len(freed) > 0 {
+			// Off the completer's path: the next outcomes need not wait
+			// (shutdown waits for it with the DLQ retries).
+			p.retries.Add(1)
+			go func() {
+				defer p.retries.Done()
+				p.releaseSlots(p.ioCtx, freed)
+			}()
+		}
 	}
 }
 

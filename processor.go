@@ -154,7 +154,7 @@ type processor struct {
 	freed    chan struct{} // signalled when slots are released
 	outcomes chan outcome  // handlers → completer; capacity = Concurrency
 	work     sync.WaitGroup
-	retries  sync.WaitGroup // DLQ writes being retried
+	retries  sync.WaitGroup // DLQ writes being retried, slots of finished runs being given back
 
 	// The completer's and the heartbeat's lifecycles (see start, shutdown).
 	stopCompleter, completerDone chan struct{}

@@ -22,14 +22,15 @@ ALTER TABLE ingest_kind_change
     ADD COLUMN concurrency integer,
     ADD COLUMN rate        text;
 
--- The tasks of a concurrency-limited kind started under its limit: a slot
--- is taken while its task is RUNNING under a live lease, and free again
--- once the task finished, failed or its lease expired (a crashed worker's
--- slots come back within the lease). Stale rows are deleted by the next
--- limited start of the kind.
+-- The slots of a concurrency-limited kind: a row is taken while its task
+-- is RUNNING under a live lease, or for 10 s after reserved_at (a start
+-- reserves the slot, then starts the task). The worker that records a
+-- run's outcome deletes its row; a crashed worker's rows are deleted as
+-- stale by the next start of the kind.
 CREATE TABLE ingest_kind_slot (
-    kind    text NOT NULL,
-    task_id uuid NOT NULL,
+    kind        text NOT NULL,
+    task_id     uuid NOT NULL,
+    reserved_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (kind, task_id)
 );
 

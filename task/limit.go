@@ -2,7 +2,6 @@ package task
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -226,115 +225,88 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	return released, nil
 }
 
-// limitState is a kind's row, locked by a start or a release of the kind.
-type limitState struct {
-	Limits
-	found bool
-	now   time.Time
-	log   []time.Time // the rate log: start transactions' times, oldest first
-	logN  []int       // and how many tasks each started
+// reserveGrace is how long a slot reserved for a task that has not
+// started counts as taken: a reservation is followed by the start within
+// milliseconds, or given back; a process that crashed in between holds
+// the slot this long.
+const reserveGrace = 10 * time.Second
+
+// takenSQL is true for a slot row s that is taken: its task RUNNING under
+// a live lease, or reserved within reserveGrace and not started since
+// (waiting, or RUNNING under a lease that ended before the reservation: a
+// takeover not yet made).
+var takenSQL = `EXISTS (SELECT 1 FROM ingest_task t WHERE t.id = s.task_id AND (
+        (t.status = 'RUNNING' AND t.lease_until > now())
+        OR (s.reserved_at > now() - ` + strconv.FormatInt(reserveGrace.Milliseconds(), 10) + ` * interval '1 millisecond'
+            AND (t.status IN ('QUEUED', 'RETRYING') OR (t.status = 'RUNNING' AND t.lease_until <= s.reserved_at)))))`
+
+// freeSQL computes, inside a statement that has CTE k (the kind's row)
+// and CTE tight (whether the raw count of its slot rows leaves too little
+// room), how many more tasks of kind $1 may start now: the free slots and
+// the starts left in the rate window, each only when limited (2^31-1 when
+// neither is; 0 when paused). While the raw count of slot rows, stale ones
+// included, leaves room, the slots' tasks need not be looked at.
+var freeSQL = `
+    SELECT CASE WHEN k.paused THEN 0 ELSE least(
+        CASE WHEN k.concurrency > 0 AND NOT tight.b THEN k.concurrency - tight.raw
+             WHEN k.concurrency > 0 THEN greatest(k.concurrency - (SELECT count(*) FROM ingest_kind_slot s WHERE s.kind = $1 AND ` + takenSQL + `), 0) END,
+        CASE WHEN k.rate_count > 0 THEN greatest(k.rate_count - (SELECT coalesce(sum(x.n), 0) FROM unnest(k.rate_log, k.rate_log_n) AS x(at, n)
+                                                                 WHERE x.at > now() - k.rate_period_ms * interval '1 millisecond'), 0) END,
+        2147483647) END AS n
+    FROM k, tight`
+
+// tightSQL is the CTE tight of freeSQL for $want tasks: raw, the kind's
+// slot rows, and b, whether raw + want exceeds its concurrency limit.
+func tightSQL(want string) string {
+	return `SELECT n AS raw, k.concurrency > 0 AND n + ` + want + ` > k.concurrency AS b
+    FROM k, (SELECT count(*) AS n FROM ingest_kind_slot WHERE kind = $1) AS c`
 }
 
-// lockKind locks kind's ingest_kind row for the transaction (starts and
-// releases of a limited kind are serialized by it) and reads its
-// settings and the transaction's time.
-func lockKind(ctx context.Context, tx pgx.Tx, kind string) (limitState, error) {
-	var st limitState
-	var periodMS int64
-	err := tx.QueryRow(ctx, `SELECT paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n, now() FROM ingest_kind WHERE kind = $1 FOR UPDATE`,
-		kind).Scan(&st.Paused, &st.Concurrency, &st.Rate.Count, &periodMS, &st.log, &st.logN, &st.now)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return limitState{}, nil
-	}
-	if err != nil {
-		return limitState{}, err
-	}
-	st.found = true
-	st.Rate.Per = time.Duration(periodMS) * time.Millisecond
-	return st, nil
-}
+// lockKindSQL locks kind $1's row for the transaction: the starts and
+// releases of a limited kind are serialized by it. It is a statement of
+// its own so that the statements after it, each with a snapshot taken
+// once it holds the lock, see what the previous holder committed.
+const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
 
-// liveSlotsSQL deletes the stale slots of kind $1 (their task no longer
-// RUNNING under a live lease) and counts the live ones.
-const liveSlotsSQL = `
-WITH stale AS (
-    DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND NOT EXISTS (
-        SELECT 1 FROM ingest_task t WHERE t.id = s.task_id AND t.status = 'RUNNING' AND t.lease_until > now())
-    RETURNING 1
+// reserveSQL reserves starts for tasks of kind $1 among $2 (in order),
+// as many as the kind's limits let start now, after lockKindSQL in the
+// same transaction: it deletes the kind's stale slot rows when it had to
+// look at them, takes a slot
+// row for each chosen task when the kind has a concurrency limit, and
+// adds the chosen ones to the rate log (one element: the transaction's
+// time and their number, dropping elements older than the period and the
+// margin $3) when it has a rate limit. It returns whether the kind has
+// settings, whether it is paused or limited, whether it has a rate limit,
+// the chosen ids, which of them got a new slot row, and the ids of other
+// kinds (started without limit).
+var reserveSQL = `
+WITH k AS (
+    SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
+), ids AS (
+    SELECT x.id, x.ord, t.kind = $1 AS mine FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
+), tight AS (` + tightSQL("(SELECT count(*) FROM ids WHERE mine)") + `
+), free AS (` + freeSQL + `
+), chosen AS (
+    SELECT id FROM ids WHERE mine ORDER BY ord LIMIT (SELECT n FROM free)
+), stale AS (
+    DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `
+), slots AS (
+    INSERT INTO ingest_kind_slot (kind, task_id, reserved_at)
+    SELECT $1, id, now() FROM chosen WHERE EXISTS (SELECT 1 FROM k WHERE k.concurrency > 0)
+    ON CONFLICT (kind, task_id) DO UPDATE SET reserved_at = now()
+    RETURNING task_id, xmax = 0 AS inserted
+), logged AS (
+    UPDATE ingest_kind k2 SET (rate_log, rate_log_n) = (
+        SELECT coalesce(array_agg(at ORDER BY at), '{}'), coalesce(array_agg(n ORDER BY at), '{}') FROM (
+            SELECT at, n FROM unnest(k2.rate_log, k2.rate_log_n) AS x(at, n)
+            WHERE at > now() - (k2.rate_period_ms + $3) * interval '1 millisecond'
+            UNION ALL SELECT now(), (SELECT count(*) FROM chosen)::int) AS y)
+    WHERE k2.kind = $1 AND k2.rate_count > 0 AND EXISTS (SELECT 1 FROM chosen)
 )
-SELECT (SELECT count(*) FROM ingest_kind_slot WHERE kind = $1) - (SELECT count(*) FROM stale)`
-
-// free returns how many more tasks of the kind may start now under its
-// limits (-1: no limit), for a start of want tasks. The slot rows are
-// counted first, stale ones included: when that leaves room for want, the
-// stale ones need not be found (they only make the count higher), so
-// they are deleted only when the kind comes near its limit, which bounds
-// the table at about the limit plus one batch.
-func (st limitState) free(ctx context.Context, tx pgx.Tx, kind string, want int) (int, error) {
-	free := -1
-	if st.Concurrency > 0 {
-		var taken int
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM ingest_kind_slot WHERE kind = $1`, kind).Scan(&taken); err != nil {
-			return 0, err
-		}
-		if taken+want > st.Concurrency {
-			if err := tx.QueryRow(ctx, liveSlotsSQL, kind).Scan(&taken); err != nil {
-				return 0, err
-			}
-		}
-		free = max(st.Concurrency-taken, 0)
-	}
-	if st.Rate.Count > 0 {
-		left := max(st.Rate.Count-st.recentStarts(), 0)
-		if free < 0 || left < free {
-			free = left
-		}
-	}
-	return free, nil
-}
-
-// recentStarts counts the starts of the rate log within the rate period
-// before the transaction's time (and any after it: see rateLogMargin).
-// The log's times are sorted (array_agg ORDER BY).
-func (st limitState) recentStarts() int {
-	from := st.now.Add(-st.Rate.Per)
-	i, _ := slices.BinarySearchFunc(st.log, from, func(t, from time.Time) int {
-		if t.After(from) {
-			return 1
-		}
-		return -1
-	})
-	n := 0
-	for _, k := range st.logN[min(i, len(st.logN)):] {
-		n += k
-	}
-	return n
-}
-
-// recordStartsSQL takes a slot of kind $1 for each task of $2 when the
-// kind has a concurrency limit ($3), and adds their starts, one element at
-// the transaction's time with their number, to its rate log when it has a
-// rate limit ($4), dropping the elements older than its period and the
-// margin $5. One element per start transaction, not per task, keeps the
-// log as short as the number of start transactions in a period.
-const recordStartsSQL = `
-WITH slots AS (
-    INSERT INTO ingest_kind_slot (kind, task_id) SELECT $1, id FROM unnest($2::uuid[]) AS x(id) WHERE $3
-    ON CONFLICT DO NOTHING
-)
-UPDATE ingest_kind k SET (rate_log, rate_log_n) = (
-    SELECT coalesce(array_agg(at ORDER BY at), '{}'), coalesce(array_agg(n ORDER BY at), '{}') FROM (
-        SELECT at, n FROM unnest(k.rate_log, k.rate_log_n) AS x(at, n)
-        WHERE at > now() - (k.rate_period_ms + $5) * interval '1 millisecond'
-        UNION ALL SELECT now(), cardinality($2::uuid[])) AS y)
-WHERE kind = $1 AND $4`
-
-// recordStarts records the starts of the tasks of ids in the kind's
-// limits: a slot each, and their times in its rate log.
-func recordStarts(ctx context.Context, tx pgx.Tx, kind string, ids []uuid.UUID, st limitState) error {
-	_, err := tx.Exec(ctx, recordStartsSQL, kind, ids, st.Concurrency > 0, st.Rate.Count > 0, rateLogMargin.Milliseconds())
-	return err
-}
+SELECT EXISTS (SELECT 1 FROM k), coalesce((SELECT paused OR concurrency > 0 OR rate_count > 0 FROM k), false),
+       coalesce((SELECT rate_count > 0 FROM k), false),
+       ARRAY(SELECT id FROM chosen), ARRAY(SELECT task_id FROM slots WHERE inserted),
+       ARRAY(SELECT id FROM ids WHERE NOT mine ORDER BY ord)`
 
 // parkDueSQL parks those of $1 that are due QUEUED or RETRYING tasks.
 var parkDueSQL = `
@@ -348,120 +320,137 @@ FROM l WHERE t.id = l.id
 RETURNING t.id`
 
 // StartLimited starts the tasks of ids, all of kind kind as their stream
-// entries say, within the kind's limits, in one transaction that holds
-// the kind's row lock. It returns one result per distinct id, in the
-// order given:
+// entries say, within the kind's limits. It returns one result per
+// distinct id, in the order given:
 //   - as many as the kind's free slots and starts allow are started as
 //     Start starts them (tasks of another kind than their entry says are
 //     started without limit);
 //   - the due waiting ones beyond that are parked: Outcome Throttled with
-//     Parked set (their entries can be acknowledged: the releaser wakes
-//     them when a slot or a start frees);
+//     Parked set (their entries can be acknowledged: a worker that frees a
+//     slot, or the leader's releaser, wakes them);
 //   - the others get the outcome Start would give them, or Throttled
 //     without Parked when they would have been taken over (RUNNING under
 //     an expired lease) and no slot is free: try them again later.
 //
-// Each start of a concurrency-limited kind takes a slot (ingest_kind_slot)
-// and each start of a rate-limited kind is logged in its rate log.
+// The starts are reserved first, under the kind's row lock (lockKindSQL
+// and reserveSQL, sent together). A kind with only a concurrency limit
+// commits the reservation and starts its tasks after, without the lock: a
+// reserved slot is taken before its task starts, and one whose task did
+// not start is given back. A kind with a rate limit starts them in the
+// same transaction, so that the rate log holds the starts' own times.
 func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Duration, kind string, ids ...uuid.UUID) ([]StartResult, error) {
 	ids = distinct(ids)
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	byID := make(map[uuid.UUID]StartResult, len(ids))
+	var (
+		found, limited, rated   bool
+		chosen, newSlots, other []uuid.UUID
+		byID                    = make(map[uuid.UUID]StartResult, len(ids))
+	)
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		clear(byID)
-		st, err := lockKind(ctx, tx, kind)
-		if err != nil {
+		b := &pgx.Batch{}
+		b.Queue(lockKindSQL, kind)
+		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds()).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
-		if !st.found || !(st.Paused || st.Limited()) {
-			// The limits were removed meanwhile.
-			return s.startInto(ctx, tx, owner, lease, ids, byID)
+		if !found || !limited || !rated {
+			return nil // started after the commit
 		}
-		var mine, other []uuid.UUID
-		rows, err := tx.Query(ctx, `SELECT x.id, t.kind = $2 FROM unnest($1::uuid[]) WITH ORDINALITY AS x(id, n)
-			JOIN ingest_task t ON t.id = x.id ORDER BY x.n`, ids, kind)
-		if err != nil {
-			return err
-		}
-		var id uuid.UUID
-		var same bool
-		if _, err := pgx.ForEachRow(rows, []any{&id, &same}, func() error {
-			if same {
-				mine = append(mine, id)
-			} else {
-				other = append(other, id)
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
-		free := 0
-		if !st.Paused {
-			if free, err = st.free(ctx, tx, kind, len(mine)); err != nil {
-				return err
-			}
-		}
-		// Start as many as may start; when some of them do not (not due,
-		// running elsewhere, finished), offer their places to the next.
-		toStart, rest := other, mine
-		var started []uuid.UUID
-		for len(rest) > 0 && free != 0 {
-			n := len(rest)
-			if free > 0 {
-				n = min(n, free)
-			}
-			toStart = append(toStart, rest[:n]...)
-			rest = rest[n:]
-			if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
-				return err
-			}
-			for _, id := range toStart {
-				if r := byID[id]; r.Outcome == Started && r.Task.Kind == kind {
-					started = append(started, id)
-					if free > 0 {
-						free--
-					}
-				}
-			}
-			toStart = nil
-		}
-		if len(toStart) > 0 { // other, when nothing of the kind may start
+		if toStart := append(other, chosen...); len(toStart) > 0 {
 			if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
 				return err
 			}
 		}
-		if len(started) > 0 && st.Limited() {
-			if err := recordStarts(ctx, tx, kind, started, st); err != nil {
-				return err
-			}
-		}
-		if len(rest) == 0 {
-			return nil
-		}
-		rows, err = tx.Query(ctx, parkDueSQL, rest)
-		if err != nil {
-			return err
-		}
-		parked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-		if err != nil {
-			return err
-		}
-		for _, id := range parked {
-			byID[id] = StartResult{ID: id, Outcome: Throttled, Parked: true}
-		}
-		var unparked []uuid.UUID
-		for _, id := range rest {
-			if _, ok := byID[id]; !ok {
-				unparked = append(unparked, id)
-			}
-		}
-		return s.notStartedInto(ctx, tx, unparked, byID)
+		return s.parkRest(ctx, tx, ids, byID)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start %d tasks of limited kind %q: %w", len(ids), kind, err)
 	}
+	switch {
+	case !found || !limited:
+		// The limits were removed meanwhile.
+		return s.Start(ctx, owner, lease, ids...)
+	case rated:
+		return orderResults(ids, byID), nil
+	}
+	if toStart := append(other, chosen...); len(toStart) > 0 {
+		res, err := s.Start(ctx, owner, lease, toStart...)
+		if err != nil {
+			s.giveBack(kind, newSlots)
+			return nil, err
+		}
+		started := map[uuid.UUID]bool{}
+		for _, r := range res {
+			byID[r.ID] = r
+			started[r.ID] = r.Outcome == Started
+		}
+		var unused []uuid.UUID
+		for _, id := range newSlots {
+			if !started[id] {
+				unused = append(unused, id)
+			}
+		}
+		s.giveBack(kind, unused)
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx) error { return s.parkRest(ctx, tx, ids, byID) })
+	if err != nil {
+		return nil, fmt.Errorf("park tasks of limited kind %q: %w", kind, err)
+	}
+	return orderResults(ids, byID), nil
+}
+
+// parkRest parks those of ids without a result in byID that are due and
+// waiting (Throttled, Parked) and records what Start would answer for the
+// others (notStartedInto).
+func (s *Store) parkRest(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
+	var rest []uuid.UUID
+	for _, id := range ids {
+		if _, ok := byID[id]; !ok {
+			rest = append(rest, id)
+		}
+	}
+	if len(rest) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, parkDueSQL, rest)
+	if err != nil {
+		return err
+	}
+	parked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return err
+	}
+	for _, id := range parked {
+		byID[id] = StartResult{ID: id, Outcome: Throttled, Parked: true}
+	}
+	var unparked []uuid.UUID
+	for _, id := range rest {
+		if _, ok := byID[id]; !ok {
+			unparked = append(unparked, id)
+		}
+	}
+	return s.notStartedInto(ctx, tx, unparked, byID)
+}
+
+// giveBack deletes the slot rows reserved for ids after their start
+// failed (best effort: else they are found stale after reserveGrace).
+func (s *Store) giveBack(kind string, ids []uuid.UUID) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = s.db.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2)`, kind, ids)
+}
+
+// orderResults returns the results of ids in order, NotFound for an id
+// without one.
+func orderResults(ids []uuid.UUID, byID map[uuid.UUID]StartResult) []StartResult {
 	out := make([]StartResult, len(ids))
 	for i, id := range ids {
 		r, ok := byID[id]
@@ -470,7 +459,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 		}
 		out[i] = r
 	}
-	return out, nil
+	return out
 }
 
 // notStartedInto records in byID what Start would answer for ids, which
@@ -543,22 +532,24 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		claim.Discard() // of an attempt that was rolled back
 		claim, ids = outbox.Claim{}, nil
-		st, err := lockKind(ctx, tx, kind)
-		if err != nil || st.Paused {
+		var free int
+		want := unparkBatch
+		if max > 0 {
+			want = min(want, max)
+		}
+		b := &pgx.Batch{}
+		b.Queue(lockKindSQL, kind)
+		b.Queue(`WITH k AS (
+			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
+		), tight AS (`+tightSQL("$2::int")+`
+		), free AS (`+freeSQL+`)
+		SELECT coalesce((SELECT n FROM free), 2147483647)`, kind, want).QueryRow(func(row pgx.Row) error { return row.Scan(&free) })
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
-		n := unparkBatch
+		n := min(unparkBatch, free-inTransit)
 		if max > 0 {
 			n = min(n, max)
-		}
-		if st.Limited() {
-			free, err := st.free(ctx, tx, kind, n)
-			if err != nil {
-				return err
-			}
-			if free >= 0 {
-				n = min(n, free-inTransit)
-			}
 		}
 		if n <= 0 {
 			return nil

@@ -113,8 +113,12 @@ func TestConcurrencyLimit(t *testing.T) {
 	if n, _ := outcomes(rs); err != nil || n[task.Started] != 1 {
 		t.Fatalf("the released task: %v, %v; want started", n, err)
 	}
-	// An expired lease frees its slot too.
+	// An expired lease frees its slot too (the lease ran out long after
+	// the slot was reserved).
 	b.expireLease(t, started[1])
+	if _, err := b.db.Exec(b.ctx, `UPDATE ingest_kind_slot SET reserved_at = now() - interval '1 minute' WHERE task_id = $1`, started[1]); err != nil {
+		t.Fatal(err)
+	}
 	if woken, err = b.store.ReleaseParked(b.ctx, "c", 0, 0); err != nil || len(woken) != 1 {
 		t.Fatalf("ReleaseParked after a lease expired = %v, %v; want 1", woken, err)
 	}

@@ -98,11 +98,11 @@ type cluster struct {
 	mu    sync.Mutex
 	procs []*proc
 
-	killed   map[string]bool // consumer names of SIGKILLed workers (under mu)
+	killed map[string]bool // consumer names of SIGKILLed workers (under mu)
 	// killedAt is when each SIGKILLed worker was gone (under mu): its
 	// handlers' runs ended by then.
 	killedAt map[string]time.Time
-	crashes  atomic.Int64    // unexpected process exits
+	crashes  atomic.Int64 // unexpected process exits
 	faults   atomic.Int64
 	inflight atomic.Int64 // tasks in flight at the moments of the faults
 }
