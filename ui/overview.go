@@ -114,7 +114,7 @@ func (c *overviewCache) forget() {
 }
 
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *view) {
-	d, err := h.Overview(r.Context())
+	d, err := h.cachedOverview(r.Context())
 	if err != nil {
 		h.internal(w, r, err)
 		return
@@ -123,9 +123,9 @@ func (h *Handler) overview(w http.ResponseWriter, r *http.Request, v *view) {
 	h.render(w, r, http.StatusOK, "overview", v)
 }
 
-// Overview returns the overview's data, from the cache when it is
+// cachedOverview returns the overview's data, from the cache when it is
 // fresher than overviewTTL.
-func (h *Handler) Overview(ctx context.Context) (*overviewData, error) {
+func (h *Handler) cachedOverview(ctx context.Context) (*overviewData, error) {
 	c := h.stats
 	c.mu.Lock()
 	defer c.mu.Unlock()
