@@ -525,6 +525,23 @@ func testEndToEnd(t *testing.T, bin string) {
 	if r := runBin(t, bin, env, "", "kind", "pause", " "); r.code != exitUsage || !strings.Contains(r.stderr, "kind is empty") {
 		t.Fatalf("kind pause of a blank kind: exit %d, stderr %q; want a usage error", r.code, r.stderr)
 	}
+	// kind set: limits, shown by kind list; a bad rate is a usage error
+	// naming it.
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--concurrency", "2", "--rate", "300/m"); !strings.Contains(out, "concurrency 2, rate 300/m") {
+		t.Fatalf("kind set: %q", out)
+	}
+	if out := mustRun(t, bin, env, "", "kind", "list"); !strings.Contains(out, "e2e.limited") || !strings.Contains(out, "300/m") {
+		t.Fatalf("kind list after kind set: %q", out)
+	}
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--rate", "0"); !strings.Contains(out, "concurrency 2, rate no limit") {
+		t.Fatalf("kind set --rate 0: %q", out)
+	}
+	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited", "--rate", "5/fortnight"); r.code != exitUsage || !strings.Contains(r.stderr, "5/fortnight") {
+		t.Fatalf("kind set --rate 5/fortnight: exit %d, stderr %q; want a usage error naming the rate", r.code, r.stderr)
+	}
+	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited"); r.code != exitUsage || !strings.Contains(r.stderr, "--concurrency or --rate") {
+		t.Fatalf("kind set without a limit: exit %d, stderr %q; want a usage error", r.code, r.stderr)
+	}
 	if r := runBin(t, bin, env, "", "task", "redrive", "--status", "RUNNING"); r.code != exitUsage || !strings.Contains(r.stderr, "status must be DEAD or CANCELLED") {
 		t.Fatalf("task redrive --status RUNNING: exit %d, stderr %q; want a usage error naming the status", r.code, r.stderr)
 	}
