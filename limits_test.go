@@ -2,7 +2,6 @@ package ingest_test
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -70,25 +69,10 @@ func TestKindLimitsAcrossWorkers(t *testing.T) {
 	for _, name := range []string{"w1", "w2"} {
 		b.run(b.fastConfig(name), handlers, slog.LevelError)
 	}
-	create := func(kind string, n int) {
-		nts := make([]task.NewTask, n)
-		for i := range nts {
-			nts[i] = task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`)}
-		}
-		if _, err := b.store.CreateBatch(ctx, nts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	create("capped", 90)
-	create("rated", 60)
-	create("free", 300)
-	count := func(q string) int {
-		var n int
-		if err := b.db.Pool.QueryRow(ctx, q).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	b.createKind("capped", 90)
+	b.createKind("rated", 60)
+	b.createKind("free", 300)
+	count := b.query
 	b.eventually(60*time.Second, "every task SUCCEEDED", func() bool {
 		return count(`SELECT count(*) FROM ingest_task WHERE status = 'SUCCEEDED'`) == 450
 	})

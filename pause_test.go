@@ -2,14 +2,12 @@ package ingest_test
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	ingest "github.com/ingest-worker/ingest"
-	"github.com/ingest-worker/ingest/task"
 )
 
 // TestPauseAndResumeKind: with two workers running, a paused kind's tasks
@@ -32,24 +30,9 @@ func TestPauseAndResumeKind(t *testing.T) {
 			"k": func(context.Context, ingest.Task) error { kRuns.Add(1); return nil },
 		}, slog.LevelError)
 	}
-	create := func(kind string, n int) {
-		nts := make([]task.NewTask, n)
-		for i := range nts {
-			nts[i] = task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`)}
-		}
-		if _, err := b.store.CreateBatch(ctx, nts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	create("p", 200)
-	create("k", 200)
-	count := func(q string) int {
-		var n int
-		if err := b.db.Pool.QueryRow(ctx, q).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	b.createKind("p", 200)
+	b.createKind("k", 200)
+	count := b.query
 	b.eventually(30*time.Second, "k done, p parked, nothing pending", func() bool {
 		p, err := b.rdb.XPending(ctx, b.stream, ingest.DefaultGroup).Result()
 		return err == nil && p.Count == 0 &&

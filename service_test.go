@@ -110,6 +110,28 @@ func (b *serviceBundle) enqueue(n int) {
 	}
 }
 
+// createKind creates n tasks of kind with an empty payload, in one batch.
+func (b *serviceBundle) createKind(kind string, n int) {
+	b.t.Helper()
+	nts := make([]task.NewTask, n)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`)}
+	}
+	if _, err := b.store.CreateBatch(context.Background(), nts); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// query runs a query of one integer (a count).
+func (b *serviceBundle) query(q string) int {
+	b.t.Helper()
+	var n int
+	if err := b.db.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+		b.t.Fatal(err)
+	}
+	return n
+}
+
 func (b *serviceBundle) count(s task.State) int {
 	var n int
 	if err := b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM ingest_task WHERE status = $1`, string(s)).Scan(&n); err != nil {
