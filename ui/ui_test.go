@@ -591,3 +591,41 @@ func TestOverviewCounts(t *testing.T) {
 		want(t, p, 200, s)
 	}
 }
+
+// TestWithoutRedis: in Kafka mode there is no Redis to show; the pages
+// still work from PostgreSQL, and a redrive has no DLQ stream to clean.
+func TestWithoutRedis(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	f := b.fixture(t)
+	h, err := ui.New(ui.Config{Store: b.store, DB: b.pool, DLQKey: "ignored without a client"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	b.srv = srv
+	c := b.client(t)
+	want(t, c.get("/ui/"), 200, "not used (Kafka mode)")
+	want(t, c.get("/ui/tasks/"+f.dead.ID.String()), 200, "Not used (Kafka mode)", "upstream 503")
+	want(t, c.get("/ui/dlq?preview=1"), 200, "No DLQ stream is configured", "<strong>1</strong>")
+	csrf := c.csrf("/ui/kinds")
+	want(t, c.post("/ui/tasks/"+f.dead.ID.String()+"/redrive", url.Values{"csrf": {csrf}}), 303)
+	if s := b.status(t, f.dead.ID); s != task.Queued {
+		t.Fatalf("status %s", s)
+	}
+}
+
+// TestLiveRequestAfterLogout: a live refresh without a session tells
+// htmx to go to the login page.
+func TestLiveRequestAfterLogout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{token: "tok"})
+	c := b.client(t)
+	req, _ := http.NewRequest(http.MethodGet, b.srv.URL+"/ui/?live=1", nil)
+	req.Header.Set("HX-Request", "true")
+	p := c.do(req)
+	if p.code != http.StatusUnauthorized || p.header.Get("HX-Redirect") != "/ui/login" {
+		t.Fatalf("live request without a session: %d, HX-Redirect %q", p.code, p.header.Get("HX-Redirect"))
+	}
+}
