@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"strconv"
 
@@ -87,15 +88,7 @@ func (a *app) kindPauseCommand(pause bool) *cobra.Command {
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			store, pool, err := a.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			released, err := store.SetPaused(cmd.Context(), a.actor(), args[0], pause)
-			if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
-				return usagef("%s", ferr.Msg)
-			}
+			_, released, err := a.changeKind(cmd.Context(), args[0], task.KindUpdate{Paused: &pause})
 			if err != nil {
 				return err
 			}
@@ -143,19 +136,7 @@ consumer slot) and start as slots and starts free.`,
 			if u.Concurrency == nil && u.Rate == nil {
 				return usagef("kind set needs --concurrency or --rate (0 removes a limit)")
 			}
-			store, pool, err := a.openStore(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
-			released, err := store.SetKind(cmd.Context(), a.actor(), args[0], u)
-			if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
-				return usagef("%s", ferr.Msg)
-			}
-			if err != nil {
-				return err
-			}
-			k, _, err := store.Kind(cmd.Context(), args[0])
+			k, released, err := a.changeKind(cmd.Context(), args[0], u)
 			if err != nil {
 				return err
 			}
@@ -185,4 +166,24 @@ func fieldMsg(err error) string {
 		return ferr.Msg
 	}
 	return err.Error()
+}
+
+// changeKind changes kind's settings as this invocation and returns the
+// kind after the change and how many parked tasks it released; a bad
+// setting is a usage error.
+func (a *app) changeKind(ctx context.Context, kind string, u task.KindUpdate) (task.KindInfo, int, error) {
+	store, pool, err := a.openStore(ctx)
+	if err != nil {
+		return task.KindInfo{}, 0, err
+	}
+	defer pool.Close()
+	released, err := store.SetKind(ctx, a.actor(), kind, u)
+	if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
+		return task.KindInfo{}, 0, usagef("%s", ferr.Msg)
+	}
+	if err != nil {
+		return task.KindInfo{}, 0, err
+	}
+	k, _, err := store.Kind(ctx, kind)
+	return k, released, err
 }
