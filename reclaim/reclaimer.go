@@ -33,13 +33,17 @@ type Reclaimer struct {
 	backlog []string
 	// noGroup is true while the group is missing (logged once).
 	noGroup bool
+	// sawGroup is set once a round found the group: only a group seen
+	// and then missing was lost (at start-up the consumer may not have
+	// created it yet).
+	sawGroup bool
 	// groupLost, when set, is called when a round finds the group missing.
 	groupLost func()
 }
 
 // OnGroupLost makes r call f when a reclaim round finds the consumer group
-// missing (NOGROUP): Redis lost it, with its pending entries. f must
-// return quickly. Call it before Run.
+// missing (NOGROUP) after an earlier round found it: Redis lost it, with
+// its pending entries. f must return quickly. Call it before Run.
 func (r *Reclaimer) OnGroupLost(f func()) { r.groupLost = f }
 
 // maxBacklog bounds Reclaimer.backlog; the rescuer republishes tasks
@@ -164,6 +168,7 @@ func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 			r.noGroup = false
 			r.logger.Info("consumer group is back")
 		}
+		r.sawGroup = true
 		// Hand over first: the slots were reserved for these entries.
 		r.sink.Process(ctx, msgs, n)
 		res.Claimed += len(msgs)
@@ -189,6 +194,10 @@ func (r *Reclaimer) claimFailed(ctx context.Context, err error) {
 		// republishes what was lost with it.
 		if !r.noGroup {
 			r.noGroup = true
+			if !r.sawGroup {
+				r.logger.Info("consumer group not created yet: skipping reclaim rounds until it exists", "err", err)
+				return
+			}
 			r.logger.Warn("consumer group missing: skipping reclaim rounds until it is recreated", "err", err)
 			if r.groupLost != nil {
 				r.groupLost()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math"
+	"os"
 	"strings"
 	"testing"
 
@@ -14,7 +15,12 @@ import (
 	"github.com/ingest-worker/ingest/internal/testenv"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(scaleChildEnv); spec != "" {
+		os.Exit(runScaleChild(spec)) // a worker process of BenchmarkScaleProcesses
+	}
+	testenv.Main(m)
+}
 
 // TestRunSmoke runs the full path with 2,000 tasks in both modes: every
 // task ends SUCCEEDED (Run verifies it in SQL) and the report is complete.
