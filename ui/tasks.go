@@ -11,9 +11,10 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/transition"
 )
@@ -163,37 +164,14 @@ func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
 	h.render(w, r, code, "tasks", v)
 }
 
-// outboxRow is one outbox_event of a task.
-type outboxRow struct {
-	ID           int64
-	Stream       string
-	Status       string
-	AttemptCount int
-	StreamID     string
-	LastError    string
-	CreatedAt    time.Time
-	SentAt       *time.Time
-}
-
-// entryState is what Redis holds about one stream entry of a task.
-type entryState struct {
-	ID         string
-	Stream     string
-	InStream   bool
-	Pending    bool
-	Consumer   string
-	Idle       time.Duration
-	Deliveries int64
-}
-
 // taskView is a task's page: what `ingest-worker task show` shows.
 type taskView struct {
 	Task        task.Task
 	Allowed     string
 	TraceID     string
 	Transitions []transition.Record
-	Outbox      []outboxRow
-	Entries     []entryState
+	Outbox      []outbox.Event
+	Entries     []stream.EntryState
 	DLQ         []dlq.Entry
 	DLQScanned  int
 	DLQKey      string
@@ -202,11 +180,6 @@ type taskView struct {
 	RedisErr    string
 	HasRedis    bool
 }
-
-// outboxOfSQL reads a task's outbox rows (as task show does).
-const outboxOfSQL = `
-SELECT id, stream, status, attempt_count, coalesce(stream_id, ''), coalesce(last_error, ''), created_at, sent_at
-FROM outbox_event WHERE task_id = $1 ORDER BY id`
 
 // dlqScan bounds the DLQ entries a task's page searches, newest first.
 const dlqScan = 5000
@@ -247,16 +220,8 @@ func (h *Handler) explain(ctx context.Context, id uuid.UUID) (*taskView, error) 
 	if parts := strings.Split(tv.Task.Traceparent, "-"); len(parts) == 4 {
 		tv.TraceID = parts[1]
 	}
-	rows, err := h.cfg.DB.Query(ctx, outboxOfSQL, id)
-	if err != nil {
-		return nil, fmt.Errorf("outbox rows of %s: %w", id, err)
-	}
-	tv.Outbox, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
-		var o outboxRow
-		return o, r.Scan(&o.ID, &o.Stream, &o.Status, &o.AttemptCount, &o.StreamID, &o.LastError, &o.CreatedAt, &o.SentAt)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("outbox rows of %s: %w", id, err)
+	if tv.Outbox, err = outbox.TaskEvents(ctx, h.cfg.DB, id); err != nil {
+		return nil, err
 	}
 	if h.cfg.Redis != nil {
 		rctx, cancel := context.WithTimeout(ctx, redisWait)
@@ -269,49 +234,24 @@ func (h *Handler) explain(ctx context.Context, id uuid.UUID) (*taskView, error) 
 }
 
 // redisStateOf fills in the Redis state of the task's stream entries and
-// its DLQ entries.
+// its DLQ entries, as task show does.
 func (h *Handler) redisStateOf(ctx context.Context, tv *taskView) error {
-	rdb := h.cfg.Redis
 	for _, o := range tv.Outbox {
 		if o.StreamID == "" {
 			continue
 		}
-		e := entryState{ID: o.StreamID, Stream: o.Stream}
-		msgs, err := rdb.XRangeN(ctx, o.Stream, o.StreamID, o.StreamID, 1).Result()
+		e, err := stream.InspectEntry(ctx, h.cfg.Redis, o.Stream, h.cfg.Group, o.StreamID)
 		if err != nil {
-			return fmt.Errorf("xrange %s: %w", o.Stream, err)
-		}
-		e.InStream = len(msgs) > 0
-		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: o.Stream, Group: h.cfg.Group, Start: o.StreamID, End: o.StreamID, Count: 1}).Result()
-		if err != nil && !noStream(err) {
-			return fmt.Errorf("xpending %s %s: %w", o.Stream, h.cfg.Group, err)
-		}
-		if len(pend) > 0 {
-			e.Pending, e.Consumer, e.Idle, e.Deliveries = true, pend[0].Consumer, pend[0].Idle, pend[0].RetryCount
+			return err
 		}
 		tv.Entries = append(tv.Entries, e)
 	}
 	if h.cfg.DLQKey == "" {
 		return nil
 	}
-	after := ""
-	for tv.DLQScanned < dlqScan {
-		page, err := dlq.List(ctx, rdb, h.cfg.DLQKey, dlq.ListParams{Count: 1000, Newest: true, After: after})
-		if err != nil {
-			return err
-		}
-		for _, e := range page {
-			if e.TaskID == tv.Task.ID.String() {
-				tv.DLQ = append(tv.DLQ, e)
-			}
-		}
-		tv.DLQScanned += len(page)
-		if len(page) < 1000 {
-			break
-		}
-		after = page[len(page)-1].ID
-	}
-	return nil
+	var err error
+	tv.DLQ, tv.DLQScanned, err = dlq.FindTask(ctx, h.cfg.Redis, h.cfg.DLQKey, tv.Task.ID.String(), dlqScan)
+	return err
 }
 
 // cancel cancels a task (task.Store.Cancel).

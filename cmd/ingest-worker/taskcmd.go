@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/transition"
 )
@@ -194,28 +195,10 @@ POST /v1/tasks/{id}/redrive.`,
 }
 
 // outboxRow is one outbox_event of a task.
-type outboxRow struct {
-	ID           int64      `json:"id"`
-	Stream       string     `json:"stream"`
-	Status       string     `json:"status"`
-	AttemptCount int        `json:"attempt_count"`
-	StreamID     string     `json:"stream_id,omitempty"`
-	LastError    string     `json:"last_error,omitempty"`
-	CreatedAt    time.Time  `json:"created_at"`
-	SentAt       *time.Time `json:"sent_at,omitempty"`
-}
+type outboxRow = outbox.Event
 
 // entryState is what Redis holds about one stream entry of a task.
-type entryState struct {
-	ID       string `json:"id"`
-	Stream   string `json:"stream"`
-	InStream bool   `json:"in_stream"`
-	// Pending: delivered to a consumer of the group and not acknowledged.
-	Pending    bool   `json:"pending"`
-	Consumer   string `json:"consumer,omitempty"`
-	IdleMS     int64  `json:"idle_ms,omitempty"`
-	Deliveries int64  `json:"deliveries,omitempty"`
-}
+type entryState = stream.EntryState
 
 // taskDetail is the JSON output of task show.
 type taskDetail struct {
@@ -289,24 +272,9 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 	}
 }
 
-const outboxOfSQL = `
-SELECT id, stream, status, attempt_count, coalesce(stream_id, ''), coalesce(last_error, ''), created_at, sent_at
-FROM outbox_event WHERE task_id = $1 ORDER BY id`
-
 func outboxOf(ctx context.Context, pool *pgxpool.Pool, id uuid.UUID) ([]outboxRow, error) {
-	rows, err := pool.Query(ctx, outboxOfSQL, id)
-	if err != nil {
-		return nil, fmt.Errorf("read outbox events of %s: %w", id, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
-		var o outboxRow
-		err := r.Scan(&o.ID, &o.Stream, &o.Status, &o.AttemptCount, &o.StreamID, &o.LastError, &o.CreatedAt, &o.SentAt)
-		return o, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read outbox events of %s: %w", id, err)
-	}
-	return orEmpty(out), nil
+	out, err := outbox.TaskEvents(ctx, pool, id)
+	return orEmpty(out), err
 }
 
 // redisStateOf fills in the Redis state of the task's stream entries and
@@ -316,58 +284,22 @@ func (a *app) redisStateOf(ctx context.Context, rdb redis.UniversalClient, d *ta
 		if o.StreamID == "" {
 			continue
 		}
-		e := entryState{ID: o.StreamID, Stream: o.Stream}
-		msgs, err := rdb.XRangeN(ctx, o.Stream, o.StreamID, o.StreamID, 1).Result()
+		e, err := stream.InspectEntry(ctx, rdb, o.Stream, a.cfg.Group, o.StreamID)
 		if err != nil {
-			return fmt.Errorf("xrange %s: %w", o.Stream, err)
-		}
-		e.InStream = len(msgs) > 0
-		pend, err := rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: o.Stream, Group: a.cfg.Group, Start: o.StreamID, End: o.StreamID, Count: 1}).Result()
-		if err != nil && !isNoGroup(err) {
-			return fmt.Errorf("xpending %s %s: %w", o.Stream, a.cfg.Group, err)
-		}
-		if len(pend) > 0 {
-			e.Pending, e.Consumer, e.IdleMS, e.Deliveries = true, pend[0].Consumer, pend[0].Idle.Milliseconds(), pend[0].RetryCount
+			return err
 		}
 		d.Redis.Entries = append(d.Redis.Entries, e)
 	}
 	if a.cfg.DLQStreamKey == "" {
 		return nil
 	}
-	found, scanned, err := findDLQ(ctx, rdb, a.cfg.DLQStreamKey, d.Task.ID.String(), dlqScanLimit)
+	found, scanned, err := dlq.FindTask(ctx, rdb, a.cfg.DLQStreamKey, d.Task.ID.String(), dlqScanLimit)
 	d.Redis.DLQ, d.Redis.DLQScanned = orEmpty(found), scanned
 	return err
 }
 
 // dlqScanLimit bounds the DLQ entries task show searches.
 const dlqScanLimit = 100000
-
-// findDLQ returns the DLQ entries of taskID among the newest limit entries.
-func findDLQ(ctx context.Context, rdb redis.UniversalClient, key, taskID string, limit int) ([]dlq.Entry, int, error) {
-	var found []dlq.Entry
-	scanned, after := 0, ""
-	for scanned < limit {
-		page, err := dlq.List(ctx, rdb, key, dlq.ListParams{Count: 1000, Newest: true, After: after})
-		if err != nil {
-			return found, scanned, err
-		}
-		for _, e := range page {
-			if e.TaskID == taskID {
-				found = append(found, e)
-			}
-		}
-		scanned += len(page)
-		if len(page) < 1000 {
-			break
-		}
-		after = page[len(page)-1].ID
-	}
-	return found, scanned, nil
-}
-
-func isNoGroup(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOGROUP")
-}
 
 // allowed says how many runs t gets and who decides: the task's own
 // max_attempts, or (NULL) the INGEST_REDIS_MAX_ATTEMPTS of the worker that
