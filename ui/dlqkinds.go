@@ -200,6 +200,8 @@ func (h *Handler) kinds(w http.ResponseWriter, r *http.Request, v *view) {
 		kv.Periodic = h.cfg.Periodic(time.Now())
 	}
 	v.Title, v.Nav, v.Live, v.D = "Kinds", "kinds", Prefix+"kinds?live=1", kv
+	// Its counts read the whole task table: refresh less often.
+	v.Interval = "every " + KindsInterval.String()
 	h.render(w, r, http.StatusOK, "kinds", v)
 }
 

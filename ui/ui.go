@@ -37,6 +37,9 @@ const (
 	DefaultActor = "ui"
 	// LiveInterval is how often a page's live part reloads itself.
 	LiveInterval = 2 * time.Second
+	// KindsInterval is how often the kinds page reloads its counts (a
+	// GROUP BY over the task table, as GET /v1/kinds).
+	KindsInterval = 10 * time.Second
 )
 
 const (
