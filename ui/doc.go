@@ -7,8 +7,9 @@
 // Pages are Go html/template, rendered on the server (auto-escaped: task
 // payloads and errors are shown as text). The only script is htmx
 // (static/htmx.min.js, vendored from npm, see static/VENDORED.md): a page's
-// live part reloads itself every 2 s (hx-trigger="every 2s", the same
-// handler with ?live=1 renders just that part). Actions are plain HTML
+// live part reloads itself every 2 s, the kinds page's every 10 s
+// (hx-trigger="every 2s"; the same handler with ?live=1 renders just that
+// part). Actions are plain HTML
 // forms answered with a redirect (post/redirect/get), so they work without
 // script too.
 //
