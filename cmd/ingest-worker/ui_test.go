@@ -12,7 +12,7 @@ import (
 )
 
 // TestBinaryDashboard: run serves the dashboard next to the API; ui serves
-// it alone, with the token's login form and read-only mode.
+// it with the task API's reads, the token's login form and read-only mode.
 func TestBinaryDashboard(t *testing.T) {
 	t.Parallel()
 	bin := buildBinary(t)
@@ -65,8 +65,23 @@ func TestBinaryDashboard(t *testing.T) {
 	if code, _, h := get("http://" + uiAddr + "/"); code != http.StatusFound || h.Get("Location") != "/ui/" {
 		t.Fatalf("ui's /: %d %q", code, h.Get("Location"))
 	}
-	if code, _, _ := get("http://" + uiAddr + "/v1/tasks"); code != http.StatusNotFound {
-		t.Fatalf("ui serves the task API: %d", code)
+	// The task API's reads, with the token; no writes.
+	if code, _, _ := get("http://" + uiAddr + "/v1/tasks"); code != http.StatusUnauthorized {
+		t.Fatalf("ui's task API without the token: %d", code)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+uiAddr+"/v1/tasks", nil)
+	req.Header.Set("Authorization", "Bearer dash-token")
+	if resp, err := noRedirect.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("ui's GET /v1/tasks with the token: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	req, _ = http.NewRequest(http.MethodPost, "http://"+uiAddr+"/v1/tasks", strings.NewReader(`{"kind":"x","payload":{}}`))
+	req.Header.Set("Authorization", "Bearer dash-token")
+	if resp, err := noRedirect.Do(req); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Fatalf("ui's POST /v1/tasks: %v %v, want 405", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	if r := runBin(t, bin, append(env, "INGEST_HTTP_ADDR="), "", "ui"); r.code != exitUsage || !strings.Contains(r.stderr, "INGEST_HTTP_ADDR") {
 		t.Fatalf("ui without an address: exit %d, %q", r.code, r.stderr)

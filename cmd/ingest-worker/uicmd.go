@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/migrations"
 	"github.com/ingest-worker/ingest/task"
@@ -34,6 +35,20 @@ func (a *app) newUI(store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalCl
 		return nil, usageErr(err)
 	}
 	return h, nil
+}
+
+// readOnly passes only reads (GET, HEAD) to next; other methods get 405.
+func readOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			_, _ = w.Write([]byte(`{"error":"ingest-worker ui serves the task API read-only: use run's API to change tasks"}` + "\n"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // withUI serves the dashboard under /ui/ and next everything else.
@@ -68,12 +83,14 @@ its API. Pages update themselves every 2 seconds.
 
 With INGEST_API_TOKEN set the dashboard asks for the token once and keeps a
 session cookie; with INGEST_UI_READONLY=true it shows no action buttons and
-refuses actions (403). /healthz answers 200; / redirects to /ui/.`
+refuses actions (403). Beside the dashboard it serves the task API's reads
+(GET /v1/tasks, /v1/tasks/{id}, /v1/kinds, /v1/periodic, with the same
+token; other methods get 405) and /healthz; / redirects to /ui/.`
 
 func (a *app) uiCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "ui",
-		Short: "Serve the web dashboard (/ui/) on INGEST_HTTP_ADDR, without running workers",
+		Short: "Serve the web dashboard (/ui/) and the read-only task API on INGEST_HTTP_ADDR, without running workers",
 		Long:  uiLong,
 		Example: `  ingest-worker ui --http-addr 127.0.0.1:8081
   INGEST_API_TOKEN=secret INGEST_UI_READONLY=true ingest-worker ui`,
@@ -114,17 +131,21 @@ func (a *app) uiCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			probes := http.NewServeMux()
-			probes.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
-			})
-			probes.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
+			// Beside the dashboard: the task API's reads and the probes.
+			apiSrv, err := api.New(api.Config{Token: a.cfg.APIToken, Logger: a.log.With("component", "api"),
+				Periodic: func(now time.Time) []maintenance.Slot { return maintenance.NextSlots(a.cfg.periodic(), now) }},
+				store, nil, nil)
+			if err != nil {
+				return usageErr(err)
+			}
+			rest := http.NewServeMux()
+			rest.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
+			rest.Handle("/", readOnly(apiSrv))
 			ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 			if err != nil {
 				return fmt.Errorf("INGEST_HTTP_ADDR: listen on %s: %w", a.cfg.HTTPAddr, err)
 			}
-			srv := &http.Server{Handler: withUI(dash, probes), ReadHeaderTimeout: 10 * time.Second,
+			srv := &http.Server{Handler: withUI(dash, rest), ReadHeaderTimeout: 10 * time.Second,
 				ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
 			done := make(chan error, 1)
 			go func() { done <- srv.Serve(ln) }()
