@@ -47,6 +47,8 @@ const (
 	csrfCookie    = "ingest_ui_csrf"
 	flashCookie   = "ingest_ui_flash"
 	csrfField     = "csrf"
+	// failedLoginDelay is how long a wrong token waits for its answer.
+	failedLoginDelay = 300 * time.Millisecond
 )
 
 //go:embed templates/*.html
@@ -327,6 +329,8 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	want := sha256.Sum256([]byte(h.cfg.Token))
 	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 		h.log.WarnContext(r.Context(), "ui login refused: wrong token", "remote", r.RemoteAddr)
+		// Slow guessing down (each wrong guess costs the guesser this much).
+		time.Sleep(failedLoginDelay)
 		h.renderLogin(w, r, http.StatusUnauthorized, "That token is not the one this server has (INGEST_API_TOKEN).", next)
 		return
 	}
