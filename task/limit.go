@@ -244,16 +244,19 @@ var takenSQL = `EXISTS (SELECT 1 FROM ingest_task t WHERE t.id = s.task_id AND (
 // and CTE tight (whether the raw count of its slot rows leaves too little
 // room), how many more tasks of kind $1 may start now: the free slots and
 // the starts left in the rate window, each only when limited (2^31-1 when
-// neither is; 0 when paused). While the raw count of slot rows, stale ones
+// neither is; 0 when paused, and 0 for a rate-limited kind unless the SQL
+// expression rateOK is true). While the raw count of slot rows, stale ones
 // included, leaves room, the slots' tasks need not be looked at.
-var freeSQL = `
-    SELECT CASE WHEN k.paused THEN 0 ELSE least(
+func freeSQL(rateOK string) string {
+	return `
+    SELECT CASE WHEN k.paused OR (k.rate_count > 0 AND NOT ` + rateOK + `) THEN 0 ELSE least(
         CASE WHEN k.concurrency > 0 AND NOT tight.b THEN k.concurrency - tight.raw
              WHEN k.concurrency > 0 THEN greatest(k.concurrency - (SELECT count(*) FROM ingest_kind_slot s WHERE s.kind = $1 AND ` + takenSQL + `), 0) END,
         CASE WHEN k.rate_count > 0 THEN greatest(k.rate_count - (SELECT coalesce(sum(x.n), 0) FROM unnest(k.rate_log, k.rate_log_n) AS x(at, n)
                                                                  WHERE x.at > now() - k.rate_period_ms * interval '1 millisecond'), 0) END,
         2147483647) END AS n
     FROM k, tight`
+}
 
 // tightSQL is the CTE tight of freeSQL for $want tasks: raw, the kind's
 // slot rows, and b, whether raw + want exceeds its concurrency limit.
@@ -278,14 +281,15 @@ const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
 // margin $3) when it has a rate limit. It returns whether the kind has
 // settings, whether it is paused or limited, whether it has a rate limit,
 // the chosen ids, which of them got a new slot row, and the ids of other
-// kinds (started without limit).
+// kinds (started without limit). A rate-limited kind gets no start unless
+// $4 is true (the caller starts the tasks inside the locked transaction).
 var reserveSQL = `
 WITH k AS (
     SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
 ), ids AS (
     SELECT x.id, x.ord, t.kind = $1 AS mine FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
 ), tight AS (` + tightSQL("(SELECT count(*) FROM ids WHERE mine)") + `
-), free AS (` + freeSQL + `
+), free AS (` + freeSQL("$4") + `
 ), chosen AS (
     SELECT id FROM ids WHERE mine ORDER BY ord LIMIT (SELECT n FROM free)
 ), stale AS (
@@ -334,10 +338,12 @@ RETURNING t.id`
 //
 // The starts are reserved first, under the kind's row lock (lockKindSQL
 // and reserveSQL, sent together). A kind with only a concurrency limit
-// commits the reservation and starts its tasks after, without the lock: a
-// reserved slot is taken before its task starts, and one whose task did
-// not start is given back. A kind with a rate limit starts them in the
-// same transaction, so that the rate log holds the starts' own times.
+// reserves in one implicit transaction (one round trip) and starts its
+// tasks after, without the lock: a reserved slot is taken before its task
+// starts, and one whose task did not start is given back. A kind with a
+// rate limit starts them in an explicit transaction that holds the lock,
+// so that the rate log holds the starts' own times (the store remembers
+// which kinds have one, to go there at once).
 func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Duration, kind string, ids ...uuid.UUID) ([]StartResult, error) {
 	ids = distinct(ids)
 	if len(ids) == 0 {
@@ -348,35 +354,56 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 		chosen, newSlots, other []uuid.UUID
 		byID                    = make(map[uuid.UUID]StartResult, len(ids))
 	)
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		clear(byID)
+	reserve := func(q DB, inTx bool) error {
 		b := &pgx.Batch{}
 		b.Queue(lockKindSQL, kind)
-		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds()).QueryRow(func(row pgx.Row) error {
+		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds(), inTx).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
 		})
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return err
+		return q.SendBatch(ctx, b).Close()
+	}
+	// A kind with only a concurrency limit: the lock and the reservation
+	// in one implicit transaction, one round trip; the tasks start after
+	// it, without the lock.
+	_, knownRated := s.rated.Load(kind)
+	if !knownRated {
+		if err := s.retry(ctx, func() error { return reserve(s.db, false) }); err != nil {
+			return nil, fmt.Errorf("reserve starts of limited kind %q: %w", kind, err)
 		}
-		if !found || !limited || !rated {
-			return nil // started after the commit
-		}
-		if toStart := append(other, chosen...); len(toStart) > 0 {
-			if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
+	}
+	if knownRated || (found && rated) {
+		// A kind with a rate limit: its tasks start in the locked
+		// transaction, so that the rate log holds their starts' times.
+		err := s.inTx(ctx, func(tx pgx.Tx) error {
+			clear(byID)
+			if err := reserve(tx, true); err != nil {
 				return err
 			}
+			if !found || !limited || !rated {
+				return nil
+			}
+			if toStart := append(other, chosen...); len(toStart) > 0 {
+				if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
+					return err
+				}
+			}
+			return s.parkRest(ctx, tx, ids, byID)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("start %d tasks of rate-limited kind %q: %w", len(ids), kind, err)
 		}
-		return s.parkRest(ctx, tx, ids, byID)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("start %d tasks of limited kind %q: %w", len(ids), kind, err)
+		if found && rated {
+			s.rated.Store(kind, true)
+			if limited {
+				return orderResults(ids, byID), nil
+			}
+		} else {
+			s.rated.Delete(kind)
+		}
 	}
-	switch {
-	case !found || !limited:
+	if !found || !limited {
 		// The limits were removed meanwhile.
 		return s.Start(ctx, owner, lease, ids...)
-	case rated:
-		return orderResults(ids, byID), nil
 	}
 	if toStart := append(other, chosen...); len(toStart) > 0 {
 		res, err := s.Start(ctx, owner, lease, toStart...)
@@ -397,8 +424,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 		}
 		s.giveBack(kind, unused)
 	}
-	err = s.inTx(ctx, func(tx pgx.Tx) error { return s.parkRest(ctx, tx, ids, byID) })
-	if err != nil {
+	if err := s.parkRest(ctx, s.db, ids, byID); err != nil {
 		return nil, fmt.Errorf("park tasks of limited kind %q: %w", kind, err)
 	}
 	return orderResults(ids, byID), nil
@@ -407,7 +433,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 // parkRest parks those of ids without a result in byID that are due and
 // waiting (Throttled, Parked) and records what Start would answer for the
 // others (notStartedInto).
-func (s *Store) parkRest(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
+func (s *Store) parkRest(ctx context.Context, q DB, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
 	var rest []uuid.UUID
 	for _, id := range ids {
 		if _, ok := byID[id]; !ok {
@@ -417,7 +443,7 @@ func (s *Store) parkRest(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, byID m
 	if len(rest) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, parkDueSQL, rest)
+	rows, err := q.Query(ctx, parkDueSQL, rest)
 	if err != nil {
 		return err
 	}
@@ -434,7 +460,7 @@ func (s *Store) parkRest(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, byID m
 			unparked = append(unparked, id)
 		}
 	}
-	return s.notStartedInto(ctx, tx, unparked, byID)
+	return s.notStartedInto(ctx, q, unparked, byID)
 }
 
 // giveBack deletes the slot rows reserved for ids after their start
@@ -465,11 +491,11 @@ func orderResults(ids []uuid.UUID, byID map[uuid.UUID]StartResult) []StartResult
 // notStartedInto records in byID what Start would answer for ids, which
 // a limit kept from starting and which could not be parked, without
 // starting them: a takeover that is due is Throttled (not parked).
-func (s *Store) notStartedInto(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
+func (s *Store) notStartedInto(ctx context.Context, q DB, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, `SELECT `+taskColumns+`, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`, ids)
+	rows, err := q.Query(ctx, `SELECT `+taskColumns+`, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`, ids)
 	if err != nil {
 		return err
 	}
@@ -542,7 +568,7 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		b.Queue(`WITH k AS (
 			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
 		), tight AS (`+tightSQL("$2::int")+`
-		), free AS (`+freeSQL+`)
+		), free AS (`+freeSQL("true")+`)
 		SELECT coalesce((SELECT n FROM free), 2147483647)`, kind, want).QueryRow(func(row pgx.Row) error { return row.Scan(&free) })
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err

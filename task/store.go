@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,6 +27,7 @@ type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // Defaults for Config.
@@ -103,6 +105,8 @@ type Store struct {
 	db    DB
 	cfg   Config
 	relay *outbox.Relay // see PublishThrough
+	// rated holds the kinds found with a rate limit by StartLimited.
+	rated sync.Map
 }
 
 // Option changes how a Store works.
