@@ -59,6 +59,13 @@ func TestReportedLossRescuesAtOnce(t *testing.T) {
 		}
 		return follower != nil
 	})
+	// A report is a NOTIFY: the leader hears it once it LISTENs (it does
+	// so as it starts leading, on a connection of its own).
+	testenv.Eventually(t, 10*time.Second, "the leader listening", func() bool {
+		var n int
+		err := b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'`).Scan(&n)
+		return err == nil && n > 0
+	})
 	if err := follower.ReportRedisLoss(ctx, "test: the stream is gone"); err != nil {
 		t.Fatal(err)
 	}
