@@ -47,8 +47,9 @@ var userinfoRe = regexp.MustCompile(`(://[^:@]*:)[^@]*@`)
 var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
 
 // bareUserinfoRe matches "user:password@" at the start of a value without
-// a scheme.
-var bareUserinfoRe = regexp.MustCompile(`^([^:/@\s]*:)[^@]*@`)
+// a scheme. The user part may hold anything but ":", "/" and "@", spaces
+// included (" :pw@" must not show its password either).
+var bareUserinfoRe = regexp.MustCompile(`^([^:/@]*:)[^@]*@`)
 
 // kvPasswordRe matches password=... in a libpq key=value connection string
 // (quoted or not).

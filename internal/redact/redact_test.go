@@ -35,6 +35,11 @@ func TestDSN(t *testing.T) {
 		// missing its scheme.
 		{"UserinfoBeforeSchemeSeparator", ":s3cret@://", ":" + Mask + "@://"},
 		{"NoScheme", "app:s3cret@db:5432/ingest", "app:" + Mask + "@db:5432/ingest"},
+		// Found by FuzzConfig: a space before the user info of a value
+		// without a scheme.
+		{"NoSchemeLeadingSpace", " :s3cret@://", " :" + Mask + "@://"},
+		{"NoSchemeSpaceInUser", "my app:s3cret@db", "my app:" + Mask + "@db"},
+		{"KeyValueColonAt", "host=db password=a:s3cret@c", "host=db password=" + Mask},
 		{"WebhookToken", "https://hooks.example/in?token=abcdef&x=1", "https://hooks.example/in?token=" + Mask + "&x=1"},
 	}
 	for _, tt := range tests {
