@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
@@ -54,25 +53,8 @@ func newClusterBundle(t *testing.T, o testenv.ClusterOptions) *clusterBundle {
 // run runs a Service of cfg on the cluster client (see serviceBundle.run).
 func (b *clusterBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
 	b.t.Helper()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Store = b.store.Config()
-	svc, err := ingest.NewService(cfg, b.db.Pool, b.crdb, logger, prometheus.NewRegistry())
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	for kind, h := range handlers {
-		svc.Handle(kind, h)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	b.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.t.Errorf("service %s: %v", cfg.Worker.Consumer, err)
-		}
-	})
-	return svc
+	return runService(b.t, cfg, b.db.Pool, b.crdb, handlers, level)
 }
 
 // statusOf returns the status and attempt count of task id.

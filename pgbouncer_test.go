@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
@@ -88,24 +86,7 @@ func (b *bouncerBundle) config(consumer string, listen pgsession.Source) ingest.
 // run runs a Service of cfg on the bouncer's pool until the test ends.
 func (b *bouncerBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler) *ingest.Service {
 	b.t.Helper()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	svc, err := ingest.NewService(cfg, b.pool, b.rdb, logger, prometheus.NewRegistry())
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	for kind, h := range handlers {
-		svc.Handle(kind, h)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	b.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.t.Errorf("service %s: %v", cfg.Worker.Consumer, err)
-		}
-	})
-	return svc
+	return runService(b.t, cfg, b.pool, b.rdb, handlers, slog.LevelError)
 }
 
 func (b *bouncerBundle) create(kind string, maxAttempts int) uuid.UUID {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
@@ -78,11 +79,18 @@ func (b *serviceBundle) start(cfg ingest.ServiceConfig, h ingest.Handler) {
 // it.
 func (b *serviceBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
 	b.t.Helper()
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg.Store = b.store.Config()
-	svc, err := ingest.NewService(cfg, b.db.Pool, b.rdb, logger, prometheus.NewRegistry())
+	return runService(b.t, cfg, b.db.Pool, b.rdb, handlers, level)
+}
+
+// runService runs a Service of cfg on pool and rdb with handlers until the
+// test ends, logging at level and above, and returns it.
+func runService(t *testing.T, cfg ingest.ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
+	t.Helper()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	svc, err := ingest.NewService(cfg, pool, rdb, logger, prometheus.NewRegistry())
 	if err != nil {
-		b.t.Fatal(err)
+		t.Fatal(err)
 	}
 	for kind, h := range handlers {
 		svc.Handle(kind, h)
@@ -90,10 +98,10 @@ func (b *serviceBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(ctx) }()
-	b.t.Cleanup(func() {
+	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			b.t.Errorf("service %s: %v", cfg.Worker.Consumer, err)
+			t.Errorf("service %s: %v", cfg.Worker.Consumer, err)
 		}
 	})
 	return svc
