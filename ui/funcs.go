@@ -10,14 +10,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/task"
 )
 
 // funcs are the template helpers.
 var funcs = template.FuncMap{
 	"ago":      ago,
-	"dur":      human,
-	"ms":       func(ms int64) string { return human(time.Duration(ms) * time.Millisecond) },
+	"dur":      humantime.Duration,
+	"ms":       func(ms int64) string { return humantime.Duration(time.Duration(ms) * time.Millisecond) },
 	"when":     when,
 	"whenp":    func(t *time.Time) string { return whenPtr(t) },
 	"clip":     clip,
@@ -49,24 +50,9 @@ func ago(t time.Time) string {
 func relative(t time.Time) string {
 	d := time.Until(t)
 	if d >= 0 {
-		return "in " + human(d)
+		return "in " + humantime.Duration(d)
 	}
-	return human(-d) + " ago"
-}
-
-// human writes a duration short: 850ms, 3.2s, 5m10s, 2h05m, 3d04h.
-func human(d time.Duration) string {
-	switch {
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+	return humantime.Duration(-d) + " ago"
 }
 
 // when writes a time in UTC to the millisecond.

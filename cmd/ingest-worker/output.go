@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -56,24 +57,7 @@ func ago(t time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	return age(time.Since(t)) + " ago"
-}
-
-// age formats a duration for people: 850ms, 12.3s, 4m05s, 3h02m, 2d04h.
-func age(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "-" + age(-d)
-	case d < time.Second:
-		return fmt.Sprintf("%dms", d.Milliseconds())
-	case d < time.Minute:
-		return fmt.Sprintf("%.1fs", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+	return humantime.Duration(time.Since(t)) + " ago"
 }
 
 func timeOrEmpty(t *time.Time) string {

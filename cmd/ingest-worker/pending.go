@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -224,7 +225,7 @@ func (a *app) printPending(r *pendingReport) {
 	if len(r.Consumers) > 0 {
 		rows := make([][]string, len(r.Consumers))
 		for i, c := range r.Consumers {
-			rows[i] = []string{c.Name, fmt.Sprint(c.Pending), age(time.Duration(c.IdleMS) * time.Millisecond)}
+			rows[i] = []string{c.Name, fmt.Sprint(c.Pending), humantime.Duration(time.Duration(c.IdleMS) * time.Millisecond)}
 		}
 		a.table([]string{"CONSUMER", "PENDING", "IDLE"}, rows)
 	}
@@ -232,7 +233,7 @@ func (a *app) printPending(r *pendingReport) {
 		a.printf("\nOLDEST PENDING ENTRIES\n")
 		rows := make([][]string, len(r.Oldest))
 		for i, e := range r.Oldest {
-			rows[i] = []string{e.ID, e.Consumer, age(time.Duration(e.AgeMS) * time.Millisecond), age(time.Duration(e.IdleMS) * time.Millisecond), fmt.Sprint(e.Deliveries)}
+			rows[i] = []string{e.ID, e.Consumer, humantime.Duration(time.Duration(e.AgeMS) * time.Millisecond), humantime.Duration(time.Duration(e.IdleMS) * time.Millisecond), fmt.Sprint(e.Deliveries)}
 		}
 		a.table([]string{"ENTRY", "CONSUMER", "AGE", "IDLE", "DELIVERIES"}, rows)
 	}
@@ -241,7 +242,7 @@ func (a *app) printPending(r *pendingReport) {
 	}
 	a.printf("\nOUTBOX: %d event(s) waiting to be published", r.Outbox.Backlog)
 	if r.Outbox.Backlog > 0 {
-		a.printf(" (oldest %s)", age(time.Duration(r.Outbox.OldestAgeMS)*time.Millisecond))
+		a.printf(" (oldest %s)", humantime.Duration(time.Duration(r.Outbox.OldestAgeMS)*time.Millisecond))
 	}
 	a.printf(", %d DEAD\n", r.Outbox.Dead)
 	a.printf("\nTASKS\n")

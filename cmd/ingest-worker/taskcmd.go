@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
@@ -388,7 +389,7 @@ func (a *app) printTask(d taskDetail) {
 	for _, e := range d.Redis.Entries {
 		r := []string{e.ID, yesNo(e.InStream), yesNo(e.Pending), "", "", ""}
 		if e.Pending {
-			r[3], r[4], r[5] = e.Consumer, age(time.Duration(e.IdleMS)*time.Millisecond), fmt.Sprint(e.Deliveries)
+			r[3], r[4], r[5] = e.Consumer, humantime.Duration(time.Duration(e.IdleMS)*time.Millisecond), fmt.Sprint(e.Deliveries)
 		}
 		rows = append(rows, r)
 	}
@@ -425,9 +426,9 @@ func yesNo(b bool) string {
 func relative(t time.Time) string {
 	d := time.Until(t)
 	if d >= 0 {
-		return "in " + age(d)
+		return "in " + humantime.Duration(d)
 	}
-	return age(-d) + " ago"
+	return humantime.Duration(-d) + " ago"
 }
 
 func (a *app) taskListCommand() *cobra.Command {
