@@ -296,6 +296,25 @@ func value(m *dto.Metric) float64 {
 
 func result(r string) map[string]string { return map[string]string{"result": r} }
 
+// awaitMetric waits until a metric reaches want. The worker counts an
+// outcome after the write that records it, so a test that has seen the
+// write must still wait for the count.
+func awaitMetric(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string, want float64) {
+	t.Helper()
+	var got float64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if got = metric(t, reg, name, labels); got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("%s%v = %v, want %v", name, labels, got, want)
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // logRecorder is a slog.Handler that keeps records for assertions.
 type logRecorder struct {
 	mu    sync.Mutex

@@ -45,9 +45,7 @@ func TestProcess500Tasks(t *testing.T) {
 		if wrong != 0 {
 			t.Errorf("%d tasks do not have exactly QUEUED→RUNNING→SUCCEEDED; e.g. %s", wrong, bd.path(ids[0]))
 		}
-		if got := metric(t, reg, "ingest_task_process_total", result("succeeded")); got != n {
-			t.Errorf("ingest_task_process_total{succeeded} = %v, want %d", got, n)
-		}
+		awaitMetric(t, reg, "ingest_task_process_total", result("succeeded"), n)
 		if got := metric(t, reg, "ingest_stream_length", map[string]string{"stream": bd.stream}); got != n {
 			t.Errorf("ingest_stream_length = %v, want %d", got, n)
 		}
@@ -106,9 +104,7 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 			}
 		}
 		bd.eventually(5*time.Second, "XPENDING empty", func() bool { return bd.pending() == 0 })
-		if got := metric(t, reg, "ingest_task_process_total", result("retry")); got != 2 {
-			t.Errorf("ingest_task_process_total{retry} = %v, want 2", got)
-		}
+		awaitMetric(t, reg, "ingest_task_process_total", result("retry"), 2)
 	})
 }
 
@@ -150,12 +146,8 @@ func TestAlwaysFailingGoesDead(t *testing.T) {
 		if len(e) != 6 {
 			t.Errorf("DLQ entry has fields %v, want exactly the 6 of docs/ARCHITECTURE.md §4.3", e)
 		}
-		if got := metric(t, reg, "ingest_task_dlq_total", nil); got != 1 {
-			t.Errorf("ingest_task_dlq_total = %v, want 1", got)
-		}
-		if got := metric(t, reg, "ingest_task_process_total", result("dead")); got != 1 {
-			t.Errorf("ingest_task_process_total{dead} = %v, want 1", got)
-		}
+		awaitMetric(t, reg, "ingest_task_dlq_total", nil, 1)
+		awaitMetric(t, reg, "ingest_task_process_total", result("dead"), 1)
 	})
 }
 
@@ -333,9 +325,7 @@ func TestPoisonEntries(t *testing.T) {
 				t.Errorf("valid task %s is %s", id, s)
 			}
 		}
-		if got := metric(t, reg, "ingest_task_dlq_total", nil); got != float64(len(poison)) {
-			t.Errorf("ingest_task_dlq_total = %v, want %d", got, len(poison))
-		}
+		awaitMetric(t, reg, "ingest_task_dlq_total", nil, float64(len(poison)))
 	})
 }
 
@@ -375,9 +365,7 @@ func TestDLQWrongTypeKeepsEntryPending(t *testing.T) {
 		if len(entries) != 1 || entries[0].Values["task_id"] != id.String() {
 			t.Fatalf("DLQ = %v, want one entry for %s", entries, id)
 		}
-		if got := metric(t, reg, "ingest_task_dlq_total", nil); got != 1 {
-			t.Errorf("ingest_task_dlq_total = %v, want 1", got)
-		}
+		awaitMetric(t, reg, "ingest_task_dlq_total", nil, 1)
 	})
 }
 
@@ -466,9 +454,7 @@ func TestShutdownReleasesUnfinished(t *testing.T) {
 				t.Errorf("pending entry %s is not an unfinished task's", p)
 			}
 		}
-		if got := metric(t, reg1, "ingest_task_process_total", result("released")); got != 3 {
-			t.Errorf("released = %v, want 3", got)
-		}
+		awaitMetric(t, reg1, "ingest_task_process_total", result("released"), 3)
 
 		// A second worker finishes them: their entries are claimable at once.
 		var ran atomic.Int32
