@@ -31,3 +31,23 @@ func DeleteSentOutbox(ctx context.Context, db DB, age time.Duration, limit int) 
 	}
 	return int(tag.RowsAffected()), nil
 }
+
+// deleteKindSQL deletes every task of kind $1 with its audit and outbox
+// rows (no foreign key cascades them: package task writes them with the
+// task and deletes them with it).
+const deleteKindSQL = `
+WITH t AS (DELETE FROM ingest_task WHERE kind = $1 RETURNING id),
+a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
+o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t))
+SELECT count(*) FROM t`
+
+// DeleteKind deletes every task of kind, with its audit trail and outbox
+// rows, in one statement, and returns how many tasks it deleted. It is for
+// throwaway kinds (a benchmark's); an operator's tasks are kept.
+func DeleteKind(ctx context.Context, db DB, kind string) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, deleteKindSQL, kind).Scan(&n); err != nil {
+		return 0, fmt.Errorf("delete the tasks of kind %q: %w", kind, err)
+	}
+	return n, nil
+}

@@ -218,6 +218,11 @@ type Report struct {
 	// PeakRSSMiB is this process's peak resident set (VmHWM): the worker,
 	// the producers and the bench's bookkeeping together.
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// WAL is what the PostgreSQL server wrote to its WAL from before the
+	// first insert until the last task SUCCEEDED (see WAL); WALWork, in
+	// preload mode, the part written after the inserts.
+	WAL     WALUsage  `json:"wal"`
+	WALWork *WALUsage `json:"wal_work,omitempty"`
 	// MaxInFlight is the most tasks started and not yet SUCCEEDED at once.
 	MaxInFlight int64 `json:"max_in_flight"`
 }
@@ -409,6 +414,10 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	}
 	fmt.Fprintln(b.out)
 
+	walStart, err := SettledWAL(ctx, b.pool)
+	if err != nil {
+		return rep, err
+	}
 	before := b.counters.Snapshot()
 	runStart := time.Now()
 	stopProgress := b.progress(runStart)
@@ -424,12 +433,18 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	}
 
 	var workStart time.Time
+	var walWork *WAL // preload: the WAL after the inserts
 	if o.Preload {
 		insertStart = time.Now()
 		if err := b.insert(ctx, store, 0); err != nil {
 			return rep, err
 		}
 		insertEnd = time.Now()
+		w, err := SettledWAL(ctx, b.pool)
+		if err != nil {
+			return rep, err
+		}
+		walWork = &w
 		workStart = time.Now()
 		startService()
 	} else {
@@ -465,6 +480,15 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	stopProgress()
 	if err := stopService(); err != nil {
 		return rep, fmt.Errorf("worker: %w", err)
+	}
+	walEnd, err := SettledWAL(ctx, b.pool)
+	if err != nil {
+		return rep, err
+	}
+	rep.WAL = walStart.Usage(walEnd, o.Tasks)
+	if walWork != nil {
+		u := walWork.Usage(walEnd, o.Tasks)
+		rep.WALWork = &u
 	}
 
 	// Verify in SQL what the hook reported.
@@ -596,8 +620,8 @@ func (b *run) progress(start time.Time) func() {
 	}
 }
 
-// cleanup deletes the run's tasks (their audit and outbox rows cascade)
-// and streams, unless opts.Keep.
+// cleanup deletes the run's tasks (with their audit and outbox rows) and
+// streams, unless opts.Keep.
 func (b *run) cleanup() {
 	if b.opts.Keep {
 		return
@@ -605,7 +629,7 @@ func (b *run) cleanup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	_ = b.rdb.Del(ctx, b.stream, b.dlq).Err()
-	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_task WHERE kind = $1`, b.kind)
+	_, _ = task.DeleteKind(ctx, b.pool, b.kind)
 	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1`, b.kind)
 	_, _ = b.pool.Exec(ctx, `DELETE FROM ingest_kind WHERE kind = $1`, b.kind)
 }
@@ -633,6 +657,10 @@ func Print(w io.Writer, r Report) {
 	fmt.Fprintf(tw, "SQL statements/task\t%.2f\t(%d, BEGIN/COMMIT included)\n", r.SQLPerTask, r.SQLStatements)
 	fmt.Fprintf(tw, "Redis round trips/task\t%.3f\t(%d)\n", r.RedisPerTask, r.RedisRoundTrips)
 	fmt.Fprintf(tw, "peak RSS\t%.0f MiB\t(max %d tasks in flight)\n", r.PeakRSSMiB, r.MaxInFlight)
+	fmt.Fprintf(tw, "WAL/task\t%.0f bytes\t%.1f records\t(whole run, server-wide)\n", r.WAL.BytesPerTask, r.WAL.RecordsPerTask)
+	if w := r.WALWork; w != nil {
+		fmt.Fprintf(tw, "  after the inserts\t%.0f bytes\t%.1f records\n", w.BytesPerTask, w.RecordsPerTask)
+	}
 	_ = tw.Flush()
 	printCounts(w, "SQL statements", r.StatementCounts, r.Tasks)
 	printCounts(w, "Redis round trips", r.RedisCommandCounts, r.Tasks)
