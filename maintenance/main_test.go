@@ -169,7 +169,9 @@ func (b *bundle) setState(t *testing.T, id uuid.UUID, state string) {
 	case "RUNNING_LIVE":
 		b.exec(t, `UPDATE ingest_task SET status = 'RUNNING', lease_owner = 'alive', lease_until = now() + interval '1 hour' WHERE id = $1`, id)
 	case "SUCCEEDED", "DEAD":
-		b.exec(t, `UPDATE ingest_task SET status = $2, finished_at = now() WHERE id = $1`, id, state)
+		// A DEAD task has a last error (ingest_task_failed_is_indexed).
+		b.exec(t, `UPDATE ingest_task SET status = $2, finished_at = now(),
+			last_error = CASE WHEN $2 = 'DEAD' THEN 'failed' END WHERE id = $1`, id, state)
 	default:
 		t.Fatalf("unknown state %s", state)
 	}

@@ -107,11 +107,11 @@ func (r *rescuer) pass(ctx context.Context, grace time.Duration) (rescueResult, 
 	var res rescueResult
 	for _, class := range task.RescueClasses {
 		for range r.cfg.PagesPerRun {
-			n, err := r.page(ctx, class, grace, &res)
+			more, err := r.page(ctx, class, grace, &res)
 			if err != nil {
 				return res, err
 			}
-			if n < r.cfg.BatchSize {
+			if !more {
 				delete(r.cursors, class) // start over next pass
 				break
 			}
@@ -122,16 +122,14 @@ func (r *rescuer) pass(ctx context.Context, grace time.Duration) (rescueResult, 
 }
 
 // page examines one page of candidates of a class and rescues the missing
-// ones; it returns the page's length.
-func (r *rescuer) page(ctx context.Context, class task.RescueClass, grace time.Duration, res *rescueResult) (int, error) {
-	cands, err := task.RescueCandidates(ctx, r.pool, class, r.cursors[class], r.cfg.BatchSize, grace)
+// ones; it returns whether the class has more pages.
+func (r *rescuer) page(ctx context.Context, class task.RescueClass, grace time.Duration, res *rescueResult) (bool, error) {
+	page, err := task.RescueCandidates(ctx, r.pool, class, r.cursors[class], r.cfg.BatchSize, grace)
 	if err != nil {
-		return 0, err
+		return false, err
 	}
-	if len(cands) == 0 {
-		return 0, nil
-	}
-	r.cursors[class] = cands[len(cands)-1].Cursor
+	r.cursors[class] = page.Next
+	cands := page.Candidates
 	res.Examined += len(cands)
 
 	byStream := map[string][]task.RescueCandidate{}
@@ -147,16 +145,16 @@ func (r *rescuer) page(ctx context.Context, class task.RescueClass, grace time.D
 	for stream, cs := range byStream {
 		missing, err := r.missing(ctx, stream, cs)
 		if err != nil {
-			return 0, err
+			return false, err
 		}
 		res.Missing += len(missing)
 		rescued, err := task.Rescue(ctx, r.pool, stream, missing)
 		if err != nil {
-			return 0, err
+			return false, err
 		}
 		res.Rescued += len(rescued)
 	}
-	return len(cands), nil
+	return page.More, nil
 }
 
 // missing returns the candidates (of one stream) whose entry is not on its

@@ -120,7 +120,7 @@ func TestRetentionDeletesOldSentRows(t *testing.T) {
 	b := setup(t)
 	ids := b.create(t, 6)
 	b.publishAll(t)
-	old := `UPDATE outbox_event SET sent_at = now() - interval '2 days' WHERE task_id = $1`
+	old := `UPDATE outbox_event SET sent_at = now() - interval '2 days', created_at = now() - interval '49 hours' WHERE task_id = $1`
 	// 0, 1: finished, sent long ago: deleted.
 	// 2: finished, sent just now: kept.
 	// 3: unfinished, its only row sent long ago: kept (the rescuer needs it).

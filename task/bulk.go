@@ -101,20 +101,21 @@ type BulkRedriveResult struct {
 }
 
 // matchRedrivableSQL reads one page of the tasks of a RedriveFilter,
-// newest first, through ingest_task_status_created_idx: $1 status, $2
-// kind (empty: any), $3 error substring (empty: any), $4/$5 the finished_at window
-// (NULL: open), $6/$7 the keyset cursor (created_at, id) of the previous
-// page (NULL: first page), $8 the page size.
-const matchRedrivableSQL = `
-SELECT id, created_at FROM ingest_task
-WHERE status = $1
+// newest first (by id), through ingest_task_failed_idx (which holds every
+// DEAD and CANCELLED task): $1 status, $2 kind (empty: any), $3 error
+// substring (empty: any), $4/$5 the finished_at window (NULL: open), $6
+// the id of the last task of the previous page (NULL: first page), $7 the
+// page size.
+var matchRedrivableSQL = `
+SELECT id FROM ingest_task t
+WHERE ` + failedGuard("t") + ` AND status = $1
   AND ($2 = '' OR kind = $2)
   AND ($3 = '' OR strpos(coalesce(last_error, ''), $3) > 0)
   AND ($4::timestamptz IS NULL OR finished_at >= $4)
   AND ($5::timestamptz IS NULL OR finished_at < $5)
-  AND ($6::timestamptz IS NULL OR (created_at, id) < ($6, $7::uuid))
-ORDER BY created_at DESC, id DESC
-LIMIT $8`
+  AND ($6::uuid IS NULL OR id < $6)
+ORDER BY id DESC
+LIMIT $7`
 
 // RedriveMatching redrives the tasks that f selects, in batches of
 // o.Batch (each one Redrive: one transaction, one audit row per task with
@@ -137,38 +138,25 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 	}
 	res := BulkRedriveResult{IDs: []uuid.UUID{}}
 	var (
-		cursorAt *time.Time
-		cursorID *uuid.UUID
+		cursor *uuid.UUID
 		since    = optionalTime(f.Since)
 		until    = optionalTime(f.Until)
 		begun    = time.Now()
 	)
 	for res.Matched < f.Limit {
 		n := min(o.Batch, f.Limit-res.Matched)
-		rows, err := s.db.Query(ctx, matchRedrivableSQL, string(f.Status), f.Kind, f.ErrorContains, since, until, cursorAt, cursorID, n)
+		rows, err := s.db.Query(ctx, matchRedrivableSQL, string(f.Status), f.Kind, f.ErrorContains, since, until, cursor, n)
 		if err != nil {
 			return res, fmt.Errorf("redrive matching: %w", err)
 		}
-		type match struct {
-			id uuid.UUID
-			at time.Time
-		}
-		page, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (match, error) {
-			var m match
-			return m, r.Scan(&m.id, &m.at)
-		})
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 		if err != nil {
 			return res, fmt.Errorf("redrive matching: %w", err)
 		}
-		if len(page) == 0 {
+		if len(ids) == 0 {
 			break
 		}
-		last := page[len(page)-1]
-		cursorAt, cursorID = &last.at, &last.id
-		ids := make([]uuid.UUID, len(page))
-		for i, m := range page {
-			ids[i] = m.id
-		}
+		cursor = &ids[len(ids)-1]
 		res.Matched += len(ids)
 		res.IDs = append(res.IDs, ids...)
 		if !o.DryRun {
@@ -201,7 +189,7 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 				}
 			}
 		}
-		if len(page) < n {
+		if len(ids) < n {
 			break
 		}
 	}

@@ -3,8 +3,10 @@ package task
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // CountByStatus counts tasks per state, every state present (0 when none):
@@ -32,4 +34,72 @@ func (s *Store) CountByStatus(ctx context.Context, ids ...uuid.UUID) (map[State]
 		out[st] = n
 	}
 	return out, rows.Err()
+}
+
+// cappedCountsSQL counts up to $1 tasks in each of states, one probe per
+// state on the index that holds it (stateScope), so the cost is bounded
+// by the cap whatever the table holds.
+func cappedCountsSQL(states []State) string {
+	parts := make([]string, len(states))
+	for i, s := range states {
+		parts[i] = `SELECT '` + string(s) + `'::text, (SELECT count(*) FROM (SELECT 1 FROM ingest_task t WHERE t.status = '` +
+			string(s) + `' AND ` + stateScope("t", s) + ` LIMIT $1) x)`
+	}
+	return strings.Join(parts, "\nUNION ALL\n")
+}
+
+// CappedCounts counts the tasks in each of states, up to limit each: a
+// count of limit means "limit or more".
+func CappedCounts(ctx context.Context, db DB, states []State, limit int) (map[State]int64, error) {
+	out := make(map[State]int64, len(states))
+	if len(states) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, cappedCountsSQL(states), limit)
+	if err != nil {
+		return nil, fmt.Errorf("count tasks: %w", err)
+	}
+	var st string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&st, &n}, func() error { out[State(st)] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("count tasks: %w", err)
+	}
+	return out, nil
+}
+
+// newestByKindSQL counts the newest $1 tasks of each of states by kind,
+// one probe per state as in cappedCountsSQL.
+func newestByKindSQL(states []State) string {
+	parts := make([]string, len(states))
+	for i, s := range states {
+		parts[i] = `SELECT '` + string(s) + `'::text, x.kind, count(*) FROM (SELECT t.kind FROM ingest_task t WHERE t.status = '` +
+			string(s) + `' AND ` + stateScope("t", s) + ` ORDER BY t.id DESC LIMIT $1) x GROUP BY x.kind`
+	}
+	return strings.Join(parts, "\nUNION ALL\n")
+}
+
+// NewestByKind counts, for each of states, its newest limit tasks by
+// kind: kind → state → count.
+func NewestByKind(ctx context.Context, db DB, states []State, limit int) (map[string]map[State]int64, error) {
+	out := map[string]map[State]int64{}
+	if len(states) == 0 {
+		return out, nil
+	}
+	rows, err := db.Query(ctx, newestByKindSQL(states), limit)
+	if err != nil {
+		return nil, fmt.Errorf("count tasks by kind: %w", err)
+	}
+	var st, k string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&st, &k, &n}, func() error {
+		if out[k] == nil {
+			out[k] = map[State]int64{}
+		}
+		out[k][State(st)] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count tasks by kind: %w", err)
+	}
+	return out, nil
 }

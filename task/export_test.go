@@ -18,7 +18,7 @@ func HotStatements() map[string][2]string {
 // RescueStatements are the rescuer's candidate queries and its re-check,
 // each with example arguments as SQL literals (for the plan test).
 func RescueStatements() map[string][2]string {
-	const page = `'-infinity', '00000000-0000-0000-0000-000000000000', 100, 60000`
+	const page = `'00000000-0000-0000-0000-000000000000', 100, 60000`
 	return map[string][2]string{
 		"queued":        {rescueSQL[RescueQueued], page},
 		"retrying":      {rescueSQL[RescueRetrying], page},

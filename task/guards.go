@@ -67,3 +67,34 @@ func sqlList(states []State) string {
 	}
 	return `(` + strings.Join(q, ", ") + `)`
 }
+
+// No index of ingest_task names a column that the start of a task changes,
+// so that update can be HOT (migration 00012). Tasks are found by state
+// through two partial indexes instead, whose guards follow; a query that
+// looks for a state splices in its stateScope, so the planner can use
+// the index.
+
+// liveGuard holds the tasks that are not finished (QUEUED, RUNNING,
+// RETRYING): ingest_task_live_idx. a is the alias of ingest_task.
+func liveGuard(a string) string { return a + `.finished_at IS NULL` }
+
+// failedGuard holds every task that failed at least once or was cancelled,
+// among them every DEAD and every CANCELLED one (a CHECK constraint keeps
+// it so): ingest_task_failed_idx. a is the alias of ingest_task.
+func failedGuard(a string) string {
+	return `(` + a + `.last_error IS NOT NULL OR ` + a + `.cancel_requested_at IS NOT NULL)`
+}
+
+// stateScope returns the guard of the partial index that holds every task
+// in state s: liveGuard for the unfinished states, failedGuard for DEAD
+// and CANCELLED, and true for SUCCEEDED (the common case: a scan of the
+// primary key finds them densely).
+func stateScope(a string, s State) string {
+	switch s {
+	case Queued, Running, Retrying:
+		return liveGuard(a)
+	case Dead, Cancelled:
+		return failedGuard(a)
+	}
+	return `true`
+}

@@ -133,13 +133,11 @@ type KindInfo struct {
 const StartRateWindow = 10 * time.Second
 
 // startRateSQL counts the starts of each kind in the last $1 ms, from the
-// audit rows (read backwards from the newest, by primary key, until one
-// older than the window).
+// audit rows of that window (found on the BRIN index of their created_at:
+// the table is only appended to, so the window is its last pages).
 const startRateSQL = `
 SELECT t.kind, count(*) FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
-WHERE tr.id > coalesce((SELECT id FROM ingest_task_transition WHERE created_at < now() - $1 * interval '1 millisecond'
-                        ORDER BY id DESC LIMIT 1), 0)
-  AND tr.to_status = 'RUNNING' AND tr.created_at >= now() - $1 * interval '1 millisecond'
+WHERE tr.created_at >= now() - $1 * interval '1 millisecond' AND tr.to_status = 'RUNNING'
   AND ($2 = '' OR t.kind = $2)
 GROUP BY t.kind`
 

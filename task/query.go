@@ -41,7 +41,6 @@ type ListParams struct {
 	Status State  // "" for any
 	Kind   string // "" for any
 	// Since and Until bound created_at to [Since, Until); zero: open.
-	// Both ride the keyset order of the listing's index.
 	Since, Until time.Time
 	Limit        int // 1..1000; 0 means 50
 	// Cursor continues a listing where the previous page ended ("" for the
@@ -53,8 +52,10 @@ type ListParams struct {
 const MaxListLimit = 1000
 
 // List returns tasks newest first, without payloads, and the cursor of the
-// next page ("" when this page is the last). Pages are keyset-paginated on
-// (created_at, id), so a listing stays consistent while tasks are added.
+// next page ("" when this page is the last). Newest first is by id (a
+// UUIDv7 begins with its creation time); pages are keyset-paginated on it,
+// through the primary key, (kind, id), or a state's partial index
+// (stateScope), so a listing stays consistent while tasks are added.
 func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) {
 	if p.Status != "" && !p.Status.Valid() {
 		return nil, "", fmt.Errorf("%w: status %q is not one of %v", ErrInvalidTask, p.Status, States)
@@ -69,7 +70,7 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 	var args []any
 	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
 	if p.Status != "" {
-		where = append(where, "status = "+arg(string(p.Status)))
+		where = append(where, "status = "+arg(string(p.Status)), stateScope("ingest_task", p.Status))
 	}
 	if p.Kind != "" {
 		where = append(where, "kind = "+arg(p.Kind))
@@ -81,17 +82,17 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 		where = append(where, "created_at < "+arg(p.Until))
 	}
 	if p.Cursor != "" {
-		at, id, err := decodeCursor(p.Cursor)
+		_, id, err := decodeCursor(p.Cursor)
 		if err != nil {
 			return nil, "", err
 		}
-		where = append(where, fmt.Sprintf("(created_at, id) < (%s, %s)", arg(at), arg(id)))
+		where = append(where, "id < "+arg(id))
 	}
 	q := `SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + ` FROM ingest_task`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	q += " ORDER BY created_at DESC, id DESC LIMIT " + arg(p.Limit+1)
+	q += " ORDER BY id DESC LIMIT " + arg(p.Limit+1)
 	rows, err := s.db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, "", fmt.Errorf("list tasks: %w", err)

@@ -16,18 +16,18 @@ import (
 // new outbox row. Which task is a candidate is a question of task states,
 // so the SQL lives here.
 
-// RescueClass is a kind of rescue candidate; each is paged on an index of
-// its own.
+// RescueClass is a kind of rescue candidate. Every class is paged by id on
+// ingest_task_live_idx (the unfinished tasks), each pass reading the
+// states it looks for.
 type RescueClass int
 
 const (
-	// RescueQueued: QUEUED tasks, paged on (status, created_at, id).
+	// RescueQueued: QUEUED tasks.
 	RescueQueued RescueClass = iota
-	// RescueRetrying: RETRYING tasks, paged on (status, created_at, id);
-	// those not yet due come back ineligible.
+	// RescueRetrying: RETRYING tasks; those not yet due come back
+	// ineligible.
 	RescueRetrying
-	// RescueRunning: RUNNING tasks whose lease expired, paged on the
-	// partial lease index (lease_until, id).
+	// RescueRunning: RUNNING tasks whose lease expired.
 	RescueRunning
 )
 
@@ -46,10 +46,9 @@ func (c RescueClass) String() string {
 	return fmt.Sprintf("RescueClass(%d)", int(c))
 }
 
-// RescueCursor is a keyset position within a class: the page after it
-// starts past (At, ID). The zero cursor is the start.
+// RescueCursor is a keyset position among the unfinished tasks: the page
+// after it starts past ID. The zero cursor is the start.
 type RescueCursor struct {
-	At time.Time
 	ID uuid.UUID
 }
 
@@ -67,16 +66,26 @@ type RescueCandidate struct {
 	// DEAD) more than the grace ago, or no row at all and the task
 	// untouched for as long. Only eligible candidates may be rescued.
 	Eligible bool
-	// Cursor is the candidate's keyset position in its class.
-	Cursor RescueCursor
 }
 
-// rescueColumns and rescueFrom are shared by the candidate queries: each
-// task with its latest outbox row and whether it is eligible (due, no
-// unsent row, latest row SENT (or DEAD) more than $4 ms ago, or no row at all).
-// $1, $2: keyset cursor; $3: page size; $4: grace in ms.
+// RescuePage is one page of a class: the candidates among the next
+// unfinished tasks after a cursor.
+type RescuePage struct {
+	Candidates []RescueCandidate
+	// Next is the cursor after the tasks the page read.
+	Next RescueCursor
+	// More: the page read as many tasks as it was allowed, so more may
+	// follow; false means the class is exhausted (the next page starts
+	// over at the zero cursor).
+	More bool
+}
+
+// rescueColumns are the columns of a candidate in rescueWindowSQL: each
+// task with its latest outbox row (lo) and whether it is eligible (due,
+// no unsent row, latest row SENT (or DEAD) more than $3 ms ago, or no row
+// at all). $1: keyset cursor (id); $2: page size; $3: grace in ms.
 //
-// The lateral reads a task's outbox rows through outbox_event_task_idx only:
+// The window's lateral reads a task's outbox rows through outbox_event_task_idx only:
 // the latest row and, as a window count over all of them, the unsent ones.
 // A separate "count unsent rows of this task" subquery let the planner
 // pick the claim index (unsent rows, any task) and filter it on task_id,
@@ -86,59 +95,80 @@ var rescueColumns = `
 SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.stream_id, ''),
     (t.status = 'RUNNING' OR ` + due("t") + `)
     AND coalesce(lo.unsent, 0) = 0
-    AND CASE WHEN lo.id IS NULL THEN t.updated_at < now() - $4 * interval '1 millisecond'
-             WHEN lo.status = 'DEAD' THEN lo.created_at < now() - $4 * interval '1 millisecond'
-             ELSE lo.status = 'SENT' AND lo.sent_at < now() - $4 * interval '1 millisecond' END`
+    AND CASE WHEN lo.id IS NULL THEN t.updated_at < now() - $3 * interval '1 millisecond'
+             WHEN lo.status = 'DEAD' THEN lo.created_at < now() - $3 * interval '1 millisecond'
+             ELSE lo.status = 'SENT' AND lo.sent_at < now() - $3 * interval '1 millisecond' END`
 
-const rescueFrom = `
-FROM ingest_task t
-LEFT JOIN LATERAL (
-    SELECT o.id, o.status, o.stream, o.stream_id, o.sent_at, o.created_at,
-           count(*) FILTER (WHERE o.status IN ('NEW', 'RETRYING')) OVER () AS unsent
-    FROM outbox_event o
-    WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1
-) lo ON true`
+// rescueWindowSQL reads the next $2 unfinished tasks after id $1 in id
+// order, on ingest_task_live_idx (materialized, so that the page is that
+// ordered index range whatever the planner thinks of the states), and
+// returns the last id it read and how many, with the candidates of a
+// class among them (%s: the class's guard on t), if any.
+const rescueWindowSQL = `
+WITH w AS MATERIALIZED (
+    SELECT id FROM ingest_task WHERE finished_at IS NULL AND id > $1 ORDER BY id LIMIT $2
+), s AS (
+    SELECT (SELECT id FROM w ORDER BY id DESC LIMIT 1) AS last, (SELECT count(*) FROM w) AS n
+)
+SELECT s.last, s.n, c.* FROM s LEFT JOIN LATERAL (%s
+    FROM w JOIN ingest_task t ON t.id = w.id
+    LEFT JOIN LATERAL (
+        SELECT o.id, o.status, o.stream, o.stream_id, o.sent_at, o.created_at,
+               count(*) FILTER (WHERE o.status IN ('NEW', 'RETRYING')) OVER () AS unsent
+        FROM outbox_event o
+        WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1
+    ) lo ON true
+    WHERE %s
+) c ON true
+ORDER BY c.id`
 
-// rescueSQL holds the candidate query of each class.
+// rescueSQL holds the candidate query of each class. Every class reads
+// the same unfinished tasks, so a pass costs O(unfinished tasks) per
+// class, each page O(page).
 var rescueSQL = map[RescueClass]string{
-	// QUEUED tasks on (status, created_at, id).
-	RescueQueued: rescueColumns + `, t.created_at` + rescueFrom + `
-WHERE t.status = 'QUEUED' AND (t.created_at, t.id) > ($1, $2)
-ORDER BY t.created_at, t.id LIMIT $3`,
-	// RETRYING tasks on (status, created_at, id); those not yet due come
-	// back ineligible, so a page stays O(page size).
-	RescueRetrying: rescueColumns + `, t.created_at` + rescueFrom + `
-WHERE t.status = 'RETRYING' AND (t.created_at, t.id) > ($1, $2)
-ORDER BY t.created_at, t.id LIMIT $3`,
-	// RUNNING tasks whose lease expired, on the partial lease index.
-	RescueRunning: rescueColumns + `, t.lease_until` + rescueFrom + `
-WHERE ` + expiredLease("t") + ` AND (t.lease_until, t.id) > ($1, $2)
-ORDER BY t.lease_until, t.id LIMIT $3`,
+	RescueQueued:   fmt.Sprintf(rescueWindowSQL, rescueColumns, `t.status = 'QUEUED'`),
+	RescueRetrying: fmt.Sprintf(rescueWindowSQL, rescueColumns, `t.status = 'RETRYING'`), // not yet due: ineligible
+	RescueRunning:  fmt.Sprintf(rescueWindowSQL, rescueColumns, expiredLease("t")),
 }
 
-// RescueCandidates returns up to limit candidates of class after the
-// cursor, in keyset order, each with whether it is eligible given grace
-// (see RescueCandidate.Eligible). Fewer than limit means the class is
-// exhausted: the next page starts over at the zero cursor.
-func RescueCandidates(ctx context.Context, db DB, class RescueClass, after RescueCursor, limit int, grace time.Duration) ([]RescueCandidate, error) {
+// RescueCandidates returns a page of class: its candidates among the next
+// limit unfinished tasks after the cursor, in id order, each with whether
+// it is eligible given grace (see RescueCandidate.Eligible).
+func RescueCandidates(ctx context.Context, db DB, class RescueClass, after RescueCursor, limit int, grace time.Duration) (RescuePage, error) {
 	sql, ok := rescueSQL[class]
 	if !ok {
-		return nil, fmt.Errorf("find rescue candidates: unknown class %d", int(class))
+		return RescuePage{}, fmt.Errorf("find rescue candidates: unknown class %d", int(class))
 	}
-	rows, err := db.Query(ctx, sql, after.At, after.ID, limit, grace.Milliseconds())
+	var page RescuePage
+	var last *uuid.UUID
+	var read int
+	rows, err := db.Query(ctx, sql, after.ID, limit, grace.Milliseconds())
 	if err != nil {
-		return nil, fmt.Errorf("find %s rescue candidates: %w", class, err)
+		return RescuePage{}, fmt.Errorf("find %s rescue candidates: %w", class, err)
 	}
-	cands, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (RescueCandidate, error) {
-		var c RescueCandidate
-		err := cr.Scan(&c.ID, &c.Status, &c.LastOutboxID, &c.Stream, &c.StreamID, &c.Eligible, &c.Cursor.At)
-		c.Cursor.ID = c.ID
-		return c, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("find %s rescue candidates: %w", class, err)
+	defer rows.Close()
+	for rows.Next() {
+		var id *uuid.UUID
+		var st *State
+		var outboxID *int64
+		var stream, streamID *string
+		var eligible *bool
+		if err := rows.Scan(&last, &read, &id, &st, &outboxID, &stream, &streamID, &eligible); err != nil {
+			return RescuePage{}, fmt.Errorf("find %s rescue candidates: %w", class, err)
+		}
+		if id != nil {
+			page.Candidates = append(page.Candidates, RescueCandidate{ID: *id, Status: *st, LastOutboxID: *outboxID,
+				Stream: *stream, StreamID: *streamID, Eligible: *eligible})
+		}
 	}
-	return cands, nil
+	if err := rows.Err(); err != nil {
+		return RescuePage{}, fmt.Errorf("find %s rescue candidates: %w", class, err)
+	}
+	if last != nil {
+		page.Next = RescueCursor{ID: *last}
+	}
+	page.More = read >= limit
+	return page, nil
 }
 
 // lockTasksSQL locks the candidate tasks in id order (the order the task

@@ -9,14 +9,17 @@ import (
 // deleteSentSQL deletes up to $2 SENT outbox rows sent more than $1 ms
 // ago, oldest first, except the latest row of an unfinished task: the
 // rescuer needs that row's stream_id to tell whether the task's entry is
-// still in Redis.
+// still in Redis. The rows are read in creation order, on
+// outbox_event_created_idx: a row sent before the cutoff was created
+// before it.
 var deleteSentSQL = `
 DELETE FROM outbox_event WHERE id = ANY(ARRAY(
     SELECT o.id FROM outbox_event o
-    WHERE o.status = 'SENT' AND o.sent_at < now() - $1 * interval '1 millisecond'
+    WHERE o.created_at < now() - $1 * interval '1 millisecond'
+      AND o.status = 'SENT' AND o.sent_at < now() - $1 * interval '1 millisecond'
       AND ((SELECT t.status FROM ingest_task t WHERE t.id = o.task_id) IN ` + terminalSQL + `
            OR EXISTS (SELECT 1 FROM outbox_event n WHERE n.task_id = o.task_id AND n.id > o.id))
-    ORDER BY o.sent_at
+    ORDER BY o.created_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED))`
 

@@ -28,14 +28,21 @@ type Record struct {
 	CreatedAt    time.Time `json:"created_at"`
 }
 
+// insertSQL writes the rows whose task exists (no foreign key checks that:
+// it would lock the task row, a WAL record per audit row; the probe of the
+// task's primary key writes nothing), in the order given, so their ids
+// follow it.
 const insertSQL = `
 INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
 SELECT task_id, NULLIF(from_status, ''), to_status, attempt_count, NULLIF(message, ''), NULLIF(worker, '')
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[])
-    AS r(task_id, from_status, to_status, attempt_count, message, worker)`
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[]) WITH ORDINALITY
+    AS r(task_id, from_status, to_status, attempt_count, message, worker, ord)
+WHERE EXISTS (SELECT 1 FROM ingest_task t WHERE t.id = r.task_id)
+ORDER BY ord`
 
 // Insert writes recs in one statement. Call it with the transaction that
-// made the state changes; ID and CreatedAt of recs are ignored.
+// made the state changes; ID and CreatedAt of recs are ignored. A record
+// of a task that does not exist is an error (the caller rolls back).
 func Insert(ctx context.Context, db DBTX, recs ...Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -49,8 +56,12 @@ func Insert(ctx context.Context, db DBTX, recs ...Record) error {
 	for i, r := range recs {
 		ids[i], from[i], to[i], attempts[i], msgs[i], workers[i] = r.TaskID, r.From, r.To, int32(r.AttemptCount), r.Message, r.Worker
 	}
-	if _, err := db.Exec(ctx, insertSQL, ids, from, to, attempts, msgs, workers); err != nil {
+	tag, err := db.Exec(ctx, insertSQL, ids, from, to, attempts, msgs, workers)
+	if err != nil {
 		return fmt.Errorf("insert %d transitions: %w", len(recs), err)
+	}
+	if n := tag.RowsAffected(); n != int64(len(recs)) {
+		return fmt.Errorf("insert %d transitions: %d of them name no task", len(recs), int64(len(recs))-n)
 	}
 	return nil
 }

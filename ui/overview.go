@@ -140,23 +140,6 @@ func (h *Handler) cachedOverview(ctx context.Context) (*overviewData, error) {
 	return d, nil
 }
 
-// statusCountsSQL counts up to $2 tasks of each status in $1 through
-// ingest_task_status_created_idx.
-const statusCountsSQL = `
-SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM ingest_task t WHERE t.status = s.status LIMIT $2) x)
-FROM unnest($1::text[]) AS s(status)`
-
-// kindCountsSQL counts the newest $2 tasks of each status in $1 by kind,
-// through ingest_task_status_created_idx.
-const kindCountsSQL = `
-SELECT s.status, x.kind, count(*)
-FROM unnest($1::text[]) AS s(status)
-CROSS JOIN LATERAL (
-    SELECT t.kind FROM ingest_task t WHERE t.status = s.status
-    ORDER BY t.created_at DESC, t.id DESC LIMIT $2
-) x
-GROUP BY 1, 2`
-
 // estimateSQL is the planner's estimate of the tasks per status.
 const estimateSQL = `
 SELECT u.v, (u.f * greatest(c.reltuples, 0))::bigint
@@ -205,44 +188,21 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 		settings  []kindRow
 	)
 	g, gctx := errgroup.WithContext(ctx)
-	var states, unfinished []string
+	var unfinished []task.State
 	for _, s := range task.States {
-		states = append(states, string(s))
 		if s != task.Succeeded {
-			unfinished = append(unfinished, string(s))
+			unfinished = append(unfinished, s)
 		}
 	}
 	g.Go(func() error {
-		rows, err := h.cfg.DB.Query(gctx, statusCountsSQL, states, CountCap)
-		if err != nil {
-			return fmt.Errorf("count tasks: %w", err)
-		}
-		var st string
-		var n int64
-		_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error { counts[task.State(st)] = n; return nil })
-		if err != nil {
-			return fmt.Errorf("count tasks: %w", err)
-		}
-		return nil
+		c, err := task.CappedCounts(gctx, h.cfg.DB, task.States, CountCap)
+		counts = c
+		return err
 	})
 	g.Go(func() error {
-		rows, err := h.cfg.DB.Query(gctx, kindCountsSQL, unfinished, KindCap)
-		if err != nil {
-			return fmt.Errorf("count tasks by kind: %w", err)
-		}
-		var st, k string
-		var n int64
-		_, err = pgx.ForEachRow(rows, []any{&st, &k, &n}, func() error {
-			if perKind[k] == nil {
-				perKind[k] = map[task.State]int64{}
-			}
-			perKind[k][task.State(st)] = n
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("count tasks by kind: %w", err)
-		}
-		return nil
+		k, err := task.NewestByKind(gctx, h.cfg.DB, unfinished, KindCap)
+		perKind = k
+		return err
 	})
 	g.Go(func() error {
 		rows, err := h.cfg.DB.Query(gctx, estimateSQL)

@@ -60,10 +60,10 @@ type series struct {
 // sampler keeps the transitions of the last Window per bucket and kind,
 // in process. It reads the audit table (ingest_task_transition)
 // incrementally: each refresh reads only the rows after the last id it
-// saw, by primary key, so a poll costs what was written since the last
-// one, not the window. The first refresh starts at the first row of the
-// window: the newest row older than the window, found by reading the
-// primary key backwards from the newest row (startSQL).
+// saw that were created at most sampleSlack before the newest one it saw,
+// on the BRIN index of created_at (the table is only appended to), so a
+// poll costs what was written since the last one, not the window. The
+// first refresh starts at the first row of the window (startSQL).
 //
 // An audit row whose transaction commits after a row with a larger id
 // was read is not counted (ids are taken before commit); the charts may
@@ -73,6 +73,7 @@ type sampler struct {
 	mu      sync.Mutex
 	started bool
 	lastID  int64
+	lastAt  time.Time // the newest created_at read
 	at      time.Time
 	buckets map[int64]map[string]*agg
 }
@@ -82,26 +83,31 @@ func newSampler(db task.DB) *sampler {
 }
 
 const startSQL = `
-SELECT coalesce((SELECT id FROM ingest_task_transition
-                 WHERE created_at < now() - $1 * interval '1 millisecond'
-                 ORDER BY id DESC LIMIT 1), 0)`
+SELECT coalesce(min(id) - 1, 0) FROM ingest_task_transition
+WHERE created_at >= now() - $1 * interval '1 millisecond'`
 
 // sampleSQL aggregates the audit rows after id $1 (at most $2 of them,
-// by primary key) per bucket of $3 seconds, kind, status reached and
+// in id order; only those created since $4, so that the BRIN index of
+// created_at limits the read to the table's last pages) per bucket of $3 seconds, kind, status reached and
 // creation, with the creation-to-success latency of SUCCEEDED rows; the
 // task's kind and created_at come by primary key (a LATERAL probe: a join
 // could be planned as a scan of the task table).
+// sampleSlack is how much older than the newest audit row read a row
+// that commits later may be (its transaction began earlier) and still be
+// counted.
+const sampleSlack = time.Minute
+
 const sampleSQL = `
 WITH n AS (
     SELECT id, task_id, from_status, to_status, created_at FROM ingest_task_transition
-    WHERE id > $1 ORDER BY id LIMIT $2
+    WHERE id > $1 AND created_at >= $4 ORDER BY id LIMIT $2
 )
-SELECT max(n.id), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, n.to_status, n.from_status IS NULL,
+SELECT max(n.id), max(n.created_at), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, n.to_status, n.from_status IS NULL,
        count(*),
        coalesce(sum(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8,
        coalesce(max(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8
 FROM n CROSS JOIN LATERAL (SELECT kind, created_at FROM ingest_task WHERE id = n.task_id LIMIT 1) t
-GROUP BY 2, 3, 4, 5`
+GROUP BY 3, 4, 5, 6`
 
 // refresh reads the audit rows written since the last refresh.
 func (s *sampler) refresh(ctx context.Context) error {
@@ -113,19 +119,27 @@ func (s *sampler) refresh(ctx context.Context) error {
 	}
 	step := int64(Bucket / time.Second)
 	for range maxBatches {
-		rows, err := s.db.Query(ctx, sampleSQL, s.lastID, sampleBatch, step)
+		since := time.Now().Add(-Window)
+		if !s.lastAt.IsZero() {
+			since = s.lastAt.Add(-sampleSlack)
+		}
+		rows, err := s.db.Query(ctx, sampleSQL, s.lastID, sampleBatch, step, since)
 		if err != nil {
 			return fmt.Errorf("audit samples: %w", err)
 		}
 		var (
 			maxID, bucket, n int64
+			maxAt            time.Time
 			kind, to         string
 			created          bool
 			latSum, latMax   float64
 			seen             int64
 		)
-		_, err = pgx.ForEachRow(rows, []any{&maxID, &bucket, &kind, &to, &created, &n, &latSum, &latMax}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&maxID, &maxAt, &bucket, &kind, &to, &created, &n, &latSum, &latMax}, func() error {
 			s.lastID = max(s.lastID, maxID)
+			if maxAt.After(s.lastAt) {
+				s.lastAt = maxAt
+			}
 			seen += n
 			byKind := s.buckets[bucket]
 			if byKind == nil {

@@ -35,7 +35,7 @@ type tasksView struct {
 
 // keySQL finds the tasks with idempotency key $1 (of kind $2, "" any)
 // through the unique (kind, idempotency_key) index: the kinds are
-// enumerated by a loose scan of ingest_task_kind_created_idx (one index
+// enumerated by a loose scan of ingest_task_kind_idx (one index
 // probe per kind), and each probed with the key.
 const keySQL = `
 WITH RECURSIVE k AS (
