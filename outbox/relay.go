@@ -515,16 +515,19 @@ func (r *Relay) publish(ctx context.Context, rows []row) ([]string, []error) {
 	return ids, errs
 }
 
-// lockClaimedSQL locks the rows of ids $3 (each with a value of $4) in id
-// order, found through the primary key alone, and reads their latest
-// committed version. The marking UPDATEs guard on these columns (status, claimed_by, claimed_until) rather
-// than on indexable ones of their target, so no plan scans the claim index
-// (the whole backlog) instead of the key; a locked row cannot change until
-// the statement commits.
-const lockClaimedSQL = `
-    SELECT e.id, e.status, e.claimed_by, e.claimed_until, s.val
-    FROM unnest($3::bigint[], $4::text[]) AS s(id, val) JOIN outbox_event e ON e.id = s.id
-    ORDER BY e.id FOR NO KEY UPDATE OF e`
+// claimedSQL gives the rows of ids $3 (each with a value of $4) in id
+// order; the marking UPDATEs below join it to outbox_event through the
+// primary key, updating in that order. They take no lock first (a lock is
+// a WAL record of its own): their guard, the claim (claimedGuard), is
+// re-checked by Postgres on the latest version of a row that changed
+// meanwhile, and their SET reads that version.
+const claimedSQL = `
+    SELECT s.id, s.val FROM unnest($3::bigint[], $4::text[]) AS s(id, val) ORDER BY s.id`
+
+// claimedGuard holds for a row still unsent under the claim ($1, $2). It
+// is a CASE, so that no plan reads the target rows from the claim index
+// (the whole backlog, which its predicate matches) instead of the key.
+const claimedGuard = `CASE WHEN o.claimed_by = $1 AND o.claimed_until = $2 AND o.status IN ('NEW', 'RETRYING') THEN true ELSE false END`
 
 // markSentSQL marks published rows SENT ($4: their entry ids). The guard is
 // the claim: rows whose claim was taken over (claimed_by or claimed_until
@@ -532,11 +535,11 @@ const lockClaimedSQL = `
 // creation or, for a row written due later (a delayed task) and never
 // failed, from its due time.
 const markSentSQL = `
-WITH c AS (` + lockClaimedSQL + `
+WITH c AS (` + claimedSQL + `
 )
 UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val
 FROM c
-WHERE o.id = c.id AND c.claimed_by = $1 AND c.claimed_until = $2 AND c.status IN ('NEW', 'RETRYING')
+WHERE o.id = c.id AND ` + claimedGuard + `
 RETURNING extract(epoch FROM o.sent_at - CASE WHEN o.attempt_count = 0 THEN greatest(o.created_at, o.next_retry_at)
                                                 ELSE o.created_at END)::float8`
 
@@ -567,7 +570,7 @@ func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs [
 // jitter $8. The claim is released. The decision is made here against the
 // row's current attempt_count.
 var markFailedSQL = `
-WITH c AS (` + lockClaimedSQL + `
+WITH c AS (` + claimedSQL + `
 )
 UPDATE outbox_event o SET
     attempt_count = o.attempt_count + 1,
@@ -578,7 +581,7 @@ UPDATE outbox_event o SET
     claimed_by    = NULL,
     claimed_until = NULL
 FROM c
-WHERE o.id = c.id AND c.claimed_by = $1 AND c.claimed_until = $2 AND c.status IN ('NEW', 'RETRYING')
+WHERE o.id = c.id AND ` + claimedGuard + `
 RETURNING o.status`
 
 func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []string) (retried, dead, applied int, err error) {

@@ -139,9 +139,9 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 	res := BulkRedriveResult{IDs: []uuid.UUID{}}
 	var (
 		cursor *uuid.UUID
-		since    = optionalTime(f.Since)
-		until    = optionalTime(f.Until)
-		begun    = time.Now()
+		since  = optionalTime(f.Since)
+		until  = optionalTime(f.Until)
+		begun  = time.Now()
 	)
 	for res.Matched < f.Limit {
 		n := min(o.Batch, f.Limit-res.Matched)

@@ -39,8 +39,9 @@ type StartResult struct {
 // locked takes the row locks in id order and, being FOR NO KEY UPDATE,
 // reads the latest committed version of each row (the ids are joined from
 // unnest, so the rows are found through the primary key alone, whatever
-// the other indexes hold). The UPDATE's WHERE is the guard of docs/ARCHITECTURE.md §2.2,
-// on locked's columns (see lockRunning)
+// the other indexes hold). The lock is what lets the audit row name the
+// state the task left and the lease it took over. The UPDATE's WHERE is
+// the guard of docs/ARCHITECTURE.md §2.2 on locked's columns
 // (due QUEUED/RETRYING, or RUNNING with an expired lease: a takeover, which
 // counts the abandoned run as a failure and goes DEAD when it was the last
 // attempt, or CANCELLED, uncounted, when a cancel had been requested; a
@@ -182,11 +183,10 @@ type Result struct {
 }
 
 var renewSQL = `
-WITH l AS (` + lockRunning + `
+WITH l AS (` + runningIDs + `
 )
 UPDATE ingest_task t SET lease_until = now() + $3 * interval '1 millisecond', updated_at = now()
-FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
-      AND ` + targetGuard + `
+FROM l WHERE t.id = l.id AND ` + targetGuard + `
 RETURNING t.id, ` + cancelRequested("t")
 
 // Renew extends owner's lease on the RUNNING tasks of ids and returns the
@@ -220,13 +220,13 @@ func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, id
 
 // The completion statements below each change the rows of $1 that owner
 // $2 holds RUNNING and write one audit row per change: one statement, one
-// round trip, one implicit transaction. The rows are locked in id order
-// and found through the primary key alone.
+// round trip, one implicit transaction. The rows are updated in id order
+// and found through the primary key alone (runningIDs).
 
 // guardedTail returns the rows cte u changed. The current state of the
 // others is read afterwards, by a statement of its own (see
-// guardedStatement): the rows this one found locked are read in the
-// version that the lock holder committed.
+// guardedStatement), so a row another transaction was changing is read
+// in the version it committed.
 const guardedTail = `
 SELECT id, status, attempt_count, next_retry_at, last_error, finished_at FROM u`
 
@@ -235,23 +235,23 @@ const currentSQL = `
 SELECT t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), coalesce(t.lease_owner, ''), t.finished_at
 FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id`
 
-// lockRunning locks the rows of $1 in id order, found through the primary
-// key alone, and reads their latest committed version; the UPDATE that
-// follows guards on these columns (status, lease_owner), not on
-// indexable ones of its own target, so that no plan scans an index of
-// status (whose statistics a queue makes stale) instead of the key. A
-// locked row cannot change until the statement commits.
-const lockRunning = `
-    SELECT t.id, t.status, t.lease_owner FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
-    ORDER BY t.id FOR NO KEY UPDATE OF t`
+// runningIDs are the ids of $1 in id order: the completions below update
+// their rows in that order (a nested loop over it, through the primary
+// key), so concurrent batches take their row locks in one order. They
+// take no lock before the update: a lock is a WAL record of its own, and
+// a completion needs nothing of the row's previous version but what its
+// guard checks, which Postgres re-checks on the latest version of a row
+// that changed meanwhile (and the SET reads that version too).
+const runningIDs = `
+    SELECT x.id FROM unnest($1::uuid[]) AS x(id) ORDER BY x.id`
 
-// targetGuard repeats l's guard on the UPDATE's target row t, so that
-// Postgres re-checks it on the row's latest version. It is a CASE, not a
-// plain qual: the planner cannot match a CASE to an index, so no plan
-// reads the target rows from a status index, with stale statistics
-// (autovacuum off or behind) a scan of every RUNNING task per statement:
-// 10 s for 170 ids among 200,000 RUNNING tasks. The rows come through the
-// primary key, joined to l.
+// targetGuard is a completion's guard on the UPDATE's target row t: held
+// by owner $2 RUNNING. Postgres re-checks it on the row's latest version.
+// It is a CASE, not a plain qual: the planner cannot match a CASE to an
+// index, so no plan reads the target rows from an index of their state
+// (an index on status once made that a scan of every RUNNING task per
+// statement with stale statistics: 10 s for 170 ids among 200,000 RUNNING
+// tasks). The rows come through the primary key, joined to l.
 const targetGuard = `CASE WHEN t.status = 'RUNNING' AND t.lease_owner = $2 THEN true ELSE false END`
 
 // guardedReturning is the RETURNING list of u.
@@ -274,12 +274,11 @@ var (
 )
 
 var succeedSQL = `
-WITH l AS (` + lockRunning + `
+WITH l AS (` + runningIDs + `
 ), u AS (
     UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'SUCCEEDED' END,
         lease_owner = NULL, lease_until = NULL, next_retry_at = NULL, finished_at = now(), updated_at = now()
-    FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
-      AND ` + targetGuard + `
+    FROM l WHERE t.id = l.id AND ` + targetGuard + `
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
@@ -313,7 +312,7 @@ type Failure struct {
 var failSQL = `
 WITH f AS (
     SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[], $9::text[]) AS f(id, err, permanent, retry_after_us, msg)
-), l AS (` + lockRunning + `
+), l AS (` + runningIDs + `
 ), u AS (
     UPDATE ingest_task t SET
         attempt_count = t.attempt_count + CASE WHEN ` + cancelRequested("t") + ` THEN 0 ELSE 1 END,
@@ -329,8 +328,7 @@ WITH f AS (
         lease_until   = NULL,
         updated_at    = now()
     FROM f, l
-    WHERE t.id = f.id AND t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
-      AND ` + targetGuard + `
+    WHERE t.id = f.id AND t.id = l.id AND ` + targetGuard + `
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
@@ -370,14 +368,13 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 }
 
 var releaseSQL = `
-WITH l AS (` + lockRunning + `
+WITH l AS (` + runningIDs + `
 ), u AS (
     UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'RETRYING' END,
         next_retry_at = CASE WHEN ` + cancelRequested("t") + ` THEN NULL ELSE now() END,
         finished_at = CASE WHEN ` + cancelRequested("t") + ` THEN now() END,
         lease_owner = NULL, lease_until = NULL, updated_at = now()
-    FROM l WHERE t.id = l.id AND l.status = 'RUNNING' AND l.lease_owner = $2
-      AND ` + targetGuard + `
+    FROM l WHERE t.id = l.id AND ` + targetGuard + `
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
