@@ -32,6 +32,14 @@ ALTER TABLE ingest_task ADD CONSTRAINT ingest_task_failed_is_indexed
     CHECK (CASE status WHEN 'DEAD' THEN last_error IS NOT NULL
                        WHEN 'CANCELLED' THEN cancel_requested_at IS NOT NULL ELSE true END) NOT VALID;
 ALTER TABLE ingest_task SET (fillfactor = 50);
+-- Payload dedup matches tasks created with it (dedup), the only ones its
+-- index holds. The unfinished tasks of before are marked so that they
+-- are still matched; finished ones of before are not.
+ALTER TABLE ingest_task ADD COLUMN dedup boolean NOT NULL DEFAULT false;
+COMMENT ON COLUMN ingest_task.dedup IS 'created with payload dedup: found by a later dedup create with the same payload';
+UPDATE ingest_task SET dedup = true WHERE finished_at IS NULL;
+DROP INDEX ingest_task_payload_sha_idx;
+CREATE INDEX ingest_task_dedup_idx ON ingest_task (kind, payload_sha) WHERE dedup;
 
 -- 2. The audit table has one B-tree, (task_id, id), its primary key: a
 --    task's trail in order, as the documented query reads it. Its rows are
@@ -67,6 +75,9 @@ DELETE FROM ingest_task_transition r WHERE NOT EXISTS (SELECT 1 FROM ingest_task
 ALTER TABLE ingest_task_transition ADD CONSTRAINT ingest_task_transition_task_id_fkey
     FOREIGN KEY (task_id) REFERENCES ingest_task (id) ON DELETE CASCADE;
 ALTER TABLE ingest_task SET (fillfactor = 80);
+DROP INDEX ingest_task_dedup_idx;
+CREATE INDEX ingest_task_payload_sha_idx ON ingest_task (kind, payload_sha);
+ALTER TABLE ingest_task DROP COLUMN dedup;
 ALTER TABLE ingest_task DROP CONSTRAINT ingest_task_failed_is_indexed;
 DROP INDEX ingest_task_failed_idx;
 DROP INDEX ingest_task_live_idx;

@@ -38,7 +38,9 @@ type NewTask struct {
 	// INGEST_REDIS_MAX_ATTEMPTS), whichever process created it.
 	MaxAttempts int
 	// DedupByPayload returns the existing non-DEAD task of the same Kind with
-	// the same canonical payload instead of creating a second one.
+	// the same canonical payload, itself created with DedupByPayload,
+	// instead of creating a second one. (Only such tasks are indexed by
+	// payload: the others cost no index entry for it.)
 	DedupByPayload bool
 	// Traceparent, when set, is the W3C traceparent of the task's parent
 	// span. When empty the span in the context given to Create (through
@@ -145,6 +147,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 			kinds, shas, key []string
 			payloads, tps    []string
 			max              []int32
+			dedup            []bool
+			keyed            bool
 			runAt            []*time.Time
 			delay, timeout   []int64
 		}{}
@@ -164,9 +168,15 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 			cols.delay = append(cols.delay, it.Delay.Milliseconds())
 			cols.timeout = append(cols.timeout, it.Timeout.Milliseconds())
 			cols.tps = append(cols.tps, it.Traceparent)
+			cols.dedup = append(cols.dedup, it.DedupByPayload)
+			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
-		rows, err := tx.Query(ctx, insertTasksSQL, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps)
+		sql := insertPlainSQL
+		if cols.keyed {
+			sql = insertKeyedSQL
+		}
+		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -236,16 +246,28 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 // insertTasksSQL inserts the tasks. A delayed task (run_at $7 in the
 // future, or delay_ms $8 > 0, the latter from the database's clock) is due
 // at that time; any other is due now (next_retry_at NULL). A timeout_ms
-// $9 of 0 is stored as NULL (none of its own).
+// $9 of 0 is stored as NULL (none of its own). dedup $11 marks a task
+// created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
+//
+// A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
+// unique (kind, idempotency_key) index (insertKeyedSQL); one without
+// cannot conflict there (a NULL key is not in that index) and inserts
+// plainly, sparing Postgres the speculative insertion (a WAL record per
+// row more).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, timeout_ms, traceparent)
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, timeout_ms, traceparent, dedup)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0),
     CASE WHEN run_at > now() THEN run_at
          WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, '')
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, ord)
-ORDER BY ord
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, ord)
+ORDER BY ord`
+
+const insertPlainSQL = insertTasksSQL + `
+RETURNING ` + taskColumns
+
+const insertKeyedSQL = insertTasksSQL + `
 ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + taskColumns
 
@@ -280,7 +302,7 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 		}
 		firstInBatch[k] = i
 		t, err := scanTask(tx.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task
-			WHERE kind = $1 AND payload_sha = $2 AND status <> 'DEAD' ORDER BY created_at LIMIT 1`, it.Kind, it.sha))
+			WHERE kind = $1 AND payload_sha = $2 AND dedup AND status <> 'DEAD' ORDER BY created_at LIMIT 1`, it.Kind, it.sha))
 		if err == pgx.ErrNoRows {
 			continue
 		}
