@@ -1,5 +1,5 @@
 -- +goose Up
--- A smaller write set per task (docs/ARCHITECTURE.md §3.3). Before this
+-- A smaller write set per task (docs/ARCHITECTURE.md §3.5). Before this
 -- migration a task cost about 51 WAL records: every transition wrote a new
 -- version of the task row with an entry in each of its seven indexes, and
 -- each audit and outbox row paid a foreign-key check (a row lock on the
