@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -16,8 +17,15 @@ import (
 const benchLong = `Measure the full production path: tasks are created in PostgreSQL (task,
 audit row and outbox row per task, in batches), published by the outbox relay
 to a Redis stream, read by the consumer group, started (RUNNING + audit row),
-handled by a no-op (or --handler-sleep) handler and completed (SUCCEEDED +
-audit row, XACK), by the same components 'run' starts.
+handled by the --handler and completed (SUCCEEDED + audit row, XACK), by the
+same components 'run' starts.
+
+Handlers: noop (the default) returns at once, or after --handler-sleep;
+webhook is the binary's webhook handler, as 'run' configures it with
+INGEST_WEBHOOK_URL (default timeout and HTTP client), POSTing each task to an
+HTTP sink the bench starts in the process (127.0.0.1, a free port), which
+reads the body and answers 204. The report then counts the sink's requests
+and connections.
 
 Modes: --preload inserts all tasks first, then times the worker working them
 off; without it, tasks are inserted and worked at the same time, as fast as
@@ -25,9 +33,11 @@ possible or at --rate tasks/s.
 
 --payload-bytes N adds a string of N bytes to each task's payload.
 --fail-rate F makes the first attempt of a fraction F of the tasks (chosen
-by a hash of the task id) return an error; they are retried once, with a
-short backoff and a fast reclaimer (the report says which) so that the run
-measures work, not waiting. The time counts until every task is SUCCEEDED.
+by a hash of the task id) return an error (with --handler webhook: the sink
+answers 500, which the webhook handler takes for a failure to retry); they
+are retried once, with a short backoff and a fast reclaimer (the report says
+which) so that the run measures work, not waiting. The time counts until
+every task is SUCCEEDED.
 
 Without INGEST_DATABASE_URL / INGEST_REDIS_URL the bench starts its own
 servers: a throwaway PostgreSQL with fsync and synchronous_commit ON (as in
@@ -51,7 +61,8 @@ func (a *app) benchCommand() *cobra.Command {
   ingest-worker bench --tasks 200000
   ingest-worker bench --tasks 60000 --rate 2000
   ingest-worker bench --tasks 2000 --json
-  ingest-worker bench --preload --tasks 200000 --payload-bytes 1024 --fail-rate 0.05`,
+  ingest-worker bench --preload --tasks 200000 --payload-bytes 1024 --fail-rate 0.05
+  ingest-worker bench --preload --tasks 20000 --handler webhook`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := a.load(cmd, map[string]string{"INGEST_LOG_LEVEL": "warn"}); err != nil {
@@ -72,7 +83,8 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&opts.Tasks, "tasks", bench.DefaultTasks, "tasks to create and work")
 	f.BoolVar(&opts.Preload, "preload", false, "insert all tasks first, then work them (default: insert and work at once)")
 	f.Float64Var(&opts.Rate, "rate", 0, "continuous mode: offered load in tasks/s (0: as fast as possible)")
-	f.DurationVar(&opts.HandlerSleep, "handler-sleep", 0, "the handler's fixed work time (0: no-op)")
+	f.StringVar(&opts.Handler, "handler", bench.HandlerNoop, "the tasks' handler: "+strings.Join(bench.Handlers, " or ")+" (the binary's webhook handler POSTing to an in-process HTTP sink)")
+	f.DurationVar(&opts.HandlerSleep, "handler-sleep", 0, "the noop handler's fixed work time (0: none)")
 	f.IntVar(&opts.PayloadBytes, "payload-bytes", 0, "length of a string carried in each task's payload (0: none)")
 	f.Float64Var(&opts.FailRate, "fail-rate", 0, "fraction of tasks whose first attempt fails, chosen from the task id; they are retried once, soon")
 	f.IntVar(&opts.Concurrency, "concurrency", bench.DefaultConcurrency, "handler slots of the worker")

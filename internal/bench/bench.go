@@ -2,17 +2,18 @@
 // created in Postgres (task row, QUEUED audit row and outbox row in one
 // transaction per batch), published by the outbox relay to a Redis stream,
 // read by the consumer, started (RUNNING + audit), handled by a no-op or
-// fixed-sleep handler, and completed (SUCCEEDED + audit, XACK), by one
-// ingest.Service, exactly as `ingest-worker run` does.
+// fixed-sleep handler, or by the binary's webhook handler POSTing to an
+// in-process HTTP sink (Options.Handler, Sink), and completed (SUCCEEDED +
+// audit, XACK), by one ingest.Service, exactly as `ingest-worker run` does.
 //
 // It reports tasks worked and inserted per second, latency percentiles of
 // commit→handler start and commit→SUCCEEDED, SQL statements and Redis round
 // trips per task (counted by a pgx tracer and a go-redis hook on the
 // clients the path uses) and the peak resident memory of the process.
 // `ingest-worker bench` wraps it. Options.PayloadBytes pads each payload and
-// Options.FailRate fails first attempts; FailsFirstAttempt, Pad and the
-// insert and pool defaults are also what the River comparison (bench/river)
-// uses, so that both sides run the same workload.
+// Options.FailRate fails first attempts; FailsFirstAttempt, Pad, Sink and
+// the insert and pool defaults are also what the River comparison
+// (bench/river) uses, so that both sides run the same workload.
 package bench
 
 import (
@@ -47,6 +48,7 @@ import (
 	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/webhook"
 )
 
 // Defaults of Options.
@@ -65,6 +67,19 @@ const (
 	// MaxPayloadBytes bounds Options.PayloadBytes.
 	MaxPayloadBytes = 1 << 20
 )
+
+// Handlers of Options.Handler.
+const (
+	// HandlerNoop returns at once (or after Options.HandlerSleep).
+	HandlerNoop = "noop"
+	// HandlerWebhook is the binary's webhook handler (package webhook,
+	// configured as `ingest-worker run` configures it, with the default
+	// timeout and HTTP client) POSTing each task to a Sink the run starts.
+	HandlerWebhook = "webhook"
+)
+
+// Handlers lists the values of Options.Handler.
+var Handlers = []string{HandlerNoop, HandlerWebhook}
 
 // Retry timing of runs with a FailRate: a failed first attempt is due again
 // after FailRetryDelay (the task store's backoff, base = max, no jitter),
@@ -97,7 +112,10 @@ type Options struct {
 	InsertBatch int
 	// Producers is the number of concurrent inserting goroutines.
 	Producers int
-	// HandlerSleep is the handler's fixed work time (0: no-op).
+	// Handler is what handles the tasks: HandlerNoop (the default) or
+	// HandlerWebhook.
+	Handler string
+	// HandlerSleep is the no-op handler's fixed work time (0: none).
 	HandlerSleep time.Duration
 	// PayloadBytes is the length of a string carried in each task's
 	// payload (0: none), see Pad.
@@ -136,6 +154,7 @@ type Options struct {
 // its default.
 func (o Options) WithDefaults() Options {
 	o.Tasks = cmp.Or(o.Tasks, DefaultTasks)
+	o.Handler = cmp.Or(o.Handler, HandlerNoop)
 	o.Concurrency = cmp.Or(o.Concurrency, DefaultConcurrency)
 	o.ReadCount = cmp.Or(o.ReadCount, DefaultReadCount)
 	o.CompleteBatch = cmp.Or(o.CompleteBatch, DefaultCompleteBatch)
@@ -163,8 +182,12 @@ func (o Options) Validate() error {
 		return fmt.Errorf("insert batch must be in [1, 10000], got %d", o.InsertBatch)
 	case o.Producers < 1 || o.Producers > 64:
 		return fmt.Errorf("producers must be in [1, 64], got %d", o.Producers)
+	case o.Handler != HandlerNoop && o.Handler != HandlerWebhook:
+		return fmt.Errorf("handler must be one of %s, got %q", strings.Join(Handlers, ", "), o.Handler)
 	case o.HandlerSleep < 0:
 		return fmt.Errorf("handler sleep must be >= 0, got %s", o.HandlerSleep)
+	case o.HandlerSleep > 0 && o.Handler != HandlerNoop:
+		return fmt.Errorf("handler sleep applies to the %s handler only, not to %s", HandlerNoop, o.Handler)
 	case o.PayloadBytes < 0 || o.PayloadBytes > MaxPayloadBytes:
 		return fmt.Errorf("payload bytes must be in [0, %d], got %d", MaxPayloadBytes, o.PayloadBytes)
 	case !(o.FailRate >= 0 && o.FailRate < 1): // also refuses NaN
@@ -179,18 +202,28 @@ func (o Options) Validate() error {
 
 // Report is the result of a run.
 type Report struct {
-	Mode         string  `json:"mode"` // preload or continuous
-	Tasks        int     `json:"tasks"`
-	Succeeded    int     `json:"succeeded"`
-	OfferedRate  float64 `json:"offered_rate,omitempty"`
+	Mode        string  `json:"mode"` // preload or continuous
+	Tasks       int     `json:"tasks"`
+	Succeeded   int     `json:"succeeded"`
+	OfferedRate float64 `json:"offered_rate,omitempty"`
+	// Handler is "noop", "sleep <duration>" or "webhook"; HandlerSleep
+	// the no-op handler's sleep ("none" without).
+	Handler      string  `json:"handler"`
 	HandlerSleep string  `json:"handler_sleep"`
 	Concurrency  int     `json:"concurrency"`
 	PayloadBytes int     `json:"payload_bytes"`
 	FailRate     float64 `json:"fail_rate"`
-	// FailedAttempts is how many first attempts failed as FailRate asked;
-	// RetryDelay says how soon they ran again (empty without failures).
+	// FailedAttempts is how many first attempts failed as FailRate asked
+	// (with the webhook handler: how many attempts it failed, for any
+	// reason); RetryDelay says how soon they ran again (empty without
+	// failures).
 	FailedAttempts int64  `json:"failed_attempts"`
 	RetryDelay     string `json:"retry_delay,omitempty"`
+	// SinkRequests and SinkConnections, with the webhook handler, count
+	// the requests and connections the sink received: SinkRequests is
+	// Tasks + FailedAttempts when no request was lost on the way.
+	SinkRequests    int64 `json:"sink_requests,omitempty"`
+	SinkConnections int64 `json:"sink_connections,omitempty"`
 
 	// TasksPerSecond is tasks SUCCEEDED per second of the work phase
 	// (preload: from the worker's start to the last completion;
@@ -280,8 +313,10 @@ type run struct {
 	failed    atomic.Int64
 	succeeded atomic.Int64
 	maxFlight atomic.Int64
-	allDone   chan struct{}
-	doneOnce  sync.Once
+	// webhook is the webhook handler, with the webhook Handler.
+	webhook  ingest.Handler
+	allDone  chan struct{}
+	doneOnce sync.Once
 }
 
 func randomID() string {
@@ -355,6 +390,13 @@ func (b *run) handler(ctx context.Context, t ingest.Task) error {
 			break
 		}
 	}
+	if b.webhook != nil {
+		err := b.webhook(ctx, t)
+		if err != nil {
+			b.failed.Add(1)
+		}
+		return err
+	}
 	if d := b.opts.HandlerSleep; d > 0 {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -374,13 +416,29 @@ func (b *run) handler(ctx context.Context, t ingest.Task) error {
 func (b *run) run(ctx context.Context) (Report, error) {
 	o := b.opts
 	b.allDone = make(chan struct{})
-	rep := Report{Mode: "continuous", Tasks: o.Tasks, OfferedRate: o.Rate, Concurrency: o.Concurrency, HandlerSleep: "none",
-		PayloadBytes: o.PayloadBytes, FailRate: o.FailRate}
+	rep := Report{Mode: "continuous", Tasks: o.Tasks, OfferedRate: o.Rate, Concurrency: o.Concurrency,
+		Handler: o.Handler, HandlerSleep: "none", PayloadBytes: o.PayloadBytes, FailRate: o.FailRate}
 	if o.Preload {
 		rep.Mode = "preload"
 	}
 	if o.HandlerSleep > 0 {
 		rep.HandlerSleep = o.HandlerSleep.String()
+		rep.Handler = "sleep " + rep.HandlerSleep
+	}
+	handlerShown := rep.Handler
+	var sink *Sink
+	if o.Handler == HandlerWebhook {
+		var err error
+		if sink, err = StartSink(o.FailRate); err != nil {
+			return rep, err
+		}
+		defer sink.Close()
+		// As `ingest-worker run` configures it: the default timeout and
+		// HTTP client.
+		if b.webhook, err = webhook.New(webhook.Config{URL: sink.URL()}); err != nil {
+			return rep, err
+		}
+		handlerShown += " → " + sink.URL()
 	}
 	logger := o.Logger
 	if logger == nil {
@@ -404,7 +462,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		fmt.Fprintf(b.out, " at %.0f tasks/s offered", o.Rate)
 	}
 	fmt.Fprintf(b.out, ", handler %s, concurrency %d, read count %d, complete batch %d/%s, relay batch %d",
-		rep.HandlerSleep, o.Concurrency, o.ReadCount, o.CompleteBatch, o.CompleteWindow, o.RelayBatch)
+		handlerShown, o.Concurrency, o.ReadCount, o.CompleteBatch, o.CompleteWindow, o.RelayBatch)
 	if o.PayloadBytes > 0 {
 		fmt.Fprintf(b.out, ", payload +%d bytes", o.PayloadBytes)
 	}
@@ -515,6 +573,9 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	rep.PeakRSSMiB = float64(PeakRSS()) / (1 << 20)
 	rep.MaxInFlight = b.maxFlight.Load()
 	rep.FailedAttempts = b.failed.Load()
+	if sink != nil {
+		rep.SinkRequests, rep.SinkConnections = sink.Requests(), sink.Connections()
+	}
 	return rep, nil
 }
 
@@ -637,7 +698,11 @@ func (b *run) cleanup() {
 // Print writes the report as a table.
 func Print(w io.Writer, r Report) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "\nRESULT\t%s, %d tasks, handler %s, concurrency %d\n", r.Mode, r.Tasks, r.HandlerSleep, r.Concurrency)
+	handler := r.Handler
+	if handler == "" { // a report from before the field
+		handler = r.HandlerSleep
+	}
+	fmt.Fprintf(tw, "\nRESULT\t%s, %d tasks, handler %s, concurrency %d\n", r.Mode, r.Tasks, handler, r.Concurrency)
 	if r.OfferedRate > 0 {
 		fmt.Fprintf(tw, "offered load\t%.0f tasks/s\n", r.OfferedRate)
 	}
@@ -648,6 +713,9 @@ func Print(w io.Writer, r Report) {
 	}
 	if r.FailRate > 0 {
 		fmt.Fprintf(tw, "fail rate\t%g\t(%d first attempts failed; retry: %s)\n", r.FailRate, r.FailedAttempts, r.RetryDelay)
+	}
+	if r.SinkRequests > 0 {
+		fmt.Fprintf(tw, "webhook sink\t%d requests\t(%d connections)\n", r.SinkRequests, r.SinkConnections)
 	}
 	fmt.Fprintf(tw, "latency ms\tp50\tp95\tp99\tmax\n")
 	p := r.LatencyMS.Start

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"math"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ingest-worker/ingest/internal/bench"
 	"github.com/ingest-worker/ingest/internal/testenv"
@@ -118,6 +121,90 @@ func TestRunFailRateAndPayload(t *testing.T) {
 	}
 }
 
+// TestRunWebhook runs a small preload with the webhook handler against
+// the sink, a tenth of the tasks failing their first attempt (the sink
+// answers 500): every task ends SUCCEEDED, exactly the tasks
+// FailsFirstAttempt names failed once, and the sink received one request
+// per attempt.
+func TestRunWebhook(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDatabase(t)
+	rdb := testenv.Client(t, testenv.NewRedisServer(t).URL())
+	const tasks, rate = 300, 0.1
+	var progress bytes.Buffer
+	// The run takes about a second; a retry that does not come back shows
+	// in a minute, with the tasks left over, not at the test's deadline.
+	rep, err := bench.Run(context.Background(), bench.Options{Tasks: tasks, Preload: true, Concurrency: 100,
+		Handler: bench.HandlerWebhook, FailRate: rate, PayloadBytes: 100, Keep: true, Timeout: time.Minute}, db.Pool, rdb, &progress)
+	if err != nil {
+		var left []string
+		rows, qerr := db.Pool.Query(context.Background(),
+			`SELECT id::text || ' ' || status || ' after ' || attempt_count || ' failed runs' FROM ingest_task WHERE status <> 'SUCCEEDED'`)
+		if qerr == nil {
+			left, qerr = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		t.Fatalf("Run: %v\n%s\ntasks not SUCCEEDED: %q (%v)", err, progress.String(), left, qerr)
+	}
+	if rep.Succeeded != tasks || rep.Handler != "webhook" || rep.HandlerSleep != "none" {
+		t.Errorf("report %+v", rep)
+	}
+	// 30 expected; 0 has a probability of 2e-14.
+	if rep.FailedAttempts < 1 || rep.SinkRequests != tasks+rep.FailedAttempts {
+		t.Errorf("%d failed attempts, %d sink requests; want some, and %d + failed", rep.FailedAttempts, rep.SinkRequests, tasks)
+	}
+	if rep.SinkConnections < 1 || rep.SinkConnections > rep.SinkRequests {
+		t.Errorf("%d sink connections for %d requests", rep.SinkConnections, rep.SinkRequests)
+	}
+	if !strings.Contains(progress.String(), "handler webhook → http://127.0.0.1:") {
+		t.Errorf("the header does not name the handler:\n%s", progress.String())
+	}
+	var out bytes.Buffer
+	bench.Print(&out, rep)
+	for _, want := range []string{"handler webhook", "webhook sink"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"handler":"webhook"`, `"handler_sleep":"none"`, `"sink_requests":`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("JSON lacks %s: %s", want, b)
+		}
+	}
+
+	rows, err := db.Pool.Query(context.Background(), `SELECT id, attempt_count, status FROM ingest_task`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n, chosen int64
+	for rows.Next() {
+		var id uuid.UUID
+		var failures int
+		var status string
+		if err := rows.Scan(&id, &failures, &status); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		want := 0
+		if bench.FailsFirstAttempt(id[:], rate) {
+			want = 1
+			chosen++
+		}
+		if failures != want || status != "SUCCEEDED" {
+			t.Errorf("task %s: %d failed runs, %s; want %d, SUCCEEDED", id, failures, status, want)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != tasks || chosen != rep.FailedAttempts {
+		t.Errorf("%d tasks, %d chosen to fail; the report says %d failed", n, chosen, rep.FailedAttempts)
+	}
+}
+
 func TestFailsFirstAttempt(t *testing.T) {
 	t.Parallel()
 	id := []byte("0123456789abcdef")
@@ -145,7 +232,7 @@ func TestFailsFirstAttempt(t *testing.T) {
 	}
 }
 
-func TestValidatePayloadAndFailRate(t *testing.T) {
+func TestValidatePayloadFailRateAndHandler(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		opts bench.Options
@@ -157,6 +244,10 @@ func TestValidatePayloadAndFailRate(t *testing.T) {
 		{bench.Options{FailRate: -0.1}, "fail rate"},
 		{bench.Options{FailRate: 1}, "fail rate"},
 		{bench.Options{FailRate: math.NaN()}, "fail rate"},
+		{bench.Options{Handler: bench.HandlerWebhook, FailRate: 0.1}, ""},
+		{bench.Options{Handler: bench.HandlerNoop, HandlerSleep: time.Millisecond}, ""},
+		{bench.Options{Handler: "http"}, `handler must be one of noop, webhook, got "http"`},
+		{bench.Options{Handler: bench.HandlerWebhook, HandlerSleep: time.Millisecond}, "handler sleep"},
 	} {
 		err := tc.opts.Validate()
 		switch {
