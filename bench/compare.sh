@@ -4,7 +4,8 @@
 # Builds `ingest-worker` and bench/river, then for each mode (preload, then
 # continuous) runs `ingest-worker bench` and River's bench alternately,
 # --runs times each, and prints the medians of jobs/s worked and their ratio
-# (ingest-worker / River). See bench/README.md.
+# (ingest-worker / River). --handler webhook has both sides POST each job to
+# an in-process HTTP sink instead of doing nothing. See bench/README.md.
 #
 # The database must be one for benchmarks only: before each run the script
 # empties ingest-worker's tables (ingest_task, ingest_task_transition,
@@ -16,6 +17,7 @@ usage() {
 usage: bench/compare.sh [options]
 
   --jobs N            jobs (tasks) per run (default 200000)
+  --handler H         noop (default) or webhook: POST each job to an in-process HTTP sink
   --payload-bytes N   a string of N bytes in each job's payload/args (default 0)
   --fail-rate F       fraction of jobs whose first attempt fails, retried once (default 0)
   --runs N            runs of each side per mode (default 3)
@@ -29,12 +31,13 @@ usage: bench/compare.sh [options]
 EOF
 }
 
-jobs=200000 payload=0 fail=0 runs=3 modes=preload,continuous settings=bench timeout=10m
+jobs=200000 handler=noop payload=0 fail=0 runs=3 modes=preload,continuous settings=bench timeout=10m
 db=${INGEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/bench_cmp?sslmode=disable}
 redis=${INGEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 while [ $# -gt 0 ]; do
   case $1 in
     --jobs) jobs=$2; shift 2 ;;
+    --handler) handler=$2; shift 2 ;;
     --payload-bytes) payload=$2; shift 2 ;;
     --fail-rate) fail=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
@@ -50,6 +53,7 @@ done
 for m in ${modes//,/ }; do
   case $m in preload|continuous) ;; *) echo "compare.sh: unknown mode $m" >&2; exit 2 ;; esac
 done
+case $handler in noop|webhook) ;; *) echo "compare.sh: --handler must be noop or webhook, got $handler" >&2; exit 2 ;; esac
 for tool in go psql; do
   command -v "$tool" >/dev/null || { echo "compare.sh: $tool is needed" >&2; exit 1; }
 done
@@ -94,14 +98,14 @@ ingest_run() { # mode
   [ "$1" = preload ] && preload=(--preload)
   psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_event' >/dev/null
   checkpoint
-  "$bin/ingest-worker" bench "${preload[@]}" --tasks "$jobs" --payload-bytes "$payload" \
+  "$bin/ingest-worker" bench "${preload[@]}" --tasks "$jobs" --handler "$handler" --payload-bytes "$payload" \
     --fail-rate "$fail" --timeout "$timeout" --json >"$bin/out.json" 2>"$log" ||
     { cat "$log" >&2; echo "compare.sh: ingest-worker bench failed" >&2; exit 1; }
   field tasks_per_second "$bin/out.json"
 }
 river_run() { # mode
   checkpoint
-  "$bin/riverbench" --mode "$1" --jobs "$jobs" --payload-bytes "$payload" --fail-rate "$fail" \
+  "$bin/riverbench" --mode "$1" --jobs "$jobs" --handler "$handler" --payload-bytes "$payload" --fail-rate "$fail" \
     --settings "$settings" --timeout "$timeout" --database-url "$db" --json >"$bin/out.json" 2>"$log" ||
     { cat "$log" >&2; echo "compare.sh: River bench failed" >&2; exit 1; }
   field jobs_per_sec "$bin/out.json"
@@ -125,7 +129,7 @@ for mode in ${modes//,/ }; do
 done
 
 echo
-echo "$jobs jobs per run, payload +$payload bytes, fail rate $fail, medians of $runs runs, $(nproc) cores"
+echo "$jobs jobs per run, handler $handler, payload +$payload bytes, fail rate $fail, medians of $runs runs, $(nproc) cores"
 echo "PostgreSQL $(psql "$db" -tAc 'SHOW server_version' | cut -d' ' -f1)"
 echo "ingest-worker: $ingest_desc"
 echo "$river_desc"

@@ -29,9 +29,20 @@
 // delay, which River makes available at once (a retry due within its
 // scheduler interval is not left for the scheduler). The clock runs until
 // every job is completed.
+//
+// --handler webhook makes each job's worker POST the job to an HTTP sink
+// started in the process (bench.Sink, the one `ingest-worker bench --handler
+// webhook` POSTs to), with the body the ingest-worker webhook handler sends
+// (webhook.Request: task_id, here the job id in decimal, kind, payload, the
+// job's args, and attempt) and its headers, through one shared http.Client
+// with the webhook handler's default timeout and transport. A non-2xx answer
+// is an error; with --fail-rate the sink answers 500 to the first attempt of
+// the jobs that the no-op worker would fail (the same rule on the same 8
+// bytes of the job id).
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -40,9 +51,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -57,6 +71,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ingest-worker/ingest/internal/bench"
+	"github.com/ingest-worker/ingest/webhook"
 )
 
 // River settings of --settings.
@@ -73,6 +88,7 @@ const (
 type options struct {
 	mode         string
 	jobs         int
+	handler      string
 	databaseURL  string
 	payloadBytes int
 	failRate     float64
@@ -92,6 +108,8 @@ func (o options) validate() error {
 		return fmt.Errorf("--mode must be preload or continuous, got %q", o.mode)
 	case o.jobs < 1:
 		return fmt.Errorf("--jobs must be >= 1, got %d", o.jobs)
+	case o.handler != bench.HandlerNoop && o.handler != bench.HandlerWebhook:
+		return fmt.Errorf("--handler must be one of %s, got %q", strings.Join(bench.Handlers, ", "), o.handler)
 	case o.databaseURL == "":
 		return errors.New("--database-url is required (or set DATABASE_URL)")
 	case o.settings != settingsBench && o.settings != settingsDefaults:
@@ -118,6 +136,7 @@ type report struct {
 	RiverVersion      string  `json:"river_version"`
 	Mode              string  `json:"mode"`
 	Jobs              int     `json:"jobs"`
+	Handler           string  `json:"handler"`
 	Completed         int     `json:"completed"`
 	JobsPerSec        float64 `json:"jobs_per_sec"`
 	WorkSeconds       float64 `json:"work_seconds"`
@@ -127,6 +146,8 @@ type report struct {
 	FailRate          float64 `json:"fail_rate"`
 	FailedAttempts    int64   `json:"failed_attempts"`
 	RetryDelay        string  `json:"retry_delay,omitempty"`
+	SinkRequests      int64   `json:"sink_requests,omitempty"`
+	SinkConnections   int64   `json:"sink_connections,omitempty"`
 	Settings          string  `json:"settings"`
 	MaxWorkers        int     `json:"max_workers"`
 	FetchCooldown     string  `json:"fetch_cooldown"`
@@ -142,6 +163,7 @@ func main() {
 	fs := flag.NewFlagSet("riverbench", flag.ContinueOnError)
 	fs.StringVar(&o.mode, "mode", "preload", "preload (insert all, then work) or continuous (insert while working)")
 	fs.IntVar(&o.jobs, "jobs", 200000, "jobs to insert and work")
+	fs.StringVar(&o.handler, "handler", bench.HandlerNoop, "the jobs' worker: "+strings.Join(bench.Handlers, " or ")+" (POST each job to an in-process HTTP sink)")
 	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL); River's schema is migrated there and river_job emptied")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 0, "length of a string carried in each job's args (0: none)")
 	fs.Float64Var(&o.failRate, "fail-rate", 0, "fraction of jobs whose first attempt returns an error (retried once, after "+bench.FailRetryDelay.String()+")")
@@ -204,6 +226,65 @@ func (w *noopWorker) Work(_ context.Context, job *river.Job[noopArgs]) error {
 	return nil
 }
 
+// hookArgs are the args of the jobs of --handler webhook.
+type hookArgs struct {
+	Pad string `json:"pad,omitempty"`
+}
+
+func (hookArgs) Kind() string { return "ingest_bench_webhook" }
+
+// hookRequest is the body POSTed for a job: webhook.Request's fields, with
+// the job id, in decimal, for the task id.
+type hookRequest struct {
+	TaskID  string          `json:"task_id"`
+	Kind    string          `json:"kind"`
+	Payload json.RawMessage `json:"payload"`
+	Attempt int             `json:"attempt"`
+}
+
+// hookWorker POSTs each job to the sink, as the ingest-worker webhook
+// handler POSTs each task: a non-2xx answer or a failed request is an
+// error, which River retries.
+type hookWorker struct {
+	river.WorkerDefaults[hookArgs]
+	client *http.Client
+	url    string
+	failed *atomic.Int64
+}
+
+func (w *hookWorker) Work(ctx context.Context, job *river.Job[hookArgs]) error {
+	if err := w.post(ctx, job); err != nil {
+		w.failed.Add(1)
+		return err
+	}
+	return nil
+}
+
+func (w *hookWorker) post(ctx context.Context, job *river.Job[hookArgs]) error {
+	id := strconv.FormatInt(job.ID, 10)
+	body, err := json.Marshal(hookRequest{TaskID: id, Kind: job.Kind, Payload: job.EncodedArgs, Attempt: job.Attempt})
+	if err != nil {
+		return river.JobCancel(fmt.Errorf("encode job %d: %w", job.ID, err))
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
+	if err != nil {
+		return river.JobCancel(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", webhook.DefaultUserAgent)
+	req.Header.Set(webhook.IdempotencyKeyHeader, id)
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("POST %s: %s", w.url, resp.Status)
+	}
+	return nil
+}
+
 // soonRetry retries a failed job after bench.FailRetryDelay, instead of
 // River's default backoff.
 type soonRetry struct{}
@@ -224,7 +305,7 @@ func riverVersion() string {
 func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	rep := report{System: "river", RiverVersion: riverVersion(), Mode: o.mode, Jobs: o.jobs,
+	rep := report{System: "river", RiverVersion: riverVersion(), Mode: o.mode, Jobs: o.jobs, Handler: o.handler,
 		PayloadBytes: o.payloadBytes, FailRate: o.failRate, Settings: o.settings,
 		PoolConns: o.poolConns, Producers: o.producers, InsertBatch: o.insertBatch}
 
@@ -263,7 +344,20 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 
 	var failed atomic.Int64
 	workers := river.NewWorkers()
-	if err := river.AddWorkerSafely(workers, &noopWorker{failRate: o.failRate, failed: &failed}); err != nil {
+	var sink *bench.Sink
+	if o.handler == bench.HandlerWebhook {
+		if sink, err = bench.StartSink(o.failRate); err != nil {
+			return rep, err
+		}
+		defer sink.Close()
+		// The ingest-worker webhook handler's default timeout and (nil)
+		// transport: http.DefaultTransport.
+		client := &http.Client{Timeout: webhook.DefaultTimeout}
+		err = river.AddWorkerSafely(workers, &hookWorker{client: client, url: sink.URL(), failed: &failed})
+	} else {
+		err = river.AddWorkerSafely(workers, &noopWorker{failRate: o.failRate, failed: &failed})
+	}
+	if err != nil {
 		return rep, err
 	}
 	cfg := &river.Config{
@@ -305,8 +399,11 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		}
 	}()
 
-	fmt.Fprintf(progress, "riverbench: River %s, settings %s (%d workers, fetch cooldown %s, poll %s; %d connections): %d jobs, %s mode",
-		rep.RiverVersion, o.settings, rep.MaxWorkers, rep.FetchCooldown, rep.FetchPollInterval, o.poolConns, o.jobs, o.mode)
+	fmt.Fprintf(progress, "riverbench: River %s, settings %s (%d workers, fetch cooldown %s, poll %s; %d connections): %d jobs, %s mode, handler %s",
+		rep.RiverVersion, o.settings, rep.MaxWorkers, rep.FetchCooldown, rep.FetchPollInterval, o.poolConns, o.jobs, o.mode, o.handler)
+	if sink != nil {
+		fmt.Fprintf(progress, " → %s", sink.URL())
+	}
 	if o.payloadBytes > 0 {
 		fmt.Fprintf(progress, ", payload +%d bytes", o.payloadBytes)
 	}
@@ -372,6 +469,9 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	rep.InsertPerSec = float64(o.jobs) / rep.InsertSeconds
 	rep.JobsPerSec = float64(o.jobs) / rep.WorkSeconds
 	rep.FailedAttempts = failed.Load()
+	if sink != nil {
+		rep.SinkRequests, rep.SinkConnections = sink.Requests(), sink.Connections()
+	}
 	rep.PeakRSSMiB = float64(bench.PeakRSS()) / (1 << 20)
 	return rep, nil
 }
@@ -386,7 +486,10 @@ func durationOr(d, def time.Duration) string {
 // insertJobs inserts o.jobs jobs with o.producers goroutines, o.insertBatch
 // jobs per InsertMany.
 func insertJobs(ctx context.Context, client *river.Client[pgx.Tx], o options, inserted *atomic.Int64) error {
-	args := noopArgs{Pad: bench.Pad(o.payloadBytes)}
+	var args river.JobArgs = noopArgs{Pad: bench.Pad(o.payloadBytes)}
+	if o.handler == bench.HandlerWebhook {
+		args = hookArgs{Pad: bench.Pad(o.payloadBytes)}
+	}
 	var next atomic.Int64
 	g, ctx := errgroup.WithContext(ctx)
 	for range o.producers {
@@ -445,8 +548,8 @@ func printProgress(w io.Writer, start time.Time, inserted, completed *atomic.Int
 }
 
 func printReport(w io.Writer, r report) {
-	fmt.Fprintf(w, "\nRESULT  River %s, %s, %d jobs, %d workers (settings %s: fetch cooldown %s, poll %s)\n",
-		r.RiverVersion, r.Mode, r.Jobs, r.MaxWorkers, r.Settings, r.FetchCooldown, r.FetchPollInterval)
+	fmt.Fprintf(w, "\nRESULT  River %s, %s, %d jobs, handler %s, %d workers (settings %s: fetch cooldown %s, poll %s)\n",
+		r.RiverVersion, r.Mode, r.Jobs, r.Handler, r.MaxWorkers, r.Settings, r.FetchCooldown, r.FetchPollInterval)
 	fmt.Fprintf(w, "jobs/s worked    %.0f  (%d completed in %.2fs)\n", r.JobsPerSec, r.Completed, r.WorkSeconds)
 	fmt.Fprintf(w, "jobs/s inserted  %.0f  (%.2fs)\n", r.InsertPerSec, r.InsertSeconds)
 	if r.PayloadBytes > 0 {
@@ -454,6 +557,9 @@ func printReport(w io.Writer, r report) {
 	}
 	if r.FailRate > 0 {
 		fmt.Fprintf(w, "fail rate        %g  (%d first attempts failed; retry: %s)\n", r.FailRate, r.FailedAttempts, r.RetryDelay)
+	}
+	if r.SinkRequests > 0 {
+		fmt.Fprintf(w, "webhook sink     %d requests  (%d connections)\n", r.SinkRequests, r.SinkConnections)
 	}
 	fmt.Fprintf(w, "peak RSS         %.0f MiB\n", r.PeakRSSMiB)
 }
