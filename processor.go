@@ -551,16 +551,44 @@ func timeOr(t *time.Time, now time.Time) time.Time {
 
 // settle acknowledges acks and defers later through the transport, then
 // ends the handling of ds, counting each under its result in metric.
+//
+// A deferred entry leaves the in-flight set before the transport makes it
+// claimable: the reclaimer may hand it back at once (a retry due now), and
+// a redelivery of an entry still in flight here is ignored, so it would
+// wait a whole reclaim idle time. Acknowledged entries leave it after the
+// XACK, so a redelivery in between is still ignored.
 func (p *processor) settle(acks []string, later []deferral, ds []delivery, metric map[string]string) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
+	rest := ds
+	if len(later) > 0 {
+		deferred := make(map[string]bool, len(later))
+		for _, l := range later {
+			deferred[l.id] = true
+		}
+		var first []delivery
+		rest = make([]delivery, 0, len(ds))
+		for _, d := range ds {
+			if deferred[d.id] {
+				first = append(first, d)
+			} else {
+				rest = append(rest, d)
+			}
+		}
+		p.mu.Lock()
+		p.forgetLocked(first)
+		p.mu.Unlock()
+	}
 	if err := p.tr.settle(p.ioCtx, acks, later); err != nil {
 		p.log.Warn("acknowledge / defer entries failed; they are delivered again later", "err", err)
 	}
 	for _, d := range ds {
 		p.met.observe(metric[d.id], d.received)
 	}
-	p.settled(ds...)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.forgetLocked(rest)
+	p.releaseLocked(len(ds))
 }
 
 // runsHere reports whether t is RUNNING under this worker's lease for a
