@@ -28,6 +28,11 @@ const (
 	DefaultTimeout       = 30 * time.Second
 	DefaultMaxRetryAfter = time.Hour
 	DefaultUserAgent     = "ingest-worker"
+	// DefaultIdleConns is how many idle connections to the URL's host the
+	// handler's own client keeps for reuse: at least as many as a worker
+	// runs handlers at once, so that a busy worker does not open a TCP
+	// (and TLS) connection per request (net/http's default keeps 2).
+	DefaultIdleConns = 256
 )
 
 // Config configures the webhook handler. Zero fields take the Default*
@@ -42,7 +47,8 @@ type Config struct {
 	MaxRetryAfter time.Duration
 	// UserAgent is sent with every request.
 	UserAgent string
-	// Client sends the requests; nil means a client of its own. Its
+	// Client sends the requests; nil means a client of its own, which
+	// keeps up to DefaultIdleConns idle connections to the host. Its
 	// redirect policy is replaced: redirects are never followed.
 	Client *http.Client
 }
@@ -110,6 +116,12 @@ func New(cfg Config) (ingest.Handler, error) {
 	if cfg.Client != nil {
 		c := *cfg.Client
 		client = &c
+	}
+	if client.Transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConns = DefaultIdleConns
+		t.MaxIdleConnsPerHost = DefaultIdleConns
+		client.Transport = t
 	}
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	// A client span per POST, a child of the attempt's, whose traceparent

@@ -262,3 +262,47 @@ func TestConfigValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestConnectionsAreReused runs requests 32 at a time, as a busy worker
+// does, and counts the connections the receiver accepted: the handler's
+// own client keeps them for reuse instead of dialing per request
+// (net/http's default transport keeps 2 idle connections per host).
+func TestConnectionsAreReused(t *testing.T) {
+	t.Parallel()
+	var conns sync.Map
+	var mu sync.Mutex
+	opened := 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			if _, loaded := conns.LoadOrStore(c, true); !loaded {
+				mu.Lock()
+				opened++
+				mu.Unlock()
+			}
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	h := newHandler(t, webhook.Config{URL: srv.URL})
+	const parallel, rounds = 32, 10
+	for range rounds {
+		var wg sync.WaitGroup
+		for range parallel {
+			wg.Go(func() {
+				if err := h(context.Background(), testTask()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if opened > 2*parallel {
+		t.Errorf("%d requests opened %d connections, want at most %d (reused across rounds)", parallel*rounds, opened, 2*parallel)
+	}
+	t.Logf("%d requests, %d at a time: %d connections", parallel*rounds, parallel, opened)
+}
