@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -122,6 +123,15 @@ SELECT s.last, s.n, c.* FROM s LEFT JOIN LATERAL (%s
 ) c ON true
 ORDER BY c.id`
 
+// RescuePlanSQL, sent in a page's round trip and implicit transaction,
+// leaves the planner one way to read the window: ingest_task_live_idx in
+// id order, stopping after the page. A queue table's statistics are often
+// far off (a backlog arrives faster than ANALYZE, or autovacuum is off or
+// held back by an open transaction), and a plan that thinks the table is
+// small scans it whole, on every page. The settings end with the
+// transaction.
+const RescuePlanSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+
 // rescueSQL holds the candidate query of each class. Every class reads
 // the same unfinished tasks, so a pass costs O(unfinished tasks) per
 // class, each page O(page).
@@ -142,26 +152,33 @@ func RescueCandidates(ctx context.Context, db DB, class RescueClass, after Rescu
 	var page RescuePage
 	var last *uuid.UUID
 	var read int
-	rows, err := db.Query(ctx, sql, after.ID, limit, grace.Milliseconds())
-	if err != nil {
-		return RescuePage{}, fmt.Errorf("find %s rescue candidates: %w", class, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var id *uuid.UUID
-		var st *State
-		var outboxID *int64
-		var stream, streamID *string
-		var eligible *bool
-		if err := rows.Scan(&last, &read, &id, &st, &outboxID, &stream, &streamID, &eligible); err != nil {
-			return RescuePage{}, fmt.Errorf("find %s rescue candidates: %w", class, err)
+	batch := &pgx.Batch{}
+	batch.Queue(RescuePlanSQL)
+	batch.Queue(sql, after.ID, limit, grace.Milliseconds())
+	br := db.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			for rows.Next() {
+				var id *uuid.UUID
+				var st *State
+				var outboxID *int64
+				var stream, streamID *string
+				var eligible *bool
+				if err = rows.Scan(&last, &read, &id, &st, &outboxID, &stream, &streamID, &eligible); err != nil {
+					break
+				}
+				if id != nil {
+					page.Candidates = append(page.Candidates, RescueCandidate{ID: *id, Status: *st, LastOutboxID: *outboxID,
+						Stream: *stream, StreamID: *streamID, Eligible: *eligible})
+				}
+			}
+			rows.Close()
+			err = errors.Join(err, rows.Err())
 		}
-		if id != nil {
-			page.Candidates = append(page.Candidates, RescueCandidate{ID: *id, Status: *st, LastOutboxID: *outboxID,
-				Stream: *stream, StreamID: *streamID, Eligible: *eligible})
-		}
 	}
-	if err := rows.Err(); err != nil {
+	if err = errors.Join(err, br.Close()); err != nil {
 		return RescuePage{}, fmt.Errorf("find %s rescue candidates: %w", class, err)
 	}
 	if last != nil {

@@ -361,7 +361,7 @@ func TestHeldTransaction(t *testing.T) {
 	var notes []string
 	for _, p := range claimProbes {
 		d := lat[p.name]
-		plan := c.plan(p.sql)
+		plan := c.plan(p.sql, p.settings)
 		notes = append(notes, fmt.Sprintf("%s p50 %s p99 %s max %s (%d runs; %s)", p.name,
 			pct(d, 0.50), pct(d, 0.99), pct(d, 1), len(d), plan))
 		if strings.Contains(plan, "Seq Scan") {
@@ -380,16 +380,25 @@ func TestHeldTransaction(t *testing.T) {
 
 // claimProbes are read-only copies of the hot claim scans: the relay's
 // claim of due outbox rows and the rescuer's pages of QUEUED tasks and of
-// RUNNING tasks whose lease expired.
-var claimProbes = []struct{ name, sql string }{
+// RUNNING tasks whose lease expired (each reads a window of the unfinished
+// tasks on ingest_task_live_idx).
+var claimProbes = []struct {
+	name, sql string
+	// settings runs first in the probe's transaction, as the real
+	// statement's batch does (the rescuer's task.RescuePlanSQL).
+	settings string
+}{
 	{"outbox claim", `SELECT id FROM outbox_event
 		WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
-		ORDER BY next_retry_at, id LIMIT 50`},
-	{"rescuer QUEUED page", `SELECT id FROM ingest_task
-		WHERE status = 'QUEUED' AND (created_at, id) > ('-infinity'::timestamptz, '00000000-0000-0000-0000-000000000000'::uuid)
-		ORDER BY created_at, id LIMIT 100`},
-	{"rescuer expired-lease page", `SELECT id FROM ingest_task
-		WHERE status = 'RUNNING' AND lease_until < now() ORDER BY lease_until, id LIMIT 100`},
+		ORDER BY next_retry_at, id LIMIT 50`, ""},
+	// The rescuer's pages (task/rescue.go, rescueWindowSQL): a window of
+	// the unfinished tasks in id order, then the class among them.
+	{"rescuer QUEUED page", `WITH w AS MATERIALIZED (
+		    SELECT id FROM ingest_task WHERE finished_at IS NULL AND id > '00000000-0000-0000-0000-000000000000' ORDER BY id LIMIT 100)
+		SELECT t.id FROM w JOIN ingest_task t ON t.id = w.id WHERE t.status = 'QUEUED'`, task.RescuePlanSQL},
+	{"rescuer expired-lease page", `WITH w AS MATERIALIZED (
+		    SELECT id FROM ingest_task WHERE finished_at IS NULL AND id > '00000000-0000-0000-0000-000000000000' ORDER BY id LIMIT 100)
+		SELECT t.id FROM w JOIN ingest_task t ON t.id = w.id WHERE t.status = 'RUNNING' AND t.lease_until < now()`, task.RescuePlanSQL},
 }
 
 // probeClaims runs every claim probe every 20 ms until ctx is done and
@@ -399,13 +408,21 @@ func (c *cluster) probeClaims(ctx context.Context) map[string][]time.Duration {
 	for ctx.Err() == nil {
 		for _, p := range claimProbes {
 			t0 := time.Now()
-			rows, err := c.db.Pool.Query(ctx, p.sql)
-			if err == nil {
+			err := pgx.BeginFunc(ctx, c.db.Pool, func(tx pgx.Tx) error {
+				if p.settings != "" {
+					if _, err := tx.Exec(ctx, p.settings); err != nil {
+						return err
+					}
+				}
+				rows, err := tx.Query(ctx, p.sql)
+				if err != nil {
+					return err
+				}
 				for rows.Next() {
 				}
-				err = rows.Err()
 				rows.Close()
-			}
+				return rows.Err()
+			})
 			if err == nil {
 				lat[p.name] = append(lat[p.name], time.Since(t0))
 			}
@@ -420,12 +437,22 @@ func (c *cluster) probeClaims(ctx context.Context) map[string][]time.Duration {
 
 // plan returns the scan nodes of the query's plan, e.g. "Index Scan using
 // outbox_event_claim_idx".
-func (c *cluster) plan(sql string) string {
-	rows, err := c.db.Pool.Query(context.Background(), "EXPLAIN "+sql)
-	if err != nil {
-		return "explain: " + err.Error()
-	}
-	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+func (c *cluster) plan(sql, settings string) string {
+	ctx := context.Background()
+	var lines []string
+	err := pgx.BeginFunc(ctx, c.db.Pool, func(tx pgx.Tx) error {
+		if settings != "" {
+			if _, err := tx.Exec(ctx, settings); err != nil {
+				return err
+			}
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN "+sql)
+		if err != nil {
+			return err
+		}
+		lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
 	if err != nil {
 		return "explain: " + err.Error()
 	}
