@@ -105,9 +105,9 @@ SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.
 // ordered index range whatever the planner thinks of the states), and
 // returns the last id it read and how many, with the candidates of a
 // class among them (%s: the class's guard on t), if any.
-const rescueWindowSQL = `
+var rescueWindowSQL = `
 WITH w AS MATERIALIZED (
-    SELECT id FROM ingest_task WHERE finished_at IS NULL AND id > $1 ORDER BY id LIMIT $2
+    SELECT l.id FROM ingest_task l WHERE ` + liveGuard("l") + ` AND l.id > $1 ORDER BY l.id LIMIT $2
 ), s AS (
     SELECT (SELECT id FROM w ORDER BY id DESC LIMIT 1) AS last, (SELECT count(*) FROM w) AS n
 )
