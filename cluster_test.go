@@ -136,6 +136,11 @@ func TestClusterServiceEndToEnd(t *testing.T) {
 		},
 	}, slog.LevelWarn)
 	b.eventually(10*time.Second, "the service leads", svc.Maintainer().IsLeader)
+	// Leading comes from PostgreSQL; the worker creates the group on its
+	// own schedule.
+	b.eventually(10*time.Second, "the consumer group exists", func() bool {
+		return b.crdb.XInfoGroups(ctx, b.stream).Err() == nil
+	})
 	// A consumer that never reads: the idle-consumer cleanup removes it.
 	if err := b.crdb.XGroupCreateConsumer(ctx, b.stream, ingest.DefaultGroup, "ghost").Err(); err != nil {
 		t.Fatal(err)
