@@ -350,9 +350,13 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 			return rep, err
 		}
 		defer sink.Close()
-		// The ingest-worker webhook handler's default timeout and (nil)
-		// transport: http.DefaultTransport.
-		client := &http.Client{Timeout: webhook.DefaultTimeout}
+		// The ingest-worker webhook handler's own client: its default
+		// timeout, and net/http's default transport keeping
+		// webhook.DefaultIdleConns idle connections to the host.
+		transport := http.DefaultTransport.(*http.Transport).Clone()
+		transport.MaxIdleConns = webhook.DefaultIdleConns
+		transport.MaxIdleConnsPerHost = webhook.DefaultIdleConns
+		client := &http.Client{Timeout: webhook.DefaultTimeout, Transport: transport}
 		err = river.AddWorkerSafely(workers, &hookWorker{client: client, url: sink.URL(), failed: &failed})
 	} else {
 		err = river.AddWorkerSafely(workers, &noopWorker{failRate: o.failRate, failed: &failed})
