@@ -42,12 +42,13 @@ func TestOverviewPerformance(t *testing.T) {
 	// the newest 30,000 in the last 14 minutes.
 	exec(`
 INSERT INTO ingest_task (id, kind, payload, payload_sha, status, attempt_count, created_at, updated_at, finished_at,
-                         last_error, lease_owner, lease_until, next_retry_at)
+                         last_error, lease_owner, lease_until, next_retry_at, cancel_requested_at)
 SELECT gen_random_uuid(), 'kind-' || (i % 20), jsonb_build_object('n', i), md5(i::text), s, CASE WHEN s = 'DEAD' THEN 3 ELSE 0 END,
        c, c + interval '1 second', CASE WHEN s IN ('SUCCEEDED', 'DEAD', 'CANCELLED') THEN c + interval '1 second' END,
        CASE WHEN s IN ('DEAD', 'RETRYING') THEN 'upstream 503' END,
        CASE WHEN s = 'RUNNING' THEN 'worker-1' END, CASE WHEN s = 'RUNNING' THEN now() + interval '30 seconds' END,
-       CASE WHEN s = 'RETRYING' THEN now() + interval '1 minute' END
+       CASE WHEN s = 'RETRYING' THEN now() + interval '1 minute' END,
+       CASE WHEN s = 'CANCELLED' THEN c END
 FROM (SELECT i,
              CASE WHEN i % 1000 < 950 THEN 'SUCCEEDED' WHEN i % 1000 < 980 THEN 'DEAD' WHEN i % 1000 < 990 THEN 'QUEUED'
                   WHEN i % 1000 < 995 THEN 'RETRYING' WHEN i % 1000 < 998 THEN 'RUNNING' ELSE 'CANCELLED' END AS s,
