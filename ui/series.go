@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -63,7 +61,8 @@ type series struct {
 // saw that were created at most sampleSlack before the newest one it saw,
 // on the BRIN index of created_at (the table is only appended to), so a
 // poll costs what was written since the last one, not the window. The
-// first refresh starts at the first row of the window (startSQL).
+// first refresh starts at the first row of the window
+// (task.AuditWindowStart, task.AuditSamples).
 //
 // An audit row whose transaction commits after a row with a larger id
 // was read is not counted (ids are taken before commit); the charts may
@@ -82,39 +81,19 @@ func newSampler(db task.DB) *sampler {
 	return &sampler{db: db, buckets: map[int64]map[string]*agg{}}
 }
 
-const startSQL = `
-SELECT coalesce(min(id) - 1, 0) FROM ingest_task_transition
-WHERE created_at >= now() - $1 * interval '1 millisecond'`
-
-// sampleSQL aggregates the audit rows after id $1 (at most $2 of them,
-// in id order; only those created since $4, so that the BRIN index of
-// created_at limits the read to the table's last pages) per bucket of $3 seconds, kind, status reached and
-// creation, with the creation-to-success latency of SUCCEEDED rows; the
-// task's kind and created_at come by primary key (a LATERAL probe: a join
-// could be planned as a scan of the task table).
 // sampleSlack is how much older than the newest audit row read a row
 // that commits later may be (its transaction began earlier) and still be
 // counted.
 const sampleSlack = time.Minute
 
-const sampleSQL = `
-WITH n AS (
-    SELECT id, task_id, from_status, to_status, created_at FROM ingest_task_transition
-    WHERE id > $1 AND created_at >= $4 ORDER BY id LIMIT $2
-)
-SELECT max(n.id), max(n.created_at), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, n.to_status, n.from_status IS NULL,
-       count(*),
-       coalesce(sum(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8,
-       coalesce(max(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = 'SUCCEEDED'), 0)::float8
-FROM n CROSS JOIN LATERAL (SELECT kind, created_at FROM ingest_task WHERE id = n.task_id LIMIT 1) t
-GROUP BY 3, 4, 5, 6`
-
 // refresh reads the audit rows written since the last refresh.
 func (s *sampler) refresh(ctx context.Context) error {
 	if !s.started {
-		if err := s.db.QueryRow(ctx, startSQL, Window.Milliseconds()).Scan(&s.lastID); err != nil {
-			return fmt.Errorf("audit samples: %w", err)
+		id, err := task.AuditWindowStart(ctx, s.db, Window)
+		if err != nil {
+			return err
 		}
+		s.lastID = id
 		s.started = true
 	}
 	step := int64(Bucket / time.Second)
@@ -123,55 +102,44 @@ func (s *sampler) refresh(ctx context.Context) error {
 		if !s.lastAt.IsZero() {
 			since = s.lastAt.Add(-sampleSlack)
 		}
-		rows, err := s.db.Query(ctx, sampleSQL, s.lastID, sampleBatch, step, since)
+		samples, err := task.AuditSamples(ctx, s.db, s.lastID, since, sampleBatch, Bucket)
 		if err != nil {
-			return fmt.Errorf("audit samples: %w", err)
+			return err
 		}
-		var (
-			maxID, bucket, n int64
-			maxAt            time.Time
-			kind, to         string
-			created          bool
-			latSum, latMax   float64
-			seen             int64
-		)
-		_, err = pgx.ForEachRow(rows, []any{&maxID, &maxAt, &bucket, &kind, &to, &created, &n, &latSum, &latMax}, func() error {
-			s.lastID = max(s.lastID, maxID)
-			if maxAt.After(s.lastAt) {
-				s.lastAt = maxAt
+		var seen int64
+		for _, x := range samples {
+			s.lastID = max(s.lastID, x.MaxID)
+			if x.MaxAt.After(s.lastAt) {
+				s.lastAt = x.MaxAt
 			}
-			seen += n
-			byKind := s.buckets[bucket]
+			seen += x.N
+			byKind := s.buckets[x.Bucket]
 			if byKind == nil {
 				byKind = map[string]*agg{}
-				s.buckets[bucket] = byKind
+				s.buckets[x.Bucket] = byKind
 			}
-			a := byKind[kind]
+			a := byKind[x.Kind]
 			if a == nil {
 				a = &agg{}
-				byKind[kind] = a
+				byKind[x.Kind] = a
 			}
 			switch {
-			case created:
-				a.Created += n
-			case to == string(task.Running):
-				a.Started += n
-			case to == string(task.Succeeded):
-				a.Succeeded += n
-				a.LatSum += latSum
-				a.LatN += n
-				a.LatMax = max(a.LatMax, latMax)
-			case to == string(task.Retrying):
-				a.Retried += n
-			case to == string(task.Dead):
-				a.Dead += n
-			case to == string(task.Cancelled):
-				a.Cancelled += n
+			case x.Created:
+				a.Created += x.N
+			case x.To == task.Running:
+				a.Started += x.N
+			case x.To == task.Succeeded:
+				a.Succeeded += x.N
+				a.LatSum += x.LatSum
+				a.LatN += x.N
+				a.LatMax = max(a.LatMax, x.LatMax)
+			case x.To == task.Retrying:
+				a.Retried += x.N
+			case x.To == task.Dead:
+				a.Dead += x.N
+			case x.To == task.Cancelled:
+				a.Cancelled += x.N
 			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("audit samples: %w", err)
 		}
 		if seen < sampleBatch {
 			break
