@@ -21,6 +21,20 @@ func DSN(s string) string {
 	if s == "" {
 		return s
 	}
+	// The masks below cover the places a password belongs; the scrubber
+	// then removes any other copy of it from the value (a second, broken
+	// "user:password" further on, say).
+	scrub := NewScrubber(Secrets(s)...)
+	if m := bareUserinfoRe.FindStringSubmatch(s); m != nil && !schemeRe.MatchString(s) {
+		scrub.Add(strings.TrimSuffix(strings.TrimPrefix(m[0], m[1]), "@"))
+	}
+	return scrub.String(mask(s))
+}
+
+// mask masks the password of s where a DSN puts it: the user info of a
+// URL (or of a value missing its scheme), password= values, and secret
+// query parameters.
+func mask(s string) string {
 	if !schemeRe.MatchString(s) {
 		// No scheme: "user:password@host" (a URL missing its
 		// "postgres://") shows no password either.

@@ -17,6 +17,9 @@ func TestDSN(t *testing.T) {
 		{"PostgresNoPassword", "postgres://app@db/ingest", "postgres://app@db/ingest"},
 		{"PasswordInQuery", "postgres://db/ingest?user=app&password=s3cret", "postgres://db/ingest?password=" + Mask + "&user=app"},
 		{"RedisPasswordOnly", "redis://:s3cret@cache:6379/0", "redis://:" + Mask + "@cache:6379/0"},
+		// Found by FuzzConfig: the password again further on, where no
+		// mask looks.
+		{"PasswordRepeated", "postgres:// :s3cr3t-pw@0000ostgres:// :s3cr3t-pw000", "postgres:// :" + Mask + "@0000ostgres:// :" + Mask + "000"},
 		{"RedissUserPassword", "rediss://default:s3cret@cache:6380/1", "rediss://default:" + Mask + "@cache:6380/1"},
 		{"EscapedPassword", "postgres://app:p%40ss%2Fw@db/x", "postgres://app:" + Mask + "@db/x"},
 		{"KeyValue", "host=db user=app password=s3cret dbname=x", "host=db user=app password=" + Mask + " dbname=x"},
