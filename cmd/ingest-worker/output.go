@@ -14,6 +14,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/pguuid"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -77,6 +78,7 @@ func (a *app) openDB(ctx context.Context) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams["application_name"] = "ingest-worker"
 	}
 	pc.MaxConns = max(pc.MaxConns, int32(min(a.cfg.WorkerConcurrency/2+4, 64)))
+	pc.AfterConnect = pguuid.AfterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL %s: %w", a.dbShown(), err)

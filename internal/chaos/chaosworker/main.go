@@ -42,6 +42,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/pguuid"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -100,6 +101,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return fmt.Errorf("CHAOS_DATABASE_URL %s: invalid", redact.DSN(dbURL))
 	}
 	pcfg.MaxConns = 16
+	pcfg.AfterConnect = pguuid.AfterConnect // as the binary's pool
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL %s: %w", redact.DSN(dbURL), err)
