@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -53,6 +55,7 @@ the clients, BEGIN/COMMIT included) and peak RSS of the process.`
 
 func (a *app) benchCommand() *cobra.Command {
 	var opts bench.Options
+	var cpuProfile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput and latency of the full path (PostgreSQL, outbox, Redis, worker)",
@@ -76,6 +79,17 @@ func (a *app) benchCommand() *cobra.Command {
 				return err
 			}
 			defer stopTracing()
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return usagef("--cpu-profile: %v", err)
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return fmt.Errorf("--cpu-profile: %w", err)
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return a.bench(cmd, opts)
 		},
 	}
@@ -99,6 +113,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&opts.PoolConns, "pool-conns", bench.DefaultPoolConns, "PostgreSQL connections of the path")
 	f.DurationVar(&opts.Timeout, "timeout", bench.DefaultTimeout, "give up after this long")
 	f.BoolVar(&opts.Keep, "keep", false, "keep the run's tasks and stream (configured servers)")
+	f.StringVar(&cpuProfile, "cpu-profile", "", "write the process's CPU profile of the whole run to this file (for go tool pprof)")
 	return cmd
 }
 
