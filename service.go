@@ -169,7 +169,8 @@ type Service struct {
 // NewService validates the configuration and builds every enabled
 // component; errors name the component and the field. With the relay
 // enabled, the store publishes the tasks it creates through it (see
-// task.PublishThrough).
+// task.PublishAfterCommit, or task.PublishThrough when the rescuer is
+// disabled).
 func NewService(cfg ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -185,7 +186,14 @@ func NewService(cfg ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient
 		if svc.relay, err = outbox.NewRelay(cfg.Relay, pool, rdb, logger, reg); err != nil {
 			return nil, err
 		}
-		opts = append(opts, task.PublishThrough(svc.relay))
+		// With a rescuer to republish what a crash between a commit
+		// and its XADD leaves, created tasks' outbox rows are written
+		// once, SENT, after their XADD.
+		if cfg.Maintenance.RescuerDisabled {
+			opts = append(opts, task.PublishThrough(svc.relay))
+		} else {
+			opts = append(opts, task.PublishAfterCommit(svc.relay))
+		}
 	}
 	if svc.store, err = task.NewStore(cfg.Store, pool, opts...); err != nil {
 		return nil, fmt.Errorf("task store config: %w", err)

@@ -228,3 +228,34 @@ func TestRescuerPagesAcrossPasses(t *testing.T) {
 		}
 	}
 }
+
+// TestRescuerRepublishesTaskLeftWithoutOutboxRow: a process publishing
+// after commit (task.PublishAfterCommit) that dies between its commit and
+// its XADD leaves a QUEUED task with no outbox row and no entry. The
+// rescuer leaves it alone within the grace (its publisher may still be at
+// work) and gives it a row once the grace has passed.
+func TestRescuerRepublishesTaskLeftWithoutOutboxRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	if err := b.rdb.XGroupCreateMkStream(ctx, b.stream, group, "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	id := b.create(t, 1)[0]
+	b.exec(t, `DELETE FROM outbox_event WHERE task_id = $1`, id) // as if never written
+	r := b.rescuer(t, maintenance.RescuerConfig{Grace: time.Minute})
+	if res, err := r.RunOnce(ctx); err != nil || res.Rescued != 0 {
+		t.Fatalf("within the grace: %+v, %v; want nothing rescued", res, err)
+	}
+	b.exec(t, `UPDATE ingest_task SET updated_at = now() - interval '2 minutes' WHERE id = $1`, id)
+	if res, err := r.RunOnce(ctx); err != nil || res.Rescued != 1 {
+		t.Fatalf("after the grace: %+v, %v; want the task rescued", res, err)
+	}
+	if all, unsent := b.rows(t, id); all != 1 || unsent != 1 {
+		t.Fatalf("%d outbox rows (%d unsent), want its new NEW row", all, unsent)
+	}
+	b.publishAll(t)
+	if !slicesContains(b.entries(t), id.String()) {
+		t.Fatal("the task was not published")
+	}
+}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/internal/backoff"
 )
 
 // Direct publishing.
@@ -26,6 +28,19 @@ import (
 // A relay takes at most DirectBacklog claims at a time; beyond that, and
 // while it is not running, InsertClaimed writes unclaimed rows, which go the
 // usual way.
+//
+// Publishing after commit (Reserve) goes one step further: the transaction
+// writes no outbox row at all. Once it has committed, Claim.Publish hands
+// the tasks to the relay, which XADDs them and then writes each task's row
+// once, already SENT with its entry id (or RETRYING with the error, for the
+// relays to retry like any failed row). A row inserted and later updated
+// to SENT writes every index of outbox_event twice, the claim index once
+// more; written once, SENT, it costs half. The price is the window
+// between the commit and the XADD: a process that dies in it leaves tasks
+// with no outbox row and no entry, which only the rescuer (package
+// maintenance) finds, once its grace has passed; the relay's lease does
+// not cover them. So Reserve is for a process whose deployment runs the
+// rescuer (Redis mode); InsertClaimed needs nothing but relays.
 
 // Querier is what InsertClaimed needs: a pgx.Tx, usually.
 type Querier interface {
@@ -34,11 +49,35 @@ type Querier interface {
 }
 
 // Claim is a batch of outbox rows written claimed by a relay (see
-// InsertClaimed). The zero Claim holds nothing. Call exactly one of
-// Publish (the transaction committed) and Discard (it did not).
+// InsertClaimed), or of tasks whose rows the relay writes once they are
+// published (see Reserve). The zero Claim holds nothing. Call exactly one
+// of Publish (the transaction committed) and Discard (it did not).
 type Claim struct {
 	relay *Relay
 	c     claimed
+}
+
+// Reserve takes room in r for msgs, tasks that the caller's transaction is
+// creating, and writes nothing: once the transaction has committed,
+// Claim.Publish hands them to r, which publishes them and writes each
+// task's outbox row once, SENT (see the package's note on direct
+// publishing for what a crash before the XADD leaves). ok is false when r
+// is not running or has no room (see DirectBacklog): the caller then
+// writes the rows the usual way (Insert).
+func (r *Relay) Reserve(msgs []Message) (c Claim, ok bool) {
+	if len(msgs) == 0 || !r.running.Load() {
+		return Claim{}, false
+	}
+	select {
+	case r.directSlots <- struct{}{}:
+	default:
+		return Claim{}, false
+	}
+	rows := make([]row, len(msgs))
+	for i, m := range msgs {
+		rows[i] = row{taskID: m.TaskID, stream: m.Stream, kind: m.Kind, traceparent: m.Traceparent}
+	}
+	return Claim{relay: r, c: claimed{rows: rows, unwritten: true}}, true
 }
 
 // insertClaimedSQL also reads each task's traceparent (the tasks were
@@ -99,6 +138,7 @@ func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, ta
 // published by a relay once its lease expires.
 func (c Claim) Publish() {
 	if c.relay != nil {
+		c.c.committed = time.Now()
 		c.relay.direct <- c.c // never blocks: the claim holds one of the slots
 	}
 }
@@ -129,6 +169,11 @@ func (r *Relay) publishDirect(ctx context.Context) {
 		go func() {
 			defer wg.Done()
 			for p := range marks {
+				if p.c.unwritten {
+					r.writeDirect(ctx, p.c, p.ids, p.errs)
+					<-r.directSlots
+					continue
+				}
 				if _, err := r.record(ctx, p.c, p.ids, p.errs); err != nil {
 					r.logger.Error("outbox direct publish: marking rows failed; they are published again once their claim expires",
 						"rows", len(p.c.rows), "claimed_until", p.c.until.Format(time.RFC3339Nano), "err", err)
@@ -173,5 +218,73 @@ func (r *Relay) publishDirect(ctx context.Context) {
 			marks <- published{c: c, ids: ids[:n:n], errs: errs[:n:n]}
 			ids, errs = ids[n:], errs[n:]
 		}
+	}
+}
+
+// insertSentSQL writes the rows of tasks published after their commit
+// ($1, to streams $2), SENT with their entry ids $3.
+const insertSentSQL = `
+INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at)
+SELECT id, s, 'SENT', sid, now() FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, s, sid)`
+
+// insertFailedSQL writes the rows of tasks ($1, to streams $2) whose first
+// publish after their commit failed (errors $3), as markFailedSQL would
+// have marked them after one failed attempt: DEAD when $4 (max attempts) is
+// 1, else RETRYING, due after package backoff's delay for one failure
+// (base $5, max $6 in ms, jitter $7). The relays retry them.
+var insertFailedSQL = `
+INSERT INTO outbox_event (task_id, stream, status, attempt_count, next_retry_at, last_error)
+SELECT id, s, CASE WHEN 1 >= $4 THEN 'DEAD' ELSE 'RETRYING' END, 1,
+       CASE WHEN 1 >= $4 THEN NULL ELSE now() + ` + backoff.SQL("1", "$5", "$6", "$7", "random()") + ` END, e
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, s, e)`
+
+// writeDirect writes the outbox rows of a reserved claim after its XADDs:
+// SENT with their entry ids, or failed (see insertFailedSQL). A row it
+// cannot write leaves its task to the rescuer: published ones are then
+// published again (a duplicate entry, harmless), failed ones for the
+// first time.
+func (r *Relay) writeDirect(ctx context.Context, c claimed, ids []string, errs []error) {
+	if r.afterPublish != nil {
+		r.afterPublish()
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	defer cancel()
+	var sent, failed struct {
+		ids           []uuid.UUID
+		streams, vals []string
+	}
+	for i, rw := range c.rows {
+		if errs[i] == nil {
+			sent.ids, sent.streams, sent.vals = append(sent.ids, rw.taskID), append(sent.streams, rw.stream), append(sent.vals, ids[i])
+		} else {
+			failed.ids, failed.streams = append(failed.ids, rw.taskID), append(failed.streams, rw.stream)
+			failed.vals = append(failed.vals, truncateError(errs[i].Error()))
+		}
+	}
+	if len(sent.ids) > 0 {
+		if _, err := r.pool.Exec(ctx, insertSentSQL, sent.ids, sent.streams, sent.vals); err != nil {
+			r.logger.Error("outbox direct publish: writing the SENT rows of published tasks failed; the rescuer publishes them again after its grace",
+				"rows", len(sent.ids), "err", err)
+		} else {
+			delay := time.Since(c.committed).Seconds()
+			for range sent.ids {
+				r.metrics.publishDelay.Observe(delay)
+			}
+			r.metrics.publishTotal.WithLabelValues(resultSuccess).Add(float64(len(sent.ids)))
+		}
+	}
+	if len(failed.ids) > 0 {
+		baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
+		if _, err := r.pool.Exec(ctx, insertFailedSQL, failed.ids, failed.streams, failed.vals, r.cfg.MaxAttempts, baseMS, maxMS, jitter); err != nil {
+			r.logger.Error("outbox direct publish: writing the rows of tasks whose publish failed failed too; the rescuer publishes them after its grace",
+				"rows", len(failed.ids), "err", err)
+			return
+		}
+		result := resultFailure
+		if r.cfg.MaxAttempts <= 1 {
+			result = resultDead
+		}
+		r.metrics.publishTotal.WithLabelValues(result).Add(float64(len(failed.ids)))
+		r.logger.Warn("outbox publish failed", "retried", len(failed.ids), "err", failed.vals[0])
 	}
 }

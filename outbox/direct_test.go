@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
@@ -237,4 +238,205 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	}
 	testenv.Eventually(t, 5*time.Second, "the CreateTx task published", func() bool { return b.unsent(t) == 0 })
 	b.checkPublishedOnce(t, 3)
+}
+
+// createReserved creates n tasks in one transaction through r.Reserve,
+// committed or rolled back, and returns their ids and the claim (ok:
+// whether r took them).
+func (b *bundle) createReserved(t *testing.T, r *outbox.Relay, n int, commit bool) ([]uuid.UUID, outbox.Claim, bool) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ids := make([]uuid.UUID, n)
+	msgs := make([]outbox.Message, n)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+		msgs[i] = outbox.Message{Stream: b.stream, TaskID: ids[i], Kind: "reserved"}
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
+		SELECT id, 'reserved', '{}', 'sha', 3 FROM unnest($1::uuid[]) AS t(id)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	claim, ok := r.Reserve(msgs)
+	if commit {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ids, claim, ok
+}
+
+// TestReservePublishesAfterCommit: tasks reserved with a running relay
+// have no outbox row until they are published; once the claim is handed
+// over, the relay XADDs them and writes each task's one row, SENT with its
+// entry id (the rows never pass through NEW, so no relay pass can claim
+// them). A discarded reservation frees its slot and writes nothing.
+func TestReservePublishesAfterCommit(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "after-commit", PublishInterval: time.Hour, DirectBacklog: 2})
+	run(t, r.Run)
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+
+	ids, claim, ok := b.createReserved(t, r, 3, true)
+	if !ok || outbox.ClaimLen(claim) != 3 {
+		t.Fatalf("Reserve with a running relay: ok %v, %d rows; want 3", ok, outbox.ClaimLen(claim))
+	}
+	if n := b.count(t, `task_id = ANY($1)`, ids); n != 0 {
+		t.Fatalf("%d outbox rows before the claim was published, want none", n)
+	}
+	claim.Publish()
+	testenv.Eventually(t, 5*time.Second, "the tasks published with SENT rows", func() bool {
+		return b.count(t, `task_id = ANY($1) AND status = 'SENT' AND sent_at IS NOT NULL AND attempt_count = 0`, ids) == 3
+	})
+	b.checkPublishedOnce(t, 3)
+	if got := publishTotal(t, b, "success"); got != 3 {
+		t.Errorf("publish total = %v, want 3", got)
+	}
+
+	// DirectBacklog is 2: two discarded reservations leave room for two
+	// more, and the rolled-back tasks have neither rows nor entries.
+	for range 2 {
+		_, c, ok := b.createReserved(t, r, 1, false)
+		if !ok {
+			t.Fatal("Reserve refused with free slots")
+		}
+		c.Discard()
+	}
+	var claims []outbox.Claim
+	for range 2 {
+		_, c, ok := b.createReserved(t, r, 1, true)
+		if !ok {
+			t.Fatal("after discards, Reserve found no room: the slots were not freed")
+		}
+		claims = append(claims, c)
+	}
+	if _, _, ok := b.createReserved(t, r, 1, false); ok {
+		t.Fatal("Reserve took a third claim with a backlog of 2")
+	}
+	for _, c := range claims {
+		c.Publish()
+	}
+	testenv.Eventually(t, 5*time.Second, "both published", func() bool { return b.count(t, `status = 'SENT'`) == 5 })
+	b.checkPublishedOnce(t, 5)
+}
+
+// TestReserveRefusedWhenNotRunning: a relay that is not running takes no
+// reservation (the caller then writes NEW rows), nor does one that has
+// stopped.
+func TestReserveRefusedWhenNotRunning(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "stopped"})
+	if _, c, ok := b.createReserved(t, r, 1, false); ok || outbox.ClaimLen(c) != 0 {
+		t.Fatalf("Reserve on a relay that never ran: ok %v, %d rows", ok, outbox.ClaimLen(c))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := b.createReserved(t, r, 1, false); ok {
+		t.Fatal("Reserve on a stopped relay took the tasks")
+	}
+}
+
+// TestReserveFailedPublishWritesRetryingRows: when the XADD of reserved
+// tasks fails, the relay writes their rows RETRYING after one failed
+// attempt, with the error and a backoff, unclaimed, so that the relays'
+// passes publish them once Redis is back; with MaxAttempts 1 they are
+// DEAD at once (no retry time), for the rescuer.
+func TestReserveFailedPublishWritesRetryingRows(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		maxAttempts int
+		where       string
+		result      string
+	}{
+		{"Retrying", 5, `status = 'RETRYING' AND next_retry_at > now() + interval '200 milliseconds'`, "failure"},
+		{"Dead", 1, `status = 'DEAD' AND next_retry_at IS NULL`, "dead"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, rdb := newDedicatedRedis(t)
+			b := setupWith(t, rdb)
+			r := b.relay(t, outbox.RelayConfig{ID: "failing", PublishInterval: time.Hour, MaxAttempts: c.maxAttempts,
+				PublishTimeout: time.Second, Backoff: backoff.Policy{Base: 30 * time.Second, Max: time.Minute, Jitter: 0.1}})
+			run(t, r.Run)
+			testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+			s.Kill()
+			ids, claim, ok := b.createReserved(t, r, 4, true)
+			if !ok {
+				t.Fatal("Reserve refused")
+			}
+			claim.Publish()
+			testenv.Eventually(t, 10*time.Second, "the failed rows written", func() bool {
+				return b.count(t, `task_id = ANY($1)`, ids) == 4
+			})
+			if got := b.count(t, `task_id = ANY($1) AND attempt_count = 1 AND last_error LIKE '%xadd%'
+				AND claimed_by IS NULL AND sent_at IS NULL AND `+c.where, ids); got != 4 {
+				t.Fatalf("%d of 4 rows are %s after one failed attempt with the error", got, c.name)
+			}
+			if got := publishTotal(t, b, c.result); got != 4 {
+				t.Errorf("outbox_publish_total{result=%s} = %v, want 4", c.result, got)
+			}
+		})
+	}
+}
+
+// TestStorePublishesAfterCommit: a store with PublishAfterCommit creates
+// tasks whose only outbox row is the SENT one its relay writes after the
+// XADD; a delayed task, and a task created in the caller's transaction,
+// still get their NEW row in the transaction.
+func TestStorePublishesAfterCommit(t *testing.T) {
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "store-relay", PublishInterval: 20 * time.Millisecond})
+	run(t, r.Run)
+	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
+	store, err := task.NewStore(b.store.Config(), b.db, task.PublishAfterCommit(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := store.CreateBatch(ctx, []task.NewTask{
+		{Kind: "k", Payload: json.RawMessage(`{"a":1}`)}, {Kind: "k", Payload: json.RawMessage(`{"a":2}`)},
+		{Kind: "k", Payload: json.RawMessage(`{"a":3}`), Delay: time.Hour}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := []uuid.UUID{res[0].Task.ID, res[1].Task.ID}
+	testenv.Eventually(t, 5*time.Second, "the batch published", func() bool {
+		return b.count(t, `task_id = ANY($1) AND status = 'SENT'`, now) == 2
+	})
+	if n := b.count(t, `task_id = ANY($1) AND claimed_by IS NOT NULL`, now); n != 0 {
+		t.Errorf("%d rows of tasks published after commit were claimed: they must be written once, SENT", n)
+	}
+	if n := b.count(t, `task_id = $1 AND status = 'NEW' AND next_retry_at > now() + interval '50 minutes'`, res[2].Task.ID); n != 1 {
+		t.Errorf("the delayed task has %d NEW rows due in an hour, want 1", n)
+	}
+
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, err := store.CreateTx(ctx, tx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{"a":4}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, `task_id = $1`, inTx[0].Task.ID); n != 0 {
+		t.Fatalf("another transaction sees %d rows of the uncommitted task", n)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 5*time.Second, "the CreateTx task published", func() bool {
+		return b.count(t, `task_id = $1 AND status = 'SENT' AND claimed_by IS NOT NULL`, inTx[0].Task.ID) == 1
+	})
+	if got := len(b.entries(t)); got != 3 {
+		t.Errorf("%d stream entries, want 3 (the delayed task is not due)", got)
+	}
 }

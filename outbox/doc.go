@@ -28,10 +28,14 @@
 // InsertDue writes an event due later (a delayed task; Kafka mode brings a task back at its
 // retry time this way).
 //
-// InsertClaimed (direct publishing) writes a process's new rows already
-// claimed by its running relay and hands them over on commit, skipping the
-// NOTIFY and the claim; they are ordinary claimed rows, so any relay
-// publishes them once the claim expires if that process dies first.
+// Direct publishing skips the NOTIFY and the claim for the tasks a process
+// creates while its relay runs. InsertClaimed writes their rows already
+// claimed by that relay and hands them over on commit; they are ordinary
+// claimed rows, so any relay publishes them once the claim expires if that
+// process dies first. Reserve writes no row in the transaction: the relay
+// XADDs the tasks after the commit and then writes each one's row once,
+// SENT (half the writes); a crash before the XADD leaves the tasks to the
+// rescuer (see direct.go).
 //
 // Keeping Postgres and Redis consistent beyond the relay is the work of the
 // leader-run services of package maintenance: the rescuer republishes tasks

@@ -429,6 +429,11 @@ type row struct {
 type claimed struct {
 	until time.Time
 	rows  []row
+	// unwritten: the rows are not in outbox_event yet (see Reserve); the
+	// relay writes them after the XADD. committed is when the claim was
+	// handed over.
+	unwritten bool
+	committed time.Time
 }
 
 // claimSQL claims up to $2 due rows for relay $1 for $3 ms, oldest due

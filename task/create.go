@@ -221,19 +221,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 	if err := outbox.InsertDue(ctx, tx, s.cfg.Stream, delayedIDs, due); err != nil {
 		return nil, claim, err
 	}
-	if relay == nil {
-		if err := outbox.Insert(ctx, tx, s.cfg.Stream, newIDs...); err != nil {
-			return nil, claim, err
-		}
-	} else {
-		kinds := make([]string, len(newIDs))
-		for i, id := range newIDs {
-			kinds[i] = inserted[id].Kind
-		}
-		var err error
-		if claim, err = relay.InsertClaimed(ctx, tx, s.cfg.Stream, newIDs, kinds); err != nil {
-			return nil, claim, err
-		}
+	if claim, err = s.publishNew(ctx, tx, relay, newIDs, inserted); err != nil {
+		return nil, claim, err
 	}
 	for i, it := range items {
 		if it.sameAs >= 0 {
@@ -241,6 +230,31 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 		}
 	}
 	return res, claim, nil
+}
+
+// publishNew writes the outbox rows of the new tasks ids (due now) in tx,
+// or with a relay leaves them to it: claimed (PublishThrough), or not
+// written at all until published (PublishAfterCommit). The returned claim
+// is for CreateBatch to publish on commit.
+func (s *Store) publishNew(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, ids []uuid.UUID, tasks map[uuid.UUID]Task) (outbox.Claim, error) {
+	if relay == nil || len(ids) == 0 {
+		return outbox.Claim{}, outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
+	}
+	if s.afterCommit {
+		msgs := make([]outbox.Message, len(ids))
+		for i, id := range ids {
+			msgs[i] = outbox.Message{Stream: s.cfg.Stream, TaskID: id, Kind: tasks[id].Kind, Traceparent: tasks[id].Traceparent}
+		}
+		if claim, ok := relay.Reserve(msgs); ok {
+			return claim, nil
+		}
+		return outbox.Claim{}, outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
+	}
+	kinds := make([]string, len(ids))
+	for i, id := range ids {
+		kinds[i] = tasks[id].Kind
+	}
+	return relay.InsertClaimed(ctx, tx, s.cfg.Stream, ids, kinds)
 }
 
 // insertTasksSQL inserts the tasks. A delayed task (run_at $7 in the

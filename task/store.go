@@ -105,6 +105,9 @@ type Store struct {
 	db    DB
 	cfg   Config
 	relay *outbox.Relay // see PublishThrough
+	// afterCommit: the relay writes the rows of created tasks once
+	// published (see PublishAfterCommit).
+	afterCommit bool
 	// rated holds the kinds found with a rate limit by StartLimited.
 	rated sync.Map
 }
@@ -118,7 +121,21 @@ type Option func(*Store)
 // outbox.Relay.InsertClaimed). The guarantees are the same either way; a
 // relay that is not running is simply not used. NewService builds its
 // store with the service's relay.
-func PublishThrough(r *outbox.Relay) Option { return func(s *Store) { s.relay = r } }
+func PublishThrough(r *outbox.Relay) Option {
+	return func(s *Store) { s.relay, s.afterCommit = r, false }
+}
+
+// PublishAfterCommit is PublishThrough where the transaction that creates
+// tasks due now writes no outbox row: relay r publishes them once it has
+// committed and then writes each task's row once, SENT with its entry id
+// (outbox.Relay.Reserve), half the writes of a row inserted and later
+// marked. A process that dies between the commit and the publish leaves
+// its tasks to the rescuer of package maintenance, which republishes a
+// task with no outbox row once its grace has passed; use it only where a
+// rescuer runs. NewService does so in Redis mode with the rescuer enabled.
+func PublishAfterCommit(r *outbox.Relay) Option {
+	return func(s *Store) { s.relay, s.afterCommit = r, true }
+}
 
 // NewStore returns a store on db (usually a *pgxpool.Pool).
 func NewStore(cfg Config, db DB, opts ...Option) (*Store, error) {
