@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Throughput of ingest-worker against River on the same machine and database.
 #
-# Builds `ingest-worker` and bench/river, then for each mode (preload, then
-# continuous) runs `ingest-worker bench` and River's bench alternately,
-# --runs times each, and prints the medians of jobs/s worked and their ratio
-# (ingest-worker / River). --handler webhook has both sides POST each job to
-# an in-process HTTP sink instead of doing nothing. See bench/README.md.
+# Builds `ingest-worker` and bench/river, then for each mode (preload,
+# preload-published, continuous; see bench/README.md) runs `ingest-worker
+# bench` and River's bench alternately, --runs times each, and prints the
+# medians of jobs/s worked and their ratio (ingest-worker / River).
+# --handler webhook has both sides POST each job to an in-process HTTP sink
+# instead of doing nothing. See bench/README.md.
 #
 # The database must be one for benchmarks only: before each run the script
 # empties ingest-worker's tables (ingest_task, ingest_task_transition,
@@ -21,7 +22,8 @@ usage: bench/compare.sh [options]
   --payload-bytes N   a string of N bytes in each job's payload/args (default 0)
   --fail-rate F       fraction of jobs whose first attempt fails, retried once (default 0)
   --runs N            runs of each side per mode (default 3)
-  --modes LIST        modes to run, comma-separated: preload,continuous (default both)
+  --modes LIST        modes to run, comma-separated: preload, preload-published,
+                      continuous (default all three)
   --river-settings S  bench (River's `river bench` tuning, default) or defaults
   --timeout D         bound of each run, a Go duration (default 10m)
   --database-url URL  default $INGEST_DATABASE_URL, else
@@ -31,7 +33,7 @@ usage: bench/compare.sh [options]
 EOF
 }
 
-jobs=200000 handler=noop payload=0 fail=0 runs=3 modes=preload,continuous settings=bench timeout=10m
+jobs=200000 handler=noop payload=0 fail=0 runs=3 modes=preload,preload-published,continuous settings=bench timeout=10m
 db=${INGEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/bench_cmp?sslmode=disable}
 redis=${INGEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 while [ $# -gt 0 ]; do
@@ -51,7 +53,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 for m in ${modes//,/ }; do
-  case $m in preload|continuous) ;; *) echo "compare.sh: unknown mode $m" >&2; exit 2 ;; esac
+  case $m in preload|preload-published|continuous) ;; *) echo "compare.sh: unknown mode $m" >&2; exit 2 ;; esac
 done
 case $handler in noop|webhook) ;; *) echo "compare.sh: --handler must be noop or webhook, got $handler" >&2; exit 2 ;; esac
 for tool in go psql; do
@@ -83,9 +85,14 @@ go build -o "$bin/ingest-worker" ./cmd/ingest-worker
 export INGEST_DATABASE_URL=$db INGEST_REDIS_URL=$redis
 "$bin/ingest-worker" migrate >/dev/null
 
-# A checkpoint before each run, so that no run pays for the WAL of the one
-# before it (needs a superuser or pg_checkpoint; skipped otherwise).
-checkpoint() { psql "$db" -qc 'CHECKPOINT' >/dev/null 2>&1 || true; }
+# A VACUUM and a checkpoint before each run, so that no run pays for the
+# one before it: neither for its WAL nor for autovacuum cleaning up its
+# table while the next run is timed (CHECKPOINT needs a superuser or
+# pg_checkpoint; skipped otherwise).
+checkpoint() {
+  psql "$db" -qc 'VACUUM' >/dev/null 2>&1 || true
+  psql "$db" -qc 'CHECKPOINT' >/dev/null 2>&1 || true
+}
 
 # field NAME FILE: the number of "NAME": in a JSON report.
 field() { sed -n "s/^ *\"$1\": *\([0-9.eE+-]*\),\{0,1\}$/\1/p" "$2" | head -1; }
@@ -96,6 +103,7 @@ log=$bin/log
 ingest_run() { # mode
   local preload=()
   [ "$1" = preload ] && preload=(--preload)
+  [ "$1" = preload-published ] && preload=(--preload --publish-first)
   psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_event' >/dev/null
   checkpoint
   "$bin/ingest-worker" bench "${preload[@]}" --tasks "$jobs" --handler "$handler" --payload-bytes "$payload" \
@@ -105,7 +113,7 @@ ingest_run() { # mode
 }
 river_run() { # mode
   checkpoint
-  "$bin/riverbench" --mode "$1" --jobs "$jobs" --handler "$handler" --payload-bytes "$payload" --fail-rate "$fail" \
+  "$bin/riverbench" --mode "${1%-published}" --jobs "$jobs" --handler "$handler" --payload-bytes "$payload" --fail-rate "$fail" \
     --settings "$settings" --timeout "$timeout" --database-url "$db" --json >"$bin/out.json" 2>"$log" ||
     { cat "$log" >&2; echo "compare.sh: River bench failed" >&2; exit 1; }
   field jobs_per_sec "$bin/out.json"
@@ -118,10 +126,10 @@ for mode in ${modes//,/ }; do
   for ((i = 1; i <= runs; i++)); do
     r=$(ingest_run "$mode"); ing+=("$r")
     [ -n "$ingest_desc" ] || ingest_desc=$(sed -n 's/^bench [0-9a-f]*: [0-9]* tasks, [a-z]* mode, //p' "$log")
-    printf '%-10s run %d  ingest-worker %8.0f jobs/s\n' "$mode" "$i" "$r"
+    printf '%-17s run %d  ingest-worker %8.0f jobs/s\n' "$mode" "$i" "$r"
     r=$(river_run "$mode"); riv+=("$r")
     [ -n "$river_desc" ] || river_desc=$(sed -n 's/^riverbench: \(River .*)\): [0-9]* jobs, [a-z]* mode\(.*\)/\1\2/p' "$log")
-    printf '%-10s run %d  River         %8.0f jobs/s\n' "$mode" "$i" "$r"
+    printf '%-17s run %d  River         %8.0f jobs/s\n' "$mode" "$i" "$r"
   done
   mi=$(median "${ing[@]}") mr=$(median "${riv[@]}")
   results+=("$(printf '%s|%.0f|%s|%.0f|%s|%.2f' "$mode" "$mi" "$(printf '%.0f ' "${ing[@]}" | sed 's/ $//')" \
@@ -133,7 +141,7 @@ echo "$jobs jobs per run, handler $handler, payload +$payload bytes, fail rate $
 echo "PostgreSQL $(psql "$db" -tAc 'SHOW server_version' | cut -d' ' -f1)"
 echo "ingest-worker: $ingest_desc"
 echo "$river_desc"
-row='%-11s %21s  %-26s %14s  %-26s %12s\n'
+row='%-17s %21s  %-26s %14s  %-26s %12s\n'
 # shellcheck disable=SC2059
 printf "$row" mode "ingest-worker jobs/s" "(runs)" "River jobs/s" "(runs)" ingest/River
 for r in "${results[@]}"; do

@@ -31,7 +31,11 @@ and connections.
 
 Modes: --preload inserts all tasks first, then times the worker working them
 off; without it, tasks are inserted and worked at the same time, as fast as
-possible or at --rate tasks/s.
+possible or at --rate tasks/s. A preload's backlog is outbox rows, which the
+relay publishes during the timed work (a backlog that built up while no
+relay ran); with --publish-first a relay publishes the tasks as they are
+inserted, so the timed work starts from a backlog in the stream (a service
+whose workers fell behind its producers while its relays kept up).
 
 --payload-bytes N adds a string of N bytes to each task's payload.
 --fail-rate F makes the first attempt of a fraction F of the tasks (chosen
@@ -61,6 +65,7 @@ func (a *app) benchCommand() *cobra.Command {
 		Short: "Measure throughput and latency of the full path (PostgreSQL, outbox, Redis, worker)",
 		Long:  benchLong,
 		Example: `  ingest-worker bench --preload --tasks 200000
+  ingest-worker bench --preload --publish-first --tasks 200000
   ingest-worker bench --tasks 200000
   ingest-worker bench --tasks 60000 --rate 2000
   ingest-worker bench --tasks 2000 --json
@@ -96,6 +101,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.IntVar(&opts.Tasks, "tasks", bench.DefaultTasks, "tasks to create and work")
 	f.BoolVar(&opts.Preload, "preload", false, "insert all tasks first, then work them (default: insert and work at once)")
+	f.BoolVar(&opts.PublishFirst, "publish-first", false, "with --preload: publish the tasks to the stream while inserting them, so the timed work starts from a backlog in Redis (default: from outbox rows, which the relay publishes during the timed work)")
 	f.Float64Var(&opts.Rate, "rate", 0, "continuous mode: offered load in tasks/s (0: as fast as possible)")
 	f.StringVar(&opts.Handler, "handler", bench.HandlerNoop, "the tasks' handler: "+strings.Join(bench.Handlers, " or ")+" (the binary's webhook handler POSTing to an in-process HTTP sink)")
 	f.DurationVar(&opts.HandlerSleep, "handler-sleep", 0, "the noop handler's fixed work time (0: none)")

@@ -103,6 +103,13 @@ type Options struct {
 	// it working them off. Otherwise (continuous) tasks are inserted and
 	// worked at the same time.
 	Preload bool
+	// PublishFirst, with Preload, publishes the tasks to the stream as
+	// they are inserted (a relay runs, the workers do not), so the timed
+	// work starts from a backlog in Redis: a service whose workers fell
+	// behind its producers, its relays keeping up. Without it the backlog
+	// is outbox rows, which the relay publishes during the timed work: a
+	// backlog that built up while no relay ran.
+	PublishFirst bool
 	// Rate, in continuous mode, is the offered load in tasks/s (0: insert
 	// as fast as the producers can).
 	Rate float64
@@ -178,6 +185,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("rate must be >= 0, got %v", o.Rate)
 	case o.Preload && o.Rate > 0:
 		return errors.New("rate applies to continuous mode only, not with preload")
+	case o.PublishFirst && !o.Preload:
+		return errors.New("publish-first applies to preload mode only")
 	case o.InsertBatch < 1 || o.InsertBatch > 10000:
 		return fmt.Errorf("insert batch must be in [1, 10000], got %d", o.InsertBatch)
 	case o.Producers < 1 || o.Producers > 64:
@@ -420,6 +429,9 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		Handler: o.Handler, HandlerSleep: "none", PayloadBytes: o.PayloadBytes, FailRate: o.FailRate}
 	if o.Preload {
 		rep.Mode = "preload"
+		if o.PublishFirst {
+			rep.Mode = "preload-published"
+		}
 	}
 	if o.HandlerSleep > 0 {
 		rep.HandlerSleep = o.HandlerSleep.String()
@@ -494,7 +506,11 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	var walWork *WAL // preload: the WAL after the inserts
 	if o.Preload {
 		insertStart = time.Now()
-		if err := b.insert(ctx, store, 0); err != nil {
+		if o.PublishFirst {
+			if err := b.insertPublished(ctx, logger); err != nil {
+				return rep, err
+			}
+		} else if err := b.insert(ctx, store, 0); err != nil {
 			return rep, err
 		}
 		insertEnd = time.Now()
@@ -577,6 +593,45 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		rep.SinkRequests, rep.SinkConnections = sink.Requests(), sink.Connections()
 	}
 	return rep, nil
+}
+
+// insertPublished is the insert phase of PublishFirst: it creates the
+// tasks through a store that publishes them after commit with a relay of
+// the service's configuration, and returns once the stream holds them all.
+func (b *run) insertPublished(ctx context.Context, logger *slog.Logger) error {
+	cfg := b.serviceConfig().WithDefaults()
+	relay, err := outbox.NewRelay(cfg.Relay, b.traced, b.rdb, logger, nil)
+	if err != nil {
+		return err
+	}
+	store, err := task.NewStore(b.storeConfig(), b.traced, task.PublishAfterCommit(relay))
+	if err != nil {
+		return err
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(rctx) }()
+	defer func() {
+		stopRelay()
+		<-relayDone
+	}()
+	if err := b.insert(ctx, store, 0); err != nil {
+		return err
+	}
+	for {
+		n, err := b.rdb.XLen(ctx, b.stream).Result()
+		if err != nil {
+			return fmt.Errorf("publish first: %w", err)
+		}
+		if n >= int64(b.opts.Tasks) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("publish first: %d of %d tasks in the stream: %w", n, b.opts.Tasks, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // insert creates opts.Tasks tasks with the producers, at rate tasks/s in

@@ -64,6 +64,37 @@ func TestRunSmoke(t *testing.T) {
 	}
 }
 
+// TestRunPublishFirst: a preload with PublishFirst publishes every task
+// after its commit during the insert phase, so the timed work starts from
+// a full stream: each task ends SUCCEEDED with one outbox row, written
+// SENT by the relay (never claimed, as a NEW row would have been).
+func TestRunPublishFirst(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDatabase(t)
+	rdb := testenv.Client(t, testenv.NewRedisServer(t).URL())
+	const tasks = 2000
+	var progress bytes.Buffer
+	rep, err := bench.Run(context.Background(), bench.Options{Tasks: tasks, Preload: true, PublishFirst: true,
+		Concurrency: 200, Keep: true}, db.Pool, rdb, &progress)
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, progress.String())
+	}
+	if rep.Mode != "preload-published" || rep.Succeeded != tasks {
+		t.Fatalf("mode %q, %d SUCCEEDED; want preload-published, %d", rep.Mode, rep.Succeeded, tasks)
+	}
+	var rows, sentUnclaimed, tasksWithOne int
+	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*),
+		count(*) FILTER (WHERE status = 'SENT' AND claimed_by IS NULL AND stream_id IS NOT NULL),
+		(SELECT count(*) FROM (SELECT task_id FROM outbox_event GROUP BY task_id HAVING count(*) = 1) o)
+		FROM outbox_event`).Scan(&rows, &sentUnclaimed, &tasksWithOne); err != nil {
+		t.Fatal(err)
+	}
+	if rows != tasks || sentUnclaimed != tasks || tasksWithOne != tasks {
+		t.Errorf("%d outbox rows, %d SENT and never claimed, %d tasks with one row; want %d of each",
+			rows, sentUnclaimed, tasksWithOne, tasks)
+	}
+}
+
 // TestRunFailRateAndPayload runs a preload in which a fifth of the tasks
 // fail their first attempt: every task still ends SUCCEEDED, exactly the
 // tasks FailsFirstAttempt names failed once, and each payload carries the
@@ -248,6 +279,8 @@ func TestValidatePayloadFailRateAndHandler(t *testing.T) {
 		{bench.Options{Handler: bench.HandlerNoop, HandlerSleep: time.Millisecond}, ""},
 		{bench.Options{Handler: "http"}, `handler must be one of noop, webhook, got "http"`},
 		{bench.Options{Handler: bench.HandlerWebhook, HandlerSleep: time.Millisecond}, "handler sleep"},
+		{bench.Options{Preload: true, PublishFirst: true}, ""},
+		{bench.Options{PublishFirst: true}, "publish-first applies to preload mode only"},
 	} {
 		err := tc.opts.Validate()
 		switch {
