@@ -135,7 +135,8 @@ func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, ta
 // Publish hands the claim, whose transaction has committed, to its relay,
 // which publishes the rows at once. It does not wait. A claim handed over
 // after the relay's Run has returned (a shutdown racing the commit) is
-// published by a relay once its lease expires.
+// published by a relay once its lease expires, or, for a Reserve, by the
+// rescuer once its grace has passed (the tasks have no row).
 func (c Claim) Publish() {
 	if c.relay != nil {
 		c.c.committed = time.Now()
