@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/ingest-worker/ingest/internal/backoff"
 )
 
 // Direct publishing.
@@ -65,12 +63,7 @@ type Claim struct {
 // is not running or has no room (see DirectBacklog): the caller then
 // writes the rows the usual way (Insert).
 func (r *Relay) Reserve(msgs []Message) (c Claim, ok bool) {
-	if len(msgs) == 0 || !r.running.Load() {
-		return Claim{}, false
-	}
-	select {
-	case r.directSlots <- struct{}{}:
-	default:
+	if len(msgs) == 0 || !r.takeSlot() {
 		return Claim{}, false
 	}
 	rows := make([]row, len(msgs))
@@ -78,6 +71,21 @@ func (r *Relay) Reserve(msgs []Message) (c Claim, ok bool) {
 		rows[i] = row{taskID: m.TaskID, stream: m.Stream, kind: m.Kind, traceparent: m.Traceparent}
 	}
 	return Claim{relay: r, c: claimed{rows: rows, unwritten: true}}, true
+}
+
+// takeSlot takes one of the DirectBacklog slots of direct publishing, if
+// r is running and one is free; the claim that holds it frees it once
+// published or discarded.
+func (r *Relay) takeSlot() bool {
+	if !r.running.Load() {
+		return false
+	}
+	select {
+	case r.directSlots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
 }
 
 // insertClaimedSQL also reads each task's traceparent (the tasks were
@@ -103,12 +111,7 @@ func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, ta
 	if len(kinds) != len(taskIDs) {
 		return Claim{}, fmt.Errorf("insert claimed outbox events: %d task ids but %d kinds", len(taskIDs), len(kinds))
 	}
-	if !r.running.Load() {
-		return Claim{}, Insert(ctx, db, stream, taskIDs...)
-	}
-	select {
-	case r.directSlots <- struct{}{}:
-	default:
+	if !r.takeSlot() {
 		return Claim{}, Insert(ctx, db, stream, taskIDs...)
 	}
 	kindOf := make(map[uuid.UUID]string, len(taskIDs))
@@ -235,9 +238,10 @@ SELECT id, s, 'SENT', sid, now() FROM unnest($1::uuid[], $2::text[], $3::text[])
 // (base $5, max $6 in ms, jitter $7). The relays retry them.
 var insertFailedSQL = `
 INSERT INTO outbox_event (task_id, stream, status, attempt_count, next_retry_at, last_error)
-SELECT id, s, CASE WHEN 1 >= $4 THEN 'DEAD' ELSE 'RETRYING' END, 1,
-       CASE WHEN 1 >= $4 THEN NULL ELSE now() + ` + backoff.SQL("1", "$5", "$6", "$7", "random()") + ` END, e
-FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, s, e)`
+SELECT id, s, ` + failedStatusSQL("1", "$4") + `, 1,
+       ` + failedRetryAtSQL("1", "$4", "$5", "$6", "$7") + `, e
+FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, s, e)
+RETURNING status`
 
 // writeDirect writes the outbox rows of a reserved claim after its XADDs:
 // SENT with their entry ids, or failed (see insertFailedSQL). A row it
@@ -250,42 +254,44 @@ func (r *Relay) writeDirect(ctx context.Context, c claimed, ids []string, errs [
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
 	defer cancel()
-	var sent, failed struct {
-		ids           []uuid.UUID
-		streams, vals []string
-	}
-	for i, rw := range c.rows {
-		if errs[i] == nil {
-			sent.ids, sent.streams, sent.vals = append(sent.ids, rw.taskID), append(sent.streams, rw.stream), append(sent.vals, ids[i])
-		} else {
-			failed.ids, failed.streams = append(failed.ids, rw.taskID), append(failed.streams, rw.stream)
-			failed.vals = append(failed.vals, truncateError(errs[i].Error()))
-		}
-	}
-	if len(sent.ids) > 0 {
-		if _, err := r.pool.Exec(ctx, insertSentSQL, sent.ids, sent.streams, sent.vals); err != nil {
+	res := DrainResult{Claimed: len(c.rows)}
+	sent, sentIDs, failed, failMsgs := splitPublished(c.rows, ids, errs)
+	if len(sent) > 0 {
+		taskIDs, streams := targets(sent)
+		if _, err := r.pool.Exec(ctx, insertSentSQL, taskIDs, streams, sentIDs); err != nil {
 			r.logger.Error("outbox direct publish: writing the SENT rows of published tasks failed; the rescuer publishes them again after its grace",
-				"rows", len(sent.ids), "err", err)
+				"rows", len(sent), "err", err)
 		} else {
+			res.Published = len(sent)
 			delay := time.Since(c.committed).Seconds()
-			for range sent.ids {
+			for range sent {
 				r.metrics.publishDelay.Observe(delay)
 			}
-			r.metrics.publishTotal.WithLabelValues(resultSuccess).Add(float64(len(sent.ids)))
+			r.metrics.publishTotal.WithLabelValues(resultSuccess).Add(float64(len(sent)))
 		}
 	}
-	if len(failed.ids) > 0 {
+	if len(failed) > 0 {
+		taskIDs, streams := targets(failed)
 		baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
-		if _, err := r.pool.Exec(ctx, insertFailedSQL, failed.ids, failed.streams, failed.vals, r.cfg.MaxAttempts, baseMS, maxMS, jitter); err != nil {
+		rows, err := r.pool.Query(ctx, insertFailedSQL, taskIDs, streams, failMsgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
+		var statuses []string
+		if err == nil {
+			statuses, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
 			r.logger.Error("outbox direct publish: writing the rows of tasks whose publish failed failed too; the rescuer publishes them after its grace",
-				"rows", len(failed.ids), "err", err)
-			return
+				"rows", len(failed), "err", err)
+		} else {
+			res.Retried, res.Dead = r.countFailed(statuses)
 		}
-		result := resultFailure
-		if r.cfg.MaxAttempts <= 1 {
-			result = resultDead
-		}
-		r.metrics.publishTotal.WithLabelValues(result).Add(float64(len(failed.ids)))
-		r.logger.Warn("outbox publish failed", "retried", len(failed.ids), "err", failed.vals[0])
 	}
+	r.logPass(res, failMsgs)
+}
+
+// targets returns the task ids and streams of rows.
+func targets(rows []row) (taskIDs []uuid.UUID, streams []string) {
+	for _, rw := range rows {
+		taskIDs, streams = append(taskIDs, rw.taskID), append(streams, rw.stream)
+	}
+	return taskIDs, streams
 }

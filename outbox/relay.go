@@ -372,15 +372,7 @@ func (r *Relay) record(ctx context.Context, c claimed, ids []string, errs []erro
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
 	defer cancel()
-	var sent, failed []row
-	var sentIDs, failMsgs []string
-	for i, rw := range c.rows {
-		if errs[i] == nil {
-			sent, sentIDs = append(sent, rw), append(sentIDs, ids[i])
-		} else {
-			failed, failMsgs = append(failed, rw), append(failMsgs, truncateError(errs[i].Error()))
-		}
-	}
+	sent, sentIDs, failed, failMsgs := splitPublished(c.rows, ids, errs)
 	var errSent, errFailed error
 	if len(sent) > 0 {
 		res.Published, errSent = r.markSent(ctx, c, sent, sentIDs)
@@ -400,6 +392,20 @@ func (r *Relay) record(ctx context.Context, c claimed, ids []string, errs []erro
 	}
 	r.logPass(res, failMsgs)
 	return res, nil
+}
+
+// splitPublished splits rows by the outcome of their publish (ids[i] or
+// errs[i]): the published rows with their entry ids, the failed ones with
+// their errors, truncated for last_error.
+func splitPublished(rows []row, ids []string, errs []error) (sent []row, sentIDs []string, failed []row, failMsgs []string) {
+	for i, rw := range rows {
+		if errs[i] == nil {
+			sent, sentIDs = append(sent, rw), append(sentIDs, ids[i])
+		} else {
+			failed, failMsgs = append(failed, rw), append(failMsgs, truncateError(errs[i].Error()))
+		}
+	}
+	return sent, sentIDs, failed, failMsgs
 }
 
 func (r *Relay) logPass(res DrainResult, failMsgs []string) {
@@ -579,15 +585,44 @@ WITH c AS (` + claimedSQL + `
 )
 UPDATE outbox_event o SET
     attempt_count = o.attempt_count + 1,
-    status        = CASE WHEN o.attempt_count + 1 >= $5 THEN 'DEAD' ELSE 'RETRYING' END,
-    next_retry_at = CASE WHEN o.attempt_count + 1 >= $5 THEN NULL
-                         ELSE now() + ` + backoff.SQL("o.attempt_count + 1", "$6", "$7", "$8", "random()") + ` END,
+    status        = ` + failedStatusSQL("o.attempt_count + 1", "$5") + `,
+    next_retry_at = ` + failedRetryAtSQL("o.attempt_count + 1", "$5", "$6", "$7", "$8") + `,
     last_error    = c.val,
     claimed_by    = NULL,
     claimed_until = NULL
 FROM c
 WHERE o.id = c.id AND ` + claimedGuard + `
 RETURNING o.status`
+
+// failedStatusSQL is the status of a row after failed publishes (the SQL
+// expression attempts): DEAD once they reach max attempts (an expression
+// too), else RETRYING.
+func failedStatusSQL(attempts, max string) string {
+	return `CASE WHEN ` + attempts + ` >= ` + max + ` THEN 'DEAD' ELSE 'RETRYING' END`
+}
+
+// failedRetryAtSQL is the next_retry_at of that row: none once DEAD, else
+// package backoff's delay for that many failures (base, maxDelay in ms,
+// jitter: SQL expressions) from now.
+func failedRetryAtSQL(attempts, max, base, maxDelay, jitter string) string {
+	return `CASE WHEN ` + attempts + ` >= ` + max + ` THEN NULL
+                         ELSE now() + ` + backoff.SQL(attempts, base, maxDelay, jitter, "random()") + ` END`
+}
+
+// countFailed counts the statuses that failed rows were left in, DEAD or
+// RETRYING, in outbox_publish_total.
+func (r *Relay) countFailed(statuses []string) (retried, dead int) {
+	for _, s := range statuses {
+		if Status(s) == StatusDead {
+			dead++
+		} else {
+			retried++
+		}
+	}
+	r.metrics.publishTotal.WithLabelValues(resultFailure).Add(float64(retried))
+	r.metrics.publishTotal.WithLabelValues(resultDead).Add(float64(dead))
+	return retried, dead
+}
 
 func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []string) (retried, dead, applied int, err error) {
 	ids := make([]int64, len(rows))
@@ -603,14 +638,6 @@ func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []st
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("mark %d outbox rows failed: %w", len(rows), err)
 	}
-	for _, s := range statuses {
-		if Status(s) == StatusDead {
-			dead++
-		} else {
-			retried++
-		}
-	}
-	r.metrics.publishTotal.WithLabelValues(resultFailure).Add(float64(retried))
-	r.metrics.publishTotal.WithLabelValues(resultDead).Add(float64(dead))
+	retried, dead = r.countFailed(statuses)
 	return retried, dead, len(statuses), nil
 }
