@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -33,9 +34,10 @@ func (b *bundle) claimedBy(t *testing.T, ids []uuid.UUID) map[uuid.UUID]string {
 	return out
 }
 
-// insertClaimed writes n tasks and their outbox rows through r in one
-// transaction, committed or rolled back, and returns the ids and the claim.
-func (b *bundle) insertClaimed(t *testing.T, r *outbox.Relay, n int, commit bool) ([]uuid.UUID, outbox.Claim) {
+// taskTx creates n tasks of kind in one transaction and, before its end,
+// calls f with the transaction and their ids; the transaction is then
+// committed or rolled back. It returns the ids.
+func (b *bundle) taskTx(t *testing.T, n int, kind string, commit bool, f func(tx pgx.Tx, ids []uuid.UUID)) []uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := b.db.Begin(ctx)
@@ -44,23 +46,33 @@ func (b *bundle) insertClaimed(t *testing.T, r *outbox.Relay, n int, commit bool
 	}
 	defer tx.Rollback(ctx)
 	ids := make([]uuid.UUID, n)
-	kinds := make([]string, n)
 	for i := range ids {
-		ids[i], kinds[i] = uuid.Must(uuid.NewV7()), "direct"
+		ids[i] = uuid.Must(uuid.NewV7())
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
-		SELECT id, 'direct', '{}', 'sha', 3 FROM unnest($1::uuid[]) AS t(id)`, ids); err != nil {
+		SELECT id, $2, '{}', 'sha', 3 FROM unnest($1::uuid[]) AS t(id)`, ids, kind); err != nil {
 		t.Fatal(err)
 	}
-	claim, err := r.InsertClaimed(ctx, tx, b.stream, ids, kinds)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f(tx, ids)
 	if commit {
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return ids
+}
+
+// insertClaimed writes n tasks and their outbox rows through r in one
+// transaction, committed or rolled back, and returns the ids and the claim.
+func (b *bundle) insertClaimed(t *testing.T, r *outbox.Relay, n int, commit bool) ([]uuid.UUID, outbox.Claim) {
+	t.Helper()
+	var claim outbox.Claim
+	ids := b.taskTx(t, n, "direct", commit, func(tx pgx.Tx, ids []uuid.UUID) {
+		var err error
+		if claim, err = r.InsertClaimed(context.Background(), tx, b.stream, ids, slices.Repeat([]string{"direct"}, n)); err != nil {
+			t.Fatal(err)
+		}
+	})
 	return ids, claim
 }
 
@@ -243,30 +255,15 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 // createReserved creates n tasks in one transaction through r.Reserve,
 // committed or rolled back, and returns their ids and the claim (ok:
 // whether r took them).
-func (b *bundle) createReserved(t *testing.T, r *outbox.Relay, n int, commit bool) ([]uuid.UUID, outbox.Claim, bool) {
+func (b *bundle) createReserved(t *testing.T, r *outbox.Relay, n int, commit bool) (ids []uuid.UUID, claim outbox.Claim, ok bool) {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := b.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	ids := make([]uuid.UUID, n)
-	msgs := make([]outbox.Message, n)
-	for i := range ids {
-		ids[i] = uuid.Must(uuid.NewV7())
-		msgs[i] = outbox.Message{Stream: b.stream, TaskID: ids[i], Kind: "reserved"}
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
-		SELECT id, 'reserved', '{}', 'sha', 3 FROM unnest($1::uuid[]) AS t(id)`, ids); err != nil {
-		t.Fatal(err)
-	}
-	claim, ok := r.Reserve(msgs)
-	if commit {
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
+	ids = b.taskTx(t, n, "reserved", commit, func(_ pgx.Tx, ids []uuid.UUID) {
+		msgs := make([]outbox.Message, n)
+		for i, id := range ids {
+			msgs[i] = outbox.Message{Stream: b.stream, TaskID: id, Kind: "reserved"}
 		}
-	}
+		claim, ok = r.Reserve(msgs)
+	})
 	return ids, claim, ok
 }
 
