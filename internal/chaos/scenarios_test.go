@@ -317,10 +317,14 @@ func (c *cluster) injectPoison(n int) int {
 }
 
 // TestLongTasks: tasks that run 5× the reclaim idle time under an
-// aggressive reclaimer are never executed twice (scenario 7).
+// aggressive reclaimer are never executed twice (scenario 7). The tasks
+// also outlive their lease (1.1 s: renewed every 367 ms, under the reclaim
+// idle, so the reclaimer does not hand running entries back). With 600 ms
+// a worker stalled for 400 ms under -race on a loaded 2-core machine lost
+// its lease to a live takeover, 2 runs in 8, at this change and before it.
 func TestLongTasks(t *testing.T) {
 	c := newCluster(t, clusterOptions{env: []string{
-		"CHAOS_TASK_LEASE_MS=600", "CHAOS_RECLAIM_IDLE_MS=400", "CHAOS_RECLAIM_INTERVAL_MS=50", "CHAOS_LONG_MS=2000",
+		"CHAOS_TASK_LEASE_MS=1100", "CHAOS_RECLAIM_IDLE_MS=400", "CHAOS_RECLAIM_INTERVAL_MS=50", "CHAOS_LONG_MS=2000",
 	}})
 	start := time.Now()
 	c.spawn("w", 4)
