@@ -422,14 +422,9 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// relative says how far t is from now: "in 3.0s" or "2m05s ago".
-func relative(t time.Time) string {
-	d := time.Until(t)
-	if d >= 0 {
-		return "in " + humantime.Duration(d)
-	}
-	return humantime.Duration(-d) + " ago"
-}
+// relative says how far t is from now: "in 3.0s" or "2m05s ago", however
+// far.
+func relative(t time.Time) string { return humantime.Relative(t, time.Now()) }
 
 func (a *app) taskListCommand() *cobra.Command {
 	var p task.ListParams
