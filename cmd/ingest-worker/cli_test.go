@@ -546,6 +546,12 @@ func testEndToEnd(t *testing.T, bin string) {
 		t.Fatalf("task redrive --status RUNNING: exit %d, stderr %q; want a usage error naming the status", r.code, r.stderr)
 	}
 
+	// A run_at beyond the scheduling horizon is a usage error naming it.
+	if r := runBin(t, bin, env, "", "enqueue", "--kind", "e2e.parked", "--payload", "{}", "--run-at", "9999-12-31T00:00:00Z"); r.code != exitUsage ||
+		!strings.Contains(r.stderr, "run_at") || !strings.Contains(r.stderr, "scheduling horizon") {
+		t.Fatalf("enqueue --run-at 9999-12-31: exit %d, stderr %q; want a usage error naming run_at and the horizon", r.code, r.stderr)
+	}
+
 	// task cancel: a running task's webhook call is cut off and the task
 	// ends CANCELLED, audited with the reason and the CLI as the actor.
 	hangID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.hang", "--payload", "{}")))
