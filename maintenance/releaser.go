@@ -173,8 +173,8 @@ func (r *releaser) runOnce(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// countWaiting counts the parked tasks of every kind: reason "paused" for
-// a paused kind, "limit" for the others.
+// countWaiting counts the parked tasks of every kind, by reason
+// (task.ParkReason: "paused" for a paused kind, "limit" for the others).
 func (r *releaser) countWaiting(ctx context.Context) error {
 	parked, err := r.store.ParkedCounts(ctx)
 	if err != nil {
@@ -186,21 +186,14 @@ func (r *releaser) countWaiting(ctx context.Context) error {
 	}
 	snap := waitingSnapshot{at: time.Now(), counts: map[[2]string]int64{}}
 	for kind, n := range parked {
-		reason := "limit"
-		if limits[kind].Paused {
-			reason = "paused"
-		}
-		snap.counts[[2]string{kind, reason}] = n
+		snap.counts[[2]string{kind, task.ParkReason(limits[kind].Paused)}] = n
 	}
 	// Kinds with settings and nothing parked are reported as 0, so that
 	// a series that was high drops to 0 rather than vanishing.
 	for kind, l := range limits {
-		reason := "limit"
-		if l.Paused {
-			reason = "paused"
-		}
-		if _, ok := snap.counts[[2]string{kind, reason}]; !ok {
-			snap.counts[[2]string{kind, reason}] = 0
+		key := [2]string{kind, task.ParkReason(l.Paused)}
+		if _, ok := snap.counts[key]; !ok {
+			snap.counts[key] = 0
 		}
 	}
 	r.wmu.Lock()
