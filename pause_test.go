@@ -37,7 +37,7 @@ func TestPauseAndResumeKind(t *testing.T) {
 		p, err := b.rdb.XPending(ctx, b.stream, ingest.DefaultGroup).Result()
 		return err == nil && p.Count == 0 &&
 			count(`SELECT count(*) FROM ingest_task WHERE kind = 'k' AND status = 'SUCCEEDED'`) == 200 &&
-			count(`SELECT count(*) FROM ingest_task WHERE kind = 'p' AND status = 'QUEUED' AND attempt_count = 0 AND next_retry_at = '9999-12-31 00:00:00+00'`) == 200
+			count(`SELECT count(*) FROM ingest_task WHERE kind = 'p' AND status = 'QUEUED' AND attempt_count = 0 AND parked_at IS NOT NULL`) == 200
 	})
 	if n := pRuns.Load(); n != 0 {
 		t.Fatalf("%d tasks of the paused kind ran", n)

@@ -3,7 +3,10 @@ package api_test
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/task"
@@ -59,5 +62,62 @@ func TestKinds(t *testing.T) {
 	}
 	if r := b.do(t, "PUT", "/v1/kinds/%20", `{"paused":true}`); r.code != http.StatusBadRequest {
 		t.Errorf("a blank kind: %d %s, want 400", r.code, r.body)
+	}
+}
+
+// TestParkedTasks: GET /v1/tasks/{id} and the list say why a parked task
+// waits (parked_reason "paused", parked_at) and show no far-future time.
+func TestParkedTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := t.Context()
+	c, err := b.store.Create(ctx, task.NewTask{Kind: "embed", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := b.do(t, "PUT", "/v1/kinds/embed", `{"paused":true}`); r.code != http.StatusOK {
+		t.Fatalf("pause: %d %s", r.code, r.body)
+	}
+	if parked, err := b.store.Park(ctx, c.Task.ID); err != nil || len(parked) != 1 {
+		t.Fatalf("Park = %v, %v", parked, err)
+	}
+	r := b.do(t, "GET", "/v1/tasks/"+c.Task.ID.String(), "")
+	got := decode[api.TaskResponse](t, r)
+	if r.code != http.StatusOK || got.ParkedAt == nil || got.ParkedReason != task.ParkedPaused || got.NextRetryAt != nil ||
+		!strings.Contains(string(r.body), `"parked_reason":"paused"`) || strings.Contains(string(r.body), "9999") {
+		t.Fatalf("get of a parked task: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "GET", "/v1/tasks?kind=embed", "")
+	if l := decode[api.ListResponse](t, r); r.code != http.StatusOK || len(l.Tasks) != 1 || l.Tasks[0].ParkedReason != task.ParkedPaused {
+		t.Fatalf("list of a parked task: %d %s", r.code, r.body)
+	}
+	if r := b.do(t, "PUT", "/v1/kinds/embed", `{"paused":false}`); r.code != http.StatusOK {
+		t.Fatalf("resume: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "GET", "/v1/tasks/"+c.Task.ID.String(), "")
+	if strings.Contains(string(r.body), "parked") {
+		t.Fatalf("get after the resume: %s; want no parked fields", r.body)
+	}
+}
+
+// TestScheduleHorizon: a run_at or delay_ms beyond the scheduling horizon
+// is a 400 naming the field and the horizon; a delay_ms of the horizon is
+// accepted.
+func TestScheduleHorizon(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	horizonMS := task.ScheduleHorizon.Milliseconds()
+	for _, tc := range []struct{ body, field, msg string }{
+		{`{"kind":"k","payload":1,"run_at":"9999-12-31T00:00:00Z"}`, "run_at", "scheduling horizon"},
+		{`{"kind":"k","payload":1,"run_at":"` + time.Now().Add(task.ScheduleHorizon+time.Hour).UTC().Format(time.RFC3339) + `"}`, "run_at", "3653 days"},
+		{`{"kind":"k","payload":1,"delay_ms":` + strconv.FormatInt(horizonMS+1, 10) + `}`, "delay_ms", strconv.FormatInt(horizonMS, 10)},
+	} {
+		r := b.do(t, "POST", "/v1/tasks", tc.body)
+		if msg, field := r.errorBody(t); r.code != http.StatusBadRequest || field != tc.field || !strings.Contains(msg, tc.msg) {
+			t.Errorf("%s: %d %s, want 400 naming %s and %q", tc.body, r.code, r.body, tc.field, tc.msg)
+		}
+	}
+	if r := b.do(t, "POST", "/v1/tasks", `{"kind":"k","payload":1,"delay_ms":`+strconv.FormatInt(horizonMS, 10)+`}`); r.code != http.StatusCreated {
+		t.Errorf("a delay_ms of the horizon: %d %s, want 201", r.code, r.body)
 	}
 }

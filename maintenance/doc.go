@@ -25,7 +25,8 @@
 //   - the releaser wakes the parked tasks of kinds with a concurrency or
 //     rate limit as slots and starts free (task.Store.ReleaseParked), every
 //     100 ms, and counts the parked tasks of each kind for
-//     ingest_kind_waiting_tasks{kind,reason}.
+//     ingest_kind_waiting_tasks{kind,reason}, every 5 s, releasing those of
+//     kinds neither paused nor limited (a resume that did not finish).
 //
 // Each service runs in the same loop (after a random start delay within
 // its interval, then once per interval, passes never overlapping) and

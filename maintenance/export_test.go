@@ -153,7 +153,7 @@ func NewReleaser(cfg ReleaserConfig, store *task.Store, reg *prometheus.Registry
 	if err != nil {
 		return nil, err
 	}
-	r := newReleaser(cfg, store, m)
+	r := newReleaser(cfg, store, slog.New(slog.DiscardHandler), m)
 	return r, reg.Register(newWaitingCollector(r))
 }
 

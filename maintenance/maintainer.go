@@ -125,7 +125,7 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 		mt.services = append(mt.services, newPeriodic(cfg.Periodic, o.store, m).service())
 	}
 	if !cfg.ReleaserDisabled {
-		r := newReleaser(cfg.Releaser, o.store, m)
+		r := newReleaser(cfg.Releaser, o.store, mt.logger.With("service", componentReleaser), m)
 		if _, err := promreg.Register[prometheus.Collector](reg, newWaitingCollector(r)); err != nil {
 			return nil, err
 		}

@@ -70,6 +70,7 @@ func (c ReleaserConfig) validate() error {
 type releaser struct {
 	cfg     ReleaserConfig
 	store   *task.Store
+	log     *slog.Logger
 	metrics *metrics
 
 	mu        sync.Mutex            // held by a pass
@@ -92,8 +93,8 @@ type waitingSnapshot struct {
 	counts map[[2]string]int64 // {kind, reason} → tasks
 }
 
-func newReleaser(cfg ReleaserConfig, store *task.Store, m *metrics) *releaser {
-	return &releaser{cfg: cfg, store: store, metrics: m}
+func newReleaser(cfg ReleaserConfig, store *task.Store, log *slog.Logger, m *metrics) *releaser {
+	return &releaser{cfg: cfg, store: store, log: log, metrics: m}
 }
 
 func (r *releaser) service() *service {
@@ -165,7 +166,9 @@ func (r *releaser) runOnce(ctx context.Context) (int, error) {
 		}
 	}
 	if now.Sub(r.lastCount) >= r.cfg.WaitingInterval {
-		if err := r.countWaiting(ctx); err != nil {
+		n, err := r.countWaiting(ctx)
+		total += n
+		if err != nil {
 			return total, err
 		}
 		r.lastCount = now
@@ -173,40 +176,61 @@ func (r *releaser) runOnce(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// countWaiting counts the parked tasks of every kind: reason "paused" for
-// a paused kind, "limit" for the others.
-func (r *releaser) countWaiting(ctx context.Context) error {
+// strandedBatch is how many parked tasks of a kind that is neither paused
+// nor limited countWaiting releases per call of ReleaseParked.
+const strandedBatch = 1000
+
+// countWaiting counts the parked tasks of every kind, by reason
+// (task.ParkReason: "paused" for a paused kind, "limit" for the others),
+// and releases those of kinds that are neither paused nor limited: no
+// worker parks such a task, and no release would come for it (the resume,
+// or the removal of the last limit, that should have released it did not
+// finish: its process died, or its caller went away, between the change's
+// commit and the release; or a worker parked it under a limit removed in
+// the meantime). It returns how many tasks it released.
+func (r *releaser) countWaiting(ctx context.Context) (released int, err error) {
 	parked, err := r.store.ParkedCounts(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	limits, err := r.store.KindLimits(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	snap := waitingSnapshot{at: time.Now(), counts: map[[2]string]int64{}}
 	for kind, n := range parked {
-		reason := "limit"
-		if limits[kind].Paused {
-			reason = "paused"
+		if _, held := limits[kind]; !held {
+			// ReleaseParked reads the settings again under the kind's lock:
+			// a kind paused or limited since releases what they allow.
+			freed := 0
+			for {
+				ids, err := r.store.ReleaseParked(ctx, kind, 0, strandedBatch)
+				freed += len(ids)
+				if err != nil {
+					return released + freed, err
+				}
+				if len(ids) < strandedBatch {
+					break
+				}
+			}
+			released += freed
+			r.log.Warn("released the parked tasks of a kind that is neither paused nor limited", "kind", kind, "parked", n, "released", freed)
+			continue
 		}
-		snap.counts[[2]string{kind, reason}] = n
+		snap.counts[[2]string{kind, task.ParkReason(limits[kind].Paused)}] = n
 	}
 	// Kinds with settings and nothing parked are reported as 0, so that
 	// a series that was high drops to 0 rather than vanishing.
 	for kind, l := range limits {
-		reason := "limit"
-		if l.Paused {
-			reason = "paused"
-		}
-		if _, ok := snap.counts[[2]string{kind, reason}]; !ok {
-			snap.counts[[2]string{kind, reason}] = 0
+		key := [2]string{kind, task.ParkReason(l.Paused)}
+		if _, ok := snap.counts[key]; !ok {
+			snap.counts[key] = 0
 		}
 	}
 	r.wmu.Lock()
 	r.waiting = snap
 	r.wmu.Unlock()
-	return nil
+	return released, nil
 }
 
 // waitingCollector exports ingest_kind_waiting_tasks from the releaser's

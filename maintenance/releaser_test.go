@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ingest-worker/ingest/internal/testenv"
@@ -121,6 +122,59 @@ func TestReleaserWakesParkedTasks(t *testing.T) {
 	for range 3 {
 		if n, err := r.RunOnce(ctx); err != nil || n != 0 {
 			t.Fatalf("a pass with the released tasks in transit released %d more, %v", n, err)
+		}
+	}
+}
+
+// TestReleaserFreesStrandedParkedTasks: parked tasks of a kind that is
+// neither paused nor limited (a resume committed, and its process died
+// before it released them) are released by the releaser's next count,
+// each with a new outbox event, and are not reported as waiting.
+func TestReleaserFreesStrandedParkedTasks(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db := testenv.DB(t)
+	store, err := task.NewStore(task.Config{}, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := maintenance.NewReleaser(maintenance.ReleaserConfig{}, store, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.SetPaused(ctx, "test", "s", true); err != nil {
+		t.Fatal(err)
+	}
+	nts := make([]task.NewTask, 3)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: "s", Payload: []byte(`{}`)}
+	}
+	res, err := store.CreateBatch(ctx, nts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for _, c := range res {
+		ids = append(ids, c.Task.ID)
+	}
+	if parked, err := store.Park(ctx, ids...); err != nil || len(parked) != 3 {
+		t.Fatalf("Park = %v, %v", parked, err)
+	}
+	// The resume's commit, without its release.
+	if _, err := db.Exec(ctx, `UPDATE ingest_kind SET paused = false WHERE kind = 's'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("the releaser's pass released %d, %v; want the 3 stranded tasks", n, err)
+	}
+	for _, id := range ids {
+		tk, err := store.Get(ctx, id)
+		if err != nil || tk.Parked() {
+			t.Fatalf("task %+v, %v after the pass; want released", tk, err)
+		}
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE task_id = $1`, id).Scan(&n); err != nil || n != 2 {
+			t.Fatalf("task %s has %d outbox events, %v; want 2 (create and release)", id, n, err)
 		}
 	}
 }

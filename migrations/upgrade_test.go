@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,8 +60,8 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 	exec(`UPDATE ingest_task SET status = 'CANCELLED', cancel_requested_at = now(), cancel_requested_by = 'op', finished_at = now() WHERE id = $1`, ids[task.Cancelled])
 
 	applied, err := migrations.Up(ctx, db.Pool)
-	if err != nil || !slices.Equal(applied, []int64{12}) {
-		t.Fatalf("Up = %v, %v; want [12]", applied, err)
+	if err != nil || !slices.Equal(applied, versions[11:]) {
+		t.Fatalf("Up = %v, %v; want %v", applied, err, versions[11:])
 	}
 
 	store, err := task.NewStore(task.Config{}, db.Pool)
@@ -103,11 +104,129 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 	if _, err := p.DownTo(ctx, 11); err != nil {
 		t.Fatalf("down to 11: %v", err)
 	}
-	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, []int64{12}) {
-		t.Fatalf("Up again = %v, %v; want [12]", applied, err)
+	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, versions[11:]) {
+		t.Fatalf("Up again = %v, %v; want %v", applied, err, versions[11:])
 	}
 	var n int
 	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task_transition`).Scan(&n); err != nil || n != len(task.States)+1 {
 		t.Errorf("%d audit rows after down and up, %v; want %d", n, err, len(task.States)+1)
+	}
+}
+
+// TestUpgradeParkedMark upgrades a database whose parked tasks carry the
+// mark of before migration 13 (next_retry_at = 9999-12-31) and checks that
+// they are parked under the new column, due again once released, while a
+// task created with run_at 9999-12-31 (its unsent outbox row due then)
+// stays scheduled; then it downgrades (the mark comes back) and upgrades
+// again.
+func TestUpgradeParkedMark(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewEmptyDatabase(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
+		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 12); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	const mark = `'9999-12-31 00:00:00+00'`
+	newTask := func(status string, attempts int, nextRetry string, outbox string) uuid.UUID {
+		t.Helper()
+		id := uuid.Must(uuid.NewV7())
+		exec(`INSERT INTO ingest_task (id, kind, payload, payload_sha, status, attempt_count, last_error, next_retry_at, updated_at)
+		      VALUES ($1, 'up', '{}', 'sha', $2, $3, NULLIF($4, ''), `+nextRetry+`, now() - interval '1 hour')`,
+			id, status, attempts, map[bool]string{true: "boom"}[attempts > 0])
+		exec(`INSERT INTO ingest_task_transition (task_id, to_status, attempt_count) VALUES ($1, 'QUEUED', 0)`, id)
+		exec(`INSERT INTO outbox_event (task_id, stream, `+outbox+`)`, id)
+		return id
+	}
+	const sent = `status, stream_id, sent_at, next_retry_at) VALUES ($1, 's', 'SENT', '1-1', now() - interval '2 hours', now() - interval '2 hours'`
+	parkedQueued := newTask("QUEUED", 0, mark, sent)
+	parkedRetrying := newTask("RETRYING", 1, mark, sent)
+	scheduled := newTask("QUEUED", 0, mark, `next_retry_at) VALUES ($1, 's', `+mark)
+	dueNow := newTask("QUEUED", 0, "NULL", sent)
+
+	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, versions[12:]) {
+		t.Fatalf("Up = %v, %v; want %v", applied, err, versions[12:])
+	}
+	store, err := task.NewStore(task.Config{}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(id uuid.UUID) task.Task {
+		t.Helper()
+		tk, err := store.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	for _, id := range []uuid.UUID{parkedQueued, parkedRetrying} {
+		tk := get(id)
+		if !tk.Parked() || tk.NextRetryAt != nil || tk.ParkedAt == nil || !tk.ParkedAt.Equal(tk.UpdatedAt) {
+			t.Fatalf("a task parked before the upgrade reads %+v; want parked since its last update, next_retry_at NULL", tk)
+		}
+	}
+	for _, id := range []uuid.UUID{scheduled, dueNow} {
+		if tk := get(id); tk.Parked() {
+			t.Fatalf("task %+v reads as parked", tk)
+		}
+	}
+	if tk := get(scheduled); tk.NextRetryAt == nil || tk.NextRetryAt.Year() != 9999 {
+		t.Fatalf("the task scheduled for 9999-12-31 reads %+v; want it still scheduled then", tk)
+	}
+	var def string
+	if err := db.Pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE indexname = 'ingest_task_parked_idx'`).Scan(&def); err != nil ||
+		!strings.Contains(def, "parked_at IS NOT NULL") {
+		t.Fatalf("ingest_task_parked_idx = %q, %v; want it on parked_at", def, err)
+	}
+	k, _, err := store.Kind(ctx, "up")
+	if err != nil || k.Parked != 2 {
+		t.Fatalf("Kind(up) = %+v, %v; want the two parked tasks", k, err)
+	}
+	// A parked task does not start; a resume releases the parked ones
+	// only.
+	rs, err := store.Start(ctx, "w", time.Minute, parkedQueued, scheduled)
+	if err != nil || rs[0].Outcome != task.NotDue || rs[1].Outcome != task.NotDue {
+		t.Fatalf("Start = %+v, %v; want both not due", rs, err)
+	}
+	if released, err := store.SetPaused(ctx, "t", "up", false); err != nil || released != 2 {
+		t.Fatalf("resume = %d, %v; want 2 released", released, err)
+	}
+	rs, err = store.Start(ctx, "w", time.Minute, parkedQueued, parkedRetrying, scheduled)
+	if err != nil || rs[0].Outcome != task.Started || rs[1].Outcome != task.Started || rs[2].Outcome != task.NotDue {
+		t.Fatalf("Start after the resume = %+v, %v; want the released ones started, the scheduled one not due", rs, err)
+	}
+
+	// Down: a task parked now gets the mark back.
+	if _, err := store.SetPaused(ctx, "t", "up", true); err != nil {
+		t.Fatal(err)
+	}
+	if parked, err := store.Park(ctx, dueNow); err != nil || len(parked) != 1 {
+		t.Fatalf("Park = %v, %v", parked, err)
+	}
+	if _, err := p.DownTo(ctx, 12); err != nil {
+		t.Fatalf("down to 12: %v", err)
+	}
+	var n int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE next_retry_at = `+mark+` AND id = ANY($1)`,
+		[]uuid.UUID{dueNow, scheduled}).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d of the parked and the scheduled task carry the mark after the downgrade, %v; want 2", n, err)
+	}
+	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, versions[12:]) {
+		t.Fatalf("Up again = %v, %v; want %v", applied, err, versions[12:])
+	}
+	if tk := get(dueNow); !tk.Parked() {
+		t.Fatalf("the task parked before the downgrade reads %+v after the upgrade; want parked", tk)
 	}
 }

@@ -62,6 +62,7 @@ WITH l AS (
     UPDATE ingest_task t SET
         status              = CASE WHEN ` + cancelNow("l") + ` THEN 'CANCELLED' ELSE t.status END,
         next_retry_at       = CASE WHEN ` + cancelNow("l") + ` THEN NULL ELSE t.next_retry_at END,
+        parked_at           = CASE WHEN ` + cancelNow("l") + ` THEN NULL ELSE t.parked_at END,
         finished_at         = CASE WHEN ` + cancelNow("l") + ` THEN now() ELSE t.finished_at END,
         lease_owner         = CASE WHEN ` + cancelNow("l") + ` THEN NULL ELSE t.lease_owner END,
         lease_until         = CASE WHEN ` + cancelNow("l") + ` THEN NULL ELSE t.lease_until END,

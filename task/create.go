@@ -48,11 +48,12 @@ type NewTask struct {
 	Traceparent string
 	// RunAt delays the task: it is QUEUED with next_retry_at = RunAt, and
 	// its outbox row is due then, so it is published to the stream (and
-	// started) only once RunAt has come. A RunAt in the past means now. At
-	// most one of RunAt and Delay may be set.
+	// started) only once RunAt has come. A RunAt in the past means now;
+	// one more than ScheduleHorizon ahead is refused. At most one of RunAt
+	// and Delay may be set.
 	RunAt time.Time
 	// Delay delays the task by this long from its creation (the database's
-	// clock), like RunAt.
+	// clock), like RunAt; at most ScheduleHorizon (MaxDelay).
 	Delay time.Duration
 	// Timeout, when > 0, is the deadline of each run of the task's handler
 	// (stored as timeout_ms; see the worker for the defaults that apply
@@ -369,8 +370,18 @@ func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) 
 	return items, nil
 }
 
-// MaxDelay is the longest Delay accepted (a RunAt may be any time).
-const MaxDelay = 100 * 365 * 24 * time.Hour
+// ScheduleHorizon is how far ahead a task may be scheduled: a RunAt at
+// most this long after now, a Delay at most this long. Ten years (3,653
+// days: ten of 365 and the leap days they can hold) take any schedule a
+// task queue serves, yearly ones included; a task held longer outlives
+// the handler and payload format it was written for, and belongs in the
+// application's own data until it nears. The bound refuses a mistyped
+// year (2206 for 2026) instead of keeping a task for centuries, and keeps
+// every due time the product shows and computes within a few digits.
+const ScheduleHorizon = 3653 * 24 * time.Hour
+
+// MaxDelay is the longest Delay accepted: the scheduling horizon.
+const MaxDelay = ScheduleHorizon
 
 // MaxTimeout is the longest Timeout accepted: timeout_ms is an int column.
 const MaxTimeout = time.Duration(math.MaxInt32) * time.Millisecond
@@ -435,8 +446,11 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 		return bad("delay_ms", "delay_ms must be at most %d (%s), got %d", MaxDelay.Milliseconds(), MaxDelay, nt.Delay.Milliseconds())
 	case nt.Delay > 0 && !nt.RunAt.IsZero():
 		return bad("run_at", "run_at and delay_ms are exclusive: set at most one")
-	case !nt.RunAt.IsZero() && (nt.RunAt.Year() < 1 || nt.RunAt.Year() > 9999):
-		return bad("run_at", "run_at %s is out of range (years 1 to 9999)", nt.RunAt.Format(time.RFC3339))
+	case !nt.RunAt.IsZero() && nt.RunAt.Year() < 1:
+		return bad("run_at", "run_at %s is out of range (year 1 or later)", nt.RunAt.Format(time.RFC3339))
+	case nt.RunAt.After(time.Now().Add(ScheduleHorizon)):
+		return bad("run_at", "run_at %s is beyond the scheduling horizon: at most %d days (about %d years) from now",
+			nt.RunAt.Format(time.RFC3339), ScheduleHorizon/(24*time.Hour), ScheduleHorizon/(365*24*time.Hour))
 	case nt.Timeout < 0:
 		return bad("timeout_ms", "timeout_ms must be >= 0 (0: the default), got %d", nt.Timeout.Milliseconds())
 	case nt.Timeout > MaxTimeout:

@@ -350,7 +350,9 @@ func TestCreateValidation(t *testing.T) {
 		{"RunAtAndDelay", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Now().Add(time.Hour), Delay: time.Minute}, task.ErrInvalidTask, []string{"run_at", "delay_ms", "exclusive"}},
 		{"NegativeDelay", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Delay: -time.Second}, task.ErrInvalidTask, []string{"delay_ms", "-1000"}},
 		{"HugeDelay", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Delay: task.MaxDelay + time.Millisecond}, task.ErrInvalidTask, []string{"delay_ms", "at most"}},
-		{"RunAtOutOfRange", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, task.ErrInvalidTask, []string{"run_at", "out of range"}},
+		{"RunAtOutOfRange", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Date(0, 12, 31, 0, 0, 0, 0, time.UTC)}, task.ErrInvalidTask, []string{"run_at", "out of range"}},
+		{"RunAtBeyondHorizon", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Now().Add(task.ScheduleHorizon + time.Hour)}, task.ErrInvalidTask, []string{"run_at", "scheduling horizon", "3653 days"}},
+		{"RunAtFarFuture", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)}, task.ErrInvalidTask, []string{"run_at", "scheduling horizon"}},
 		{"NegativeTimeout", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Timeout: -time.Second}, task.ErrInvalidTask, []string{"timeout_ms", "-1000"}},
 		{"SubMillisecondTimeout", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Timeout: time.Microsecond}, task.ErrInvalidTask, []string{"timeout_ms", "1 ms"}},
 		{"HugeTimeout", task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), Timeout: task.MaxTimeout + time.Millisecond}, task.ErrInvalidTask, []string{"timeout_ms", "at most"}},
@@ -369,6 +371,14 @@ func TestCreateValidation(t *testing.T) {
 			}
 		})
 	}
+	t.Run("RunAtWithinHorizon", func(t *testing.T) {
+		t.Parallel()
+		at := time.Now().Add(task.ScheduleHorizon - time.Minute)
+		r, err := b.store.Create(b.ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(`1`), RunAt: at})
+		if err != nil || r.Task.NextRetryAt == nil || !r.Task.NextRetryAt.Equal(at.Truncate(time.Microsecond)) {
+			t.Fatalf("a run_at a minute inside the horizon: %+v, %v; want QUEUED with next_retry_at %v", r.Task, err, at)
+		}
+	})
 	t.Run("LimitIsInclusive", func(t *testing.T) {
 		t.Parallel()
 		r, err := b.store.Create(b.ctx, task.NewTask{Kind: "limit", Payload: json.RawMessage(`"` + strings.Repeat("x", 62) + `"`)})

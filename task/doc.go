@@ -23,6 +23,11 @@
 // starts or completes a whole read batch in one statement. Rows are locked
 // in id order, so concurrent batches never deadlock one another.
 //
+// Parking (kind.go, limit.go) is no state change either: a QUEUED or
+// RETRYING task whose kind is paused or at a limit gets parked_at set,
+// which keeps it from being due (the guard due) until a release clears it
+// and gives it a new outbox event.
+//
 // Creating a task also writes its outbox_event row (package outbox) in the
 // same transaction; with CreateTx that is the caller's own pgx.Tx, so a task
 // commits atomically with the caller's business data.

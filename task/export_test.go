@@ -26,3 +26,13 @@ func RescueStatements() map[string][2]string {
 		"still-missing": {stillMissingSQL, `'{00000000-0000-7000-8000-000000000001}', '{0}'`},
 	}
 }
+
+// ParkedStatements are the statements that find a kind's parked tasks on
+// ingest_task_parked_idx, each with example arguments as SQL literals
+// (for the plan test).
+func ParkedStatements() map[string][2]string {
+	return map[string][2]string{
+		"any-parked": {anyParkedSQL, `'plan'`},
+		"unpark":     {unparkSQL, `'plan', 1000`},
+	}
+}

@@ -9,9 +9,10 @@ import "strings"
 // (docs/ARCHITECTURE.md §2).
 
 // due is the guard of a waiting task (QUEUED or RETRYING) that may start:
-// no next_retry_at, or one that has come. a is the alias of ingest_task.
+// not parked, and no next_retry_at or one that has come. a is the alias of
+// ingest_task.
 func due(a string) string {
-	return `(` + a + `.next_retry_at IS NULL OR ` + a + `.next_retry_at <= now())`
+	return `(` + a + `.parked_at IS NULL AND (` + a + `.next_retry_at IS NULL OR ` + a + `.next_retry_at <= now()))`
 }
 
 // expiredLease is the guard of a RUNNING task whose lease expired: its

@@ -10,20 +10,57 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ParkedUntil is the next_retry_at of a parked task: one whose kind was
-// paused when a worker read its entry. No start and no rescuer pass takes
-// it before its kind is resumed (Store.SetPaused), which makes it due at
-// once and publishes it again.
-var ParkedUntil = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+// A parked task is a QUEUED or RETRYING task with parked_at set: a worker
+// parked it because its kind was paused (Park) or at a concurrency or
+// rate limit (StartLimited), and acknowledged its entry. No start and no
+// rescuer pass takes it (the guard due) until a resume or a freed slot
+// releases it (ReleaseParked), which clears parked_at and publishes it
+// again. Its next_retry_at keeps its own due time (one that had come when
+// it was parked).
 
-// parkedSQL is ParkedUntil in SQL, written as migration 00010's partial
-// index ingest_task_parked_idx has it, so that the planner uses the index.
-const parkedSQL = `'9999-12-31 00:00:00+00'`
+// Why a parked task waits: the reason label of ingest_kind_waiting_tasks
+// and Task.ParkedReason.
+const (
+	// ParkedPaused: its kind is paused.
+	ParkedPaused = "paused"
+	// ParkedLimit: its kind is not paused, and the task waits for a slot
+	// or a start under the kind's concurrency or rate limit.
+	ParkedLimit = "limit"
+)
 
-// Parked reports whether t is parked (its kind is paused).
-func (t Task) Parked() bool {
-	return (t.Status == Queued || t.Status == Retrying) && t.NextRetryAt != nil && t.NextRetryAt.Equal(ParkedUntil)
+// ParkReason is why a parked task of a kind waits: ParkedPaused while the
+// kind is paused, else ParkedLimit.
+func ParkReason(kindPaused bool) string {
+	if kindPaused {
+		return ParkedPaused
+	}
+	return ParkedLimit
 }
+
+// Parked reports whether t is parked (see ParkedAt).
+func (t Task) Parked() bool {
+	return (t.Status == Queued || t.Status == Retrying) && t.ParkedAt != nil
+}
+
+// ParkedNote says for people why t waits: "parked (kind paused)" or
+// "waiting for a slot" (ParkedReason, as Get and List fill it in), just
+// "parked" when the reason was not read, and "" when t is not parked.
+func (t Task) ParkedNote() string {
+	switch {
+	case !t.Parked():
+		return ""
+	case t.ParkedReason == ParkedPaused:
+		return "parked (kind paused)"
+	case t.ParkedReason == ParkedLimit:
+		return "waiting for a slot"
+	}
+	return "parked"
+}
+
+// parkedSQL is the guard of a parked task, as ingest_task_parked_idx's
+// predicate names it (so that the planner uses the index). a is the alias
+// of ingest_task.
+func parkedSQL(a string) string { return a + `.parked_at IS NOT NULL` }
 
 // unparkBatch is how many parked tasks one transaction of a resume
 // releases.
@@ -43,7 +80,7 @@ WITH k AS (
     WHERE t.kind IN (SELECT kind FROM k)
     ORDER BY t.id FOR NO KEY UPDATE OF t
 )
-UPDATE ingest_task t SET next_retry_at = ` + parkedSQL + `, updated_at = now()
+UPDATE ingest_task t SET parked_at = now(), updated_at = now()
 FROM l WHERE t.id = l.id
   AND CASE WHEN t.status IN ` + waitingSQL + ` AND ` + due("t") + ` THEN true ELSE false END
 RETURNING t.id`
@@ -72,16 +109,20 @@ func (s *Store) Park(ctx context.Context, ids ...uuid.UUID) ([]uuid.UUID, error)
 	return parked, nil
 }
 
-// unparkSQL makes up to $2 parked tasks of kind $1 due at once.
+// unparkSQL releases up to $2 parked tasks of kind $1: they are due at
+// once (their own due time had come when they were parked). The guard on
+// the target row is a CASE, so that no plan reads the target rows from
+// ingest_task_parked_idx by id (a scan of every parked task per row; see
+// targetGuard): they come through the primary key.
 var unparkSQL = `
 WITH p AS (
     SELECT id FROM ingest_task
-    WHERE kind = $1 AND next_retry_at = ` + parkedSQL + ` AND status IN ` + waitingSQL + `
+    WHERE kind = $1 AND ` + parkedSQL("ingest_task") + ` AND status IN ` + waitingSQL + `
     ORDER BY id LIMIT $2
     FOR NO KEY UPDATE
 )
-UPDATE ingest_task t SET next_retry_at = NULL, updated_at = now()
-FROM p WHERE t.id = p.id
+UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
+FROM p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` THEN true ELSE false END
 RETURNING t.id`
 
 // checkKind validates a kind name given to the kind settings.
@@ -147,7 +188,7 @@ var kindsSQL = `
 WITH c AS (
     SELECT kind, status, count(*) AS n,
            count(*) FILTER (WHERE status = 'RUNNING' AND lease_until > now()) AS running,
-           count(*) FILTER (WHERE next_retry_at = ` + parkedSQL + ` AND status IN ` + waitingSQL + `) AS parked
+           count(*) FILTER (WHERE ` + parkedSQL("ingest_task") + ` AND status IN ` + waitingSQL + `) AS parked
     FROM ingest_task WHERE $1 = '' OR kind = $1 GROUP BY kind, status
 )
 SELECT coalesce(c.kind, k.kind), coalesce(k.paused, false), k.updated_at, coalesce(k.updated_by, ''),

@@ -104,8 +104,67 @@ func TestParkRacesResume(t *testing.T) {
 			}
 		})
 		wg.Wait()
-		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND next_retry_at = '9999-12-31 00:00:00+00'`, kind); n != 0 {
+		if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND parked_at IS NOT NULL`, kind); n != 0 {
 			t.Fatalf("round %d: %d tasks left parked after the resume", round, n)
 		}
 	}
+}
+
+// TestFarScheduleIsNotParked: a task scheduled far ahead is a scheduled
+// task, not a parked one, whatever its due time: it is not counted as
+// parked, a pause does not park it (it is not due) and a resume does not
+// run it early. One is scheduled at the horizon, the other by SQL at the
+// former parked mark (9999-12-31), which a run_at could hold before the
+// horizon.
+func TestFarScheduleIsNotParked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	atHorizon := b.create(t, task.NewTask{Kind: "far", RunAt: time.Now().Add(task.ScheduleHorizon - time.Minute)}).ID
+	far := b.create(t, task.NewTask{Kind: "far", Delay: time.Hour}).ID
+	if _, err := b.db.Exec(b.ctx, `UPDATE ingest_task SET next_retry_at = '9999-12-31 00:00:00+00' WHERE id = $1`, far); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(b.ctx, `UPDATE outbox_event SET next_retry_at = '9999-12-31 00:00:00+00' WHERE task_id = $1`, far); err != nil {
+		t.Fatal(err)
+	}
+	due := b.create(t, task.NewTask{Kind: "far"}).ID
+	scheduled := []uuid.UUID{atHorizon, far}
+	for _, id := range scheduled {
+		if tk := b.get(t, id); tk.Parked() || tk.ParkedNote() != "" {
+			t.Fatalf("a task scheduled for %v reads as parked: %+v", tk.NextRetryAt, tk)
+		}
+	}
+	k, _, err := b.store.Kind(b.ctx, "far")
+	if err != nil || k.Parked != 0 {
+		t.Fatalf("Kind(far) = %+v, %v; want no parked task", k, err)
+	}
+
+	if _, err := b.store.SetPaused(b.ctx, "t", "far", true); err != nil {
+		t.Fatal(err)
+	}
+	parked, err := b.store.Park(b.ctx, atHorizon, far, due)
+	if err != nil || len(parked) != 1 || parked[0] != due {
+		t.Fatalf("Park = %v, %v; want only the due task %s", parked, err, due)
+	}
+	if k, _, err = b.store.Kind(b.ctx, "far"); err != nil || k.Parked != 1 {
+		t.Fatalf("Kind(far) while paused = %+v, %v; want 1 parked", k, err)
+	}
+	if tk := b.get(t, due); !tk.Parked() || tk.ParkedAt == nil || tk.ParkedReason != task.ParkedPaused || tk.ParkedNote() != "parked (kind paused)" {
+		t.Fatalf("the parked task reads %+v (%q); want parked, reason paused", tk, tk.ParkedNote())
+	}
+	released, err := b.store.SetPaused(b.ctx, "t", "far", false)
+	if err != nil || released != 1 {
+		t.Fatalf("resume = %d, %v; want the one parked task released", released, err)
+	}
+	for _, id := range scheduled {
+		tk := b.get(t, id)
+		if tk.Parked() || tk.NextRetryAt == nil || tk.NextRetryAt.Before(time.Now().Add(task.ScheduleHorizon/2)) {
+			t.Fatalf("a far task after pause and resume: %+v; want still scheduled far ahead", tk)
+		}
+		if n := b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1`, id); n != 1 {
+			t.Fatalf("a far task has %d outbox events after the resume, want its own one", n)
+		}
+		b.start(t, "w", time.Minute, id, task.NotDue)
+	}
+	b.start(t, "w", time.Minute, due, task.Started)
 }

@@ -318,7 +318,7 @@ WITH l AS (
     SELECT t.id FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
     ORDER BY t.id FOR NO KEY UPDATE OF t
 )
-UPDATE ingest_task t SET next_retry_at = ` + parkedSQL + `, updated_at = now()
+UPDATE ingest_task t SET parked_at = now(), updated_at = now()
 FROM l WHERE t.id = l.id
   AND CASE WHEN t.status IN ` + waitingSQL + ` AND ` + due("t") + ` THEN true ELSE false END
 RETURNING t.id`
@@ -537,12 +537,12 @@ func (s *Store) FreeSlots(ctx context.Context, kind string, ids ...uuid.UUID) ([
 
 // anyParkedSQL tells whether kind $1 has a parked task (one probe of
 // ingest_task_parked_idx).
-var anyParkedSQL = `SELECT EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND next_retry_at = ` + parkedSQL + ` AND status IN ` + waitingSQL + `)`
+var anyParkedSQL = `SELECT EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND ` + parkedSQL("ingest_task") + ` AND status IN ` + waitingSQL + `)`
 
 // ReleaseParked wakes at most max (0: a thousand) parked tasks of kind, as
 // many as its limits let start now less inTransit (tasks woken earlier
-// that have not started yet): each gets next_retry_at NULL and a new
-// outbox event, due at once. A kind that is paused releases nothing. It
+// that have not started yet): each is no longer parked (parked_at NULL)
+// and gets a new outbox event, due at once. A kind that is paused releases nothing. It
 // returns the tasks it released.
 func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max int) ([]uuid.UUID, error) {
 	// Most calls find nothing parked: they take no lock.
@@ -627,7 +627,7 @@ func (s *Store) InTransit(ctx context.Context, ids []uuid.UUID) (int, error) {
 	}
 	var n int
 	err := s.db.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status IN `+waitingSQL+`
-		AND next_retry_at IS DISTINCT FROM `+parkedSQL, ids).Scan(&n)
+		AND NOT `+parkedSQL("ingest_task"), ids).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("count released tasks in transit: %w", err)
 	}
@@ -637,7 +637,7 @@ func (s *Store) InTransit(ctx context.Context, ids []uuid.UUID) (int, error) {
 // ParkedCounts returns the number of parked tasks of each kind that has
 // any (an operator's count over ingest_task_parked_idx).
 func (s *Store) ParkedCounts(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind, count(*) FROM ingest_task WHERE next_retry_at = `+parkedSQL+` AND status IN `+waitingSQL+` GROUP BY kind`)
+	rows, err := s.db.Query(ctx, `SELECT kind, count(*) FROM ingest_task WHERE `+parkedSQL("ingest_task")+` AND status IN `+waitingSQL+` GROUP BY kind`)
 	if err != nil {
 		return nil, fmt.Errorf("count parked tasks: %w", err)
 	}

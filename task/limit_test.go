@@ -81,7 +81,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	for _, r := range rs {
 		if r.Outcome == task.Throttled {
-			if tk := b.get(t, r.ID); !r.Parked || !tk.Parked() || tk.AttemptCount != 0 {
+			if tk := b.get(t, r.ID); !r.Parked || !tk.Parked() || tk.AttemptCount != 0 || tk.ParkedNote() != "waiting for a slot" {
 				t.Fatalf("throttled task %s: parked %v, row %+v; want parked with no attempt", r.ID, r.Parked, tk)
 			}
 		}

@@ -93,3 +93,40 @@ func TestRescuerReadsOutboxRowsByTask(t *testing.T) {
 	exec(`ANALYZE`, `INSERT INTO outbox_event (task_id, stream) SELECT id, 's' FROM ingest_task`)
 	check("backlog after ANALYZE")
 }
+
+// TestParkedStatementsReadTheParkedIndex: whether a kind has parked tasks
+// (asked after every run of a concurrency-limited kind) and which to
+// release are read on ingest_task_parked_idx, whose predicate is the
+// parked guard, not by a scan of the kind's tasks, most of which are not
+// parked; once, and the released rows by primary key (a lookup by id on
+// the parked index reads every parked task of every kind, per row).
+func TestParkedStatementsReadTheParkedIndex(t *testing.T) {
+	b := setup(t, task.Config{})
+	if _, err := b.db.Exec(b.ctx, `
+INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts, parked_at)
+SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 3, CASE WHEN g % 1000 = 0 THEN now() END FROM generate_series(1, 20000) g`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.db.Exec(b.ctx, `ANALYZE ingest_task`); err != nil {
+		t.Fatal(err)
+	}
+	for name, st := range task.ParkedStatements() {
+		nodes, plan := testenv.GenericPlan(t, b.db, st[0], st[1])
+		parkedScans := 0
+		for _, p := range nodes {
+			if p.Relation != "ingest_task" || p.NodeType == "ModifyTable" {
+				continue
+			}
+			switch p.Index {
+			case "ingest_task_parked_idx":
+				parkedScans++
+			case "ingest_task_pkey": // the update's target rows, by id
+			default:
+				t.Errorf("%s reads ingest_task by %s %s:\n%s", name, p.NodeType, p.Index, plan)
+			}
+		}
+		if parkedScans != 1 {
+			t.Errorf("%s reads ingest_task_parked_idx %d times, want once:\n%s", name, parkedScans, plan)
+		}
+	}
+}

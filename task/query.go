@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,7 +24,11 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Task, error) {
 	if err != nil {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)
 	}
-	return t, nil
+	ts := []Task{t}
+	if err := s.fillParkReasons(ctx, ts); err != nil {
+		return Task{}, fmt.Errorf("get task %s: %w", id, err)
+	}
+	return ts[0], nil
 }
 
 // GetWithTransitions returns a task and its audit trail, oldest first.
@@ -107,7 +112,38 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 		last := tasks[len(tasks)-1]
 		next = encodeCursor(last.CreatedAt, last.ID)
 	}
+	if err := s.fillParkReasons(ctx, tasks); err != nil {
+		return nil, "", fmt.Errorf("list tasks: %w", err)
+	}
 	return tasks, next, nil
+}
+
+// fillParkReasons sets the ParkedReason of the parked tasks of ts from
+// their kinds' settings now (one query, only when one is parked).
+func (s *Store) fillParkReasons(ctx context.Context, ts []Task) error {
+	var kinds []string
+	for _, t := range ts {
+		if t.Parked() {
+			kinds = append(kinds, t.Kind)
+		}
+	}
+	if len(kinds) == 0 {
+		return nil
+	}
+	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE paused AND kind = ANY($1)`, kinds)
+	if err != nil {
+		return err
+	}
+	paused, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for i := range ts {
+		if ts[i].Parked() {
+			ts[i].ParkedReason = ParkReason(slices.Contains(paused, ts[i].Kind))
+		}
+	}
+	return nil
 }
 
 func encodeCursor(at time.Time, id uuid.UUID) string {

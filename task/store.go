@@ -186,6 +186,13 @@ type Task struct {
 	// Traceparent is the W3C traceparent of the span the task was created
 	// under (its publish and attempt spans' parent); "" when none.
 	Traceparent string `json:"traceparent,omitempty"`
+	// ParkedAt is when a worker parked the task (see Parked); nil when it
+	// is not parked.
+	ParkedAt *time.Time `json:"parked_at,omitempty"`
+	// ParkedReason is why a parked task waits, ParkedPaused or ParkedLimit
+	// (ParkReason of its kind's settings now), filled in by Get,
+	// GetWithTransitions and List; "" otherwise.
+	ParkedReason string `json:"parked_reason,omitempty"`
 }
 
 // EffectiveMaxAttempts returns the task's own limit of runs, or workerMax
@@ -201,13 +208,13 @@ func (t Task) EffectiveMaxAttempts(workerMax int) int {
 const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, ''), status, attempt_count, max_attempts,
 	next_retry_at, coalesce(last_error, ''), coalesce(error_message, ''), coalesce(lease_owner, ''), lease_until,
 	created_at, updated_at, finished_at, cancel_requested_at, coalesce(cancel_reason, ''), coalesce(cancel_requested_by, ''),
-	coalesce(traceparent, ''), coalesce(timeout_ms, 0)`
+	coalesce(traceparent, ''), coalesce(timeout_ms, 0), parked_at`
 
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
 	dest := append([]any{&t.ID, &t.Kind, &t.Payload, &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
-		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS}, extra...)
+		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS, &t.ParkedAt}, extra...)
 	err := row.Scan(dest...)
 	return t, err
 }

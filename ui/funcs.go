@@ -47,13 +47,7 @@ func ago(t time.Time) string {
 	return relative(t)
 }
 
-func relative(t time.Time) string {
-	d := time.Until(t)
-	if d >= 0 {
-		return "in " + humantime.Duration(d)
-	}
-	return humantime.Duration(-d) + " ago"
-}
+func relative(t time.Time) string { return humantime.Relative(t, time.Now()) }
 
 // when writes a time in UTC to the millisecond.
 func when(t time.Time) string {

@@ -629,3 +629,45 @@ func TestLiveRequestAfterLogout(t *testing.T) {
 		t.Fatalf("live request without a session: %d, HX-Redirect %q", p.code, p.header.Get("HX-Redirect"))
 	}
 }
+
+// TestParkedTasks: a parked task's page and its row in the list say why it
+// waits, parked for a paused kind or waiting for a slot under a limit,
+// and show no far-future time.
+func TestParkedTasks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	paused := b.create(t, task.NewTask{Kind: "p"})
+	if _, err := b.store.SetPaused(b.ctx, "test", "p", true); err != nil {
+		t.Fatal(err)
+	}
+	if parked, err := b.store.Park(b.ctx, paused.ID); err != nil || len(parked) != 1 {
+		t.Fatalf("Park = %v, %v", parked, err)
+	}
+	one := 1
+	if _, err := b.store.SetKind(b.ctx, "test", "l", task.KindUpdate{Concurrency: &one}); err != nil {
+		t.Fatal(err)
+	}
+	running, waiting := b.create(t, task.NewTask{Kind: "l"}), b.create(t, task.NewTask{Kind: "l"})
+	rs, err := b.store.StartLimited(b.ctx, "w1", time.Minute, "l", running.ID, waiting.ID)
+	if err != nil || rs[0].Outcome != task.Started || !rs[1].Parked {
+		t.Fatalf("StartLimited = %+v, %v; want the first started, the second parked", rs, err)
+	}
+	c := b.client(t)
+	for path, says := range map[string]string{
+		"/ui/tasks/" + paused.ID.String():  `id="parked">parked (kind paused)</span>`,
+		"/ui/tasks?kind=p":                 "parked (kind paused)",
+		"/ui/tasks/" + waiting.ID.String(): `id="parked">waiting for a slot</span>`,
+		"/ui/tasks?kind=l":                 "waiting for a slot",
+	} {
+		p := c.get(path)
+		want(t, p, 200, says)
+		for _, bad := range []string{"9999", "106751d"} {
+			if strings.Contains(p.body, bad) {
+				t.Fatalf("a page of parked tasks shows %q:\n%s", bad, clip(p.body))
+			}
+		}
+	}
+	if p := c.get("/ui/tasks/" + running.ID.String()); strings.Contains(p.body, `id="parked"`) {
+		t.Fatal("the running task's page says it is parked")
+	}
+}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
 )
 
@@ -545,6 +546,41 @@ func testEndToEnd(t *testing.T, bin string) {
 	if r := runBin(t, bin, env, "", "task", "redrive", "--status", "RUNNING"); r.code != exitUsage || !strings.Contains(r.stderr, "status must be DEAD or CANCELLED") {
 		t.Fatalf("task redrive --status RUNNING: exit %d, stderr %q; want a usage error naming the status", r.code, r.stderr)
 	}
+
+	// A run_at beyond the scheduling horizon is a usage error naming it.
+	if r := runBin(t, bin, env, "", "enqueue", "--kind", "e2e.parked", "--payload", "{}", "--run-at", "9999-12-31T00:00:00Z"); r.code != exitUsage ||
+		!strings.Contains(r.stderr, "run_at") || !strings.Contains(r.stderr, "scheduling horizon") {
+		t.Fatalf("enqueue --run-at 9999-12-31: exit %d, stderr %q; want a usage error naming run_at and the horizon", r.code, r.stderr)
+	}
+
+	// A parked task: task show and task list say why it waits and show no
+	// far-future time, and the resume runs it. (The worker parks a paused
+	// kind's entries once it has read the pause, within a second; here the
+	// store parks the task, so that the test does not race that read: it
+	// is created an hour ahead, so that no worker reads it first, and made
+	// due by SQL.)
+	mustRun(t, bin, env, "", "kind", "pause", "e2e.parked")
+	parkedID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.parked", "--payload", "{}", "--delay", "1h")))
+	store, err := task.NewStore(task.Config{}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE ingest_task SET next_retry_at = NULL WHERE id = $1`, parkedID); err != nil {
+		t.Fatal(err)
+	}
+	if parked, err := store.Park(ctx, parkedID); err != nil || len(parked) != 1 {
+		t.Fatalf("Park = %v, %v", parked, err)
+	}
+	for _, args := range [][]string{{"task", "show", parkedID.String()}, {"task", "list", "--kind", "e2e.parked"}} {
+		out := mustRun(t, bin, env, "", args...)
+		if !strings.Contains(out, "parked (kind paused)") || strings.Contains(out, "9999") || strings.Contains(out, "106751d") {
+			t.Fatalf("%v of a parked task:\n%s", args, out)
+		}
+	}
+	if out := mustRun(t, bin, env, "", "kind", "resume", "e2e.parked"); !strings.Contains(out, "1 parked tasks published again") {
+		t.Fatalf("kind resume e2e.parked: %q", out)
+	}
+	testenv.Eventually(t, 20*time.Second, "the released task to run", func() bool { return rc.count(parkedID) == 1 })
 
 	// task cancel: a running task's webhook call is cut off and the task
 	// ends CANCELLED, audited with the reason and the CLI as the actor.

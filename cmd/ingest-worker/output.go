@@ -53,12 +53,13 @@ func clip(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-// ago formats the time since t ("" for the zero time).
+// ago says how long ago t was, "3.2s ago" ("in 1.0s" for a time ahead,
+// "" for the zero time).
 func ago(t time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	return humantime.Duration(time.Since(t)) + " ago"
+	return humantime.Relative(t, time.Now())
 }
 
 func timeOrEmpty(t *time.Time) string {

@@ -332,6 +332,9 @@ func (a *app) printTask(d taskDetail) {
 	if t.NextRetryAt != nil {
 		kv = append(kv, []string{"next retry", fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
 	}
+	if note := t.ParkedNote(); note != "" {
+		kv = append(kv, []string{"parked", fmt.Sprintf("%s, since %s (%s)", note, timeOrEmpty(t.ParkedAt), relative(*t.ParkedAt))})
+	}
 	if t.LeaseOwner != "" {
 		kv = append(kv, []string{"lease", fmt.Sprintf("%s until %s", t.LeaseOwner, timeOrEmpty(t.LeaseUntil))})
 	}
@@ -415,6 +418,15 @@ func (a *app) printTask(d taskDetail) {
 	a.printf("  replay with: ingest-worker dlq replay %s\n", d.Redis.DLQ[0].ID)
 }
 
+// statusText is a task's status for a table, with why it waits when it
+// is parked: "QUEUED, parked (kind paused)", "QUEUED, waiting for a slot".
+func statusText(t task.Task) string {
+	if note := t.ParkedNote(); note != "" {
+		return string(t.Status) + ", " + note
+	}
+	return string(t.Status)
+}
+
 func yesNo(b bool) string {
 	if b {
 		return "yes"
@@ -422,14 +434,9 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// relative says how far t is from now: "in 3.0s" or "2m05s ago".
-func relative(t time.Time) string {
-	d := time.Until(t)
-	if d >= 0 {
-		return "in " + humantime.Duration(d)
-	}
-	return humantime.Duration(-d) + " ago"
-}
+// relative says how far t is from now: "in 3.0s" or "2m05s ago", however
+// far.
+func relative(t time.Time) string { return humantime.Relative(t, time.Now()) }
 
 func (a *app) taskListCommand() *cobra.Command {
 	var p task.ListParams
@@ -471,7 +478,7 @@ func (a *app) taskListCommand() *cobra.Command {
 			}
 			rows := make([][]string, len(tasks))
 			for i, t := range tasks {
-				rows[i] = []string{t.ID.String(), t.Kind, string(t.Status), fmt.Sprintf("%d/%s", t.AttemptCount, a.maxShort(t)), ago(t.CreatedAt), ago(t.UpdatedAt), clip(t.LastError, 60)}
+				rows[i] = []string{t.ID.String(), t.Kind, statusText(t), fmt.Sprintf("%d/%s", t.AttemptCount, a.maxShort(t)), ago(t.CreatedAt), ago(t.UpdatedAt), clip(t.LastError, 60)}
 			}
 			a.table([]string{"ID", "KIND", "STATUS", "FAILED/MAX", "CREATED", "UPDATED", "LAST ERROR"}, rows)
 			if next != "" {
