@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/internal/tracing"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/transition"
@@ -67,11 +68,16 @@ type TaskResponse struct {
 type RedriveResponse struct {
 	ID     uuid.UUID  `json:"id"`
 	Status task.State `json:"status"`
+	// DLQRemoved counts the DLQ entries of the task removed (those of its
+	// last death; 0 without a DLQ or when their removal failed, which the
+	// server logs).
+	DLQRemoved int `json:"dlq_removed"`
 }
 
 // BulkRedriveRequest is the body of POST /v1/tasks/redrive: the filter
 // (task.RedriveFilter: status DEAD or CANCELLED, kind, error_contains,
-// since and until on finished_at as RFC 3339 times, limit) and dry_run.
+// since and until on finished_at as RFC 3339 times, limit, ids: only
+// these tasks, e.g. those a dry run listed) and dry_run.
 type BulkRedriveRequest struct {
 	Status        string `json:"status"`
 	Kind          string `json:"kind,omitempty"`
@@ -79,13 +85,24 @@ type BulkRedriveRequest struct {
 	Since         string `json:"since,omitempty"`
 	Until         string `json:"until,omitempty"`
 	Limit         int    `json:"limit,omitempty"`
-	DryRun        bool   `json:"dry_run,omitempty"`
+	// IDs narrows the filter to these tasks: a redrive that follows a
+	// dry run passes the dry run's ids, so that it acts on exactly what
+	// the dry run listed.
+	IDs    []string `json:"ids,omitempty"`
+	DryRun bool     `json:"dry_run,omitempty"`
 }
 
 // filter returns the request's filter, or the 400 naming its bad field.
 func (req BulkRedriveRequest) filter() (task.RedriveFilter, *inputError) {
 	f := task.RedriveFilter{Status: task.State(strings.ToUpper(req.Status)), Kind: req.Kind,
 		ErrorContains: req.ErrorContains, Limit: req.Limit}
+	for i, v := range req.IDs {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			return f, badInput(fmt.Sprintf("ids[%d]", i), "ids[%d] %q is not a task id", i, clip.String(v, 64))
+		}
+		f.IDs = append(f.IDs, id)
+	}
 	for _, t := range []struct {
 		field, in string
 		out       *time.Time
@@ -318,14 +335,19 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := s.store.Redrive(r.Context(), s.cfg.Actor, id)
+	res, removed, err := dlq.Redrive(r.Context(), s.cfg.DLQClient, s.dlqKey(), s.store, s.cfg.Actor, id)
 	if err != nil {
-		s.storeError(w, r, err, "id")
-		return
+		if rerr := (*dlq.RemoveError)(nil); errors.As(err, &rerr) {
+			// The task is QUEUED again; only its old DLQ entry stayed.
+			s.log.WarnContext(r.Context(), "redrive: DLQ entry not removed", "task_id", id, "err", err)
+		} else {
+			s.storeError(w, r, err, "id")
+			return
+		}
 	}
 	switch rr := res[0]; {
 	case rr.Applied:
-		writeJSON(w, http.StatusOK, RedriveResponse{ID: id, Status: rr.Status})
+		writeJSON(w, http.StatusOK, RedriveResponse{ID: id, Status: rr.Status, DLQRemoved: removed})
 	case rr.Status == "":
 		writeError(w, http.StatusNotFound, fmt.Sprintf("task %s not found", id), "id")
 	default:
@@ -348,16 +370,21 @@ func (s *Server) bulkRedrive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	key := s.cfg.DLQKey
-	if s.cfg.DLQClient == nil {
-		key = ""
-	}
-	res, err := dlq.RedriveMatching(r.Context(), s.cfg.DLQClient, key, s.store, s.cfg.Actor, f, task.RedriveOptions{DryRun: req.DryRun})
+	res, err := dlq.RedriveMatching(r.Context(), s.cfg.DLQClient, s.dlqKey(), s.store, s.cfg.Actor, f, task.RedriveOptions{DryRun: req.DryRun})
 	if err != nil {
 		s.internalError(w, r, fmt.Errorf("bulk redrive (%d of %d matched tasks redriven): %w", res.Redriven, res.Matched, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, res)
+}
+
+// dlqKey is the DLQ stream whose entries a redrive removes: none without
+// a Redis client (Kafka mode, whose DLQ topic keeps its records).
+func (s *Server) dlqKey() string {
+	if s.cfg.DLQClient == nil {
+		return ""
+	}
+	return s.cfg.DLQKey
 }
 
 // cancelTask answers POST /v1/tasks/{id}/cancel: 200 with the task once it

@@ -15,6 +15,11 @@
 // DLQ entry fields (contract): task_id, kind, attempt_count, last_error,
 // source_id (the task-stream entry id), dead_at (RFC 3339).
 //
+// Every redrive goes through this package, so that a redriven task never
+// keeps the entry of its old death and the DLQ's depth stays the number of
+// DEAD tasks with an entry: Redrive (task ids), RedriveMatching (a filter,
+// or the ids a dry run listed) and Replay (entries).
+//
 // Replay sends a DEAD task back to QUEUED through the task store (Redrive,
 // which writes a new outbox event in the same transaction) and removes its
 // DLQ entry (XDEL) only after that commit. An entry without a valid task_id

@@ -39,14 +39,24 @@ type RedriveFilter struct {
 	// CANCELLED) to [Since, Until); zero: open.
 	Since time.Time `json:"since,omitzero"`
 	Until time.Time `json:"until,omitzero"`
-	// Limit is how many tasks are matched at most; 0: DefaultRedriveLimit.
+	// Limit is how many tasks are matched at most; 0: DefaultRedriveLimit,
+	// or the number of IDs when they are given.
 	Limit int `json:"limit,omitempty"`
+	// IDs, when given, narrows the match to these tasks (those of them
+	// that still match the rest of the filter): what a dry run listed, so
+	// that the redrive that follows it acts on exactly that and never on
+	// tasks that died since. At most MaxRedriveLimit.
+	IDs []uuid.UUID `json:"ids,omitempty"`
 }
 
-// WithDefaults returns f with its zero Limit set to DefaultRedriveLimit.
+// WithDefaults returns f with its zero Limit set to DefaultRedriveLimit,
+// or to the number of its IDs.
 func (f RedriveFilter) WithDefaults() RedriveFilter {
 	if f.Limit == 0 {
 		f.Limit = DefaultRedriveLimit
+		if len(f.IDs) > 0 {
+			f.Limit = len(f.IDs)
+		}
 	}
 	return f
 }
@@ -61,6 +71,8 @@ func (f RedriveFilter) Validate() error {
 	switch {
 	case f.Status != Dead && f.Status != Cancelled:
 		return bad("status", "status must be %s or %s, got %q", Dead, Cancelled, f.Status)
+	case len(f.IDs) > MaxRedriveLimit:
+		return bad("ids", "ids lists %d tasks, the limit is %d", len(f.IDs), MaxRedriveLimit)
 	case f.Limit < 1 || f.Limit > MaxRedriveLimit:
 		return bad("limit", "limit must be between 1 and %d, got %d", MaxRedriveLimit, f.Limit)
 	case !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until):
@@ -105,7 +117,7 @@ type BulkRedriveResult struct {
 // DEAD and CANCELLED task): $1 status, $2 kind (empty: any), $3 error
 // substring (empty: any), $4/$5 the finished_at window (NULL: open), $6
 // the id of the last task of the previous page (NULL: first page), $7 the
-// page size.
+// page size, $8 the tasks to match among (NULL: any).
 var matchRedrivableSQL = `
 SELECT id FROM ingest_task t
 WHERE ` + failedGuard("t") + ` AND status = $1
@@ -114,6 +126,7 @@ WHERE ` + failedGuard("t") + ` AND status = $1
   AND ($4::timestamptz IS NULL OR finished_at >= $4)
   AND ($5::timestamptz IS NULL OR finished_at < $5)
   AND ($6::uuid IS NULL OR id < $6)
+  AND ($8::uuid[] IS NULL OR id = ANY($8))
 ORDER BY id DESC
 LIMIT $7`
 
@@ -145,7 +158,7 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 	)
 	for res.Matched < f.Limit {
 		n := min(o.Batch, f.Limit-res.Matched)
-		rows, err := s.db.Query(ctx, matchRedrivableSQL, string(f.Status), f.Kind, f.ErrorContains, since, until, cursor, n)
+		rows, err := s.db.Query(ctx, matchRedrivableSQL, string(f.Status), f.Kind, f.ErrorContains, since, until, cursor, n, f.IDs)
 		if err != nil {
 			return res, fmt.Errorf("redrive matching: %w", err)
 		}
@@ -176,12 +189,7 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 			if err != nil {
 				return res, err
 			}
-			var moved []uuid.UUID
-			for _, r := range done {
-				if r.Applied && (r.From == Dead || r.From == Cancelled) {
-					moved = append(moved, r.ID)
-				}
-			}
+			moved := Redriven(done)
 			res.Redriven += len(moved)
 			if o.Redriven != nil && len(moved) > 0 {
 				if err := o.Redriven(ctx, moved); err != nil {
@@ -194,6 +202,18 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 		}
 	}
 	return res, nil
+}
+
+// Redriven returns the tasks of a Redrive's results that it moved from
+// DEAD or CANCELLED to QUEUED: the ones whose DLQ entries go.
+func Redriven(res []Result) []uuid.UUID {
+	var out []uuid.UUID
+	for _, r := range res {
+		if r.Applied && (r.From == Dead || r.From == Cancelled) {
+			out = append(out, r.ID)
+		}
+	}
+	return out
 }
 
 // optionalTime is t, or nil (SQL NULL) when t is zero.

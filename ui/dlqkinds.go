@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -27,7 +29,9 @@ type dlqView struct {
 	After    string
 	Filter   redriveForm
 	Preview  *dlq.BulkRedriveResult
-	Shown    int // ids of Preview listed
+	Shown    int    // ids of Preview listed
+	IDs      string // every id of Preview, as the redrive form posts them
+	MaxLimit int    // maxUIRedrive
 	Error    string
 	RedisErr string
 }
@@ -38,8 +42,13 @@ type redriveForm struct {
 	Limit                             int
 }
 
-// maxUIRedrive bounds the limit of a bulk redrive from the dashboard.
-const maxUIRedrive = 100000
+// maxFormBytes bounds the body of a form the dashboard posts.
+const maxFormBytes = 1 << 20
+
+// maxUIRedrive bounds the limit of a bulk redrive from the dashboard: the
+// redrive that follows a dry run posts every id the dry run matched (37
+// bytes each), and a form's body is read up to maxFormBytes.
+const maxUIRedrive = 20000
 
 // readFilter reads a redriveForm from r's query or form values.
 func readFilter(get func(string) string) (redriveForm, task.RedriveFilter, error) {
@@ -63,10 +72,32 @@ func readFilter(get func(string) string) (redriveForm, task.RedriveFilter, error
 	if rf.Until, err = parseTime(f.Until); err != nil {
 		return f, rf, fmt.Errorf("until: %w", err)
 	}
+	// ids: the tasks a dry run listed, which the redrive that follows it
+	// acts on (and on no task that died since).
+	for _, v := range strings.Fields(get("ids")) {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			return f, rf, fmt.Errorf("ids: %q is not a task id", clip(v, 64))
+		}
+		rf.IDs = append(rf.IDs, id)
+	}
 	if err := rf.Validate(); err != nil {
 		return f, rf, err
 	}
 	return f, rf, nil
+}
+
+// joinIDs is ids separated by spaces, as the redrive form carries them.
+func joinIDs(ids []uuid.UUID) string {
+	var b strings.Builder
+	b.Grow(len(ids) * 37)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(id.String())
+	}
+	return b.String()
 }
 
 // query is the filter as URL query values.
@@ -83,7 +114,7 @@ func (f redriveForm) query() url.Values {
 
 func (h *Handler) dlqPage(w http.ResponseWriter, r *http.Request, v *view) {
 	q := r.URL.Query()
-	dv := &dlqView{Key: h.cfg.DLQKey, After: q.Get("after")}
+	dv := &dlqView{Key: h.cfg.DLQKey, After: q.Get("after"), MaxLimit: maxUIRedrive}
 	v.Title, v.Nav, v.D = "DLQ", "dlq", dv
 	ctx := r.Context()
 	form, f, ferr := readFilter(q.Get)
@@ -100,6 +131,7 @@ func (h *Handler) dlqPage(w http.ResponseWriter, r *http.Request, v *view) {
 		}
 		dv.Preview = &res
 		dv.Shown = min(len(res.IDs), 100)
+		dv.IDs = joinIDs(res.IDs)
 	}
 	if h.cfg.DLQKey != "" {
 		// The listing: a page of entries, newest first, those matching

@@ -295,18 +295,18 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	back := Prefix + "tasks/" + id.String()
-	res, err := h.cfg.Store.Redrive(r.Context(), h.cfg.Actor, id)
+	res, n, err := dlq.Redrive(r.Context(), h.cfg.Redis, h.cfg.DLQKey, h.cfg.Store, h.cfg.Actor, id)
+	if rerr := (*dlq.RemoveError)(nil); errors.As(err, &rerr) {
+		h.log.ErrorContext(r.Context(), "ui redrive: DLQ entry not removed", "task_id", id, "err", err)
+		h.done(w, r, back, true, "Task redriven (QUEUED), but its DLQ entry was not removed (see the server's log); replay it from the DLQ page to remove it.")
+		return
+	}
 	if err != nil {
 		h.internal(w, r, err)
 		return
 	}
 	switch rr := res[0]; {
 	case rr.Applied:
-		n, err := dlq.RemoveTasks(context.WithoutCancel(r.Context()), h.cfg.Redis, h.cfg.DLQKey, []uuid.UUID{id})
-		if err != nil {
-			h.done(w, r, back, true, "Task redriven (QUEUED), but its DLQ entries were not removed: %v", err)
-			return
-		}
 		h.done(w, r, back, false, "Task redriven: QUEUED again with a new outbox event; %d DLQ entries removed.", n)
 	case rr.Status == "":
 		h.fail(w, r, http.StatusNotFound, "no task "+id.String())

@@ -228,7 +228,7 @@ func (h *Handler) checkCSRF(r *http.Request) error {
 	if err := h.cop.Check(r); err != nil {
 		return errors.New("cross-origin request refused")
 	}
-	r.Body = http.MaxBytesReader(nil, r.Body, 1<<20)
+	r.Body = http.MaxBytesReader(nil, r.Body, maxFormBytes)
 	c, err := r.Cookie(csrfCookie)
 	if err != nil || c.Value == "" {
 		return errors.New("missing CSRF cookie: reload the page and try again")

@@ -671,3 +671,49 @@ func TestParkedTasks(t *testing.T) {
 		t.Fatal("the running task's page says it is parked")
 	}
 }
+
+// TestRedriveActsOnTheDryRun: the button under a dry run redrives the
+// tasks the dry run listed, and none that died after it.
+func TestRedriveActsOnTheDryRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	c := b.client(t)
+	var listed []uuid.UUID
+	for range 3 {
+		tk := b.create(t, task.NewTask{Kind: "preview", Payload: json.RawMessage(`{}`)})
+		b.kill(t, tk.ID, "upstream 503")
+		listed = append(listed, tk.ID)
+	}
+	p := c.get("/ui/dlq?preview=1&kind=preview")
+	want(t, p, 200, "<strong>3</strong>", "Redrive these 3 tasks")
+	form := url.Values{}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="([a-z]+)" value="([^"]*)">`).FindAllStringSubmatch(p.body, -1) {
+		form.Set(m[1], m[2])
+	}
+	if form.Get("csrf") == "" || form.Get("kind") != "preview" {
+		t.Fatalf("the dry run's redrive form: %v", form)
+	}
+	// Two more tasks of the filter die after the dry run.
+	var later []uuid.UUID
+	for range 2 {
+		tk := b.create(t, task.NewTask{Kind: "preview", Payload: json.RawMessage(`{}`)})
+		b.kill(t, tk.ID, "upstream 503")
+		later = append(later, tk.ID)
+	}
+	want(t, c.post("/ui/dlq/redrive", form), http.StatusSeeOther)
+	for _, id := range listed {
+		if s := b.status(t, id); s != task.Queued {
+			t.Errorf("task %s of the dry run is %s, want QUEUED", id, s)
+		}
+	}
+	for _, id := range later {
+		if s := b.status(t, id); s != task.Dead {
+			t.Errorf("task %s died after the dry run and is %s, want DEAD (not redriven)", id, s)
+		}
+	}
+	if n := b.dlqLen(t); n != 2 {
+		t.Fatalf("DLQ depth %d after the redrive, want the 2 entries of the tasks that died later", n)
+	}
+	// A single task's button says so.
+	want(t, c.get("/ui/dlq?preview=1&kind=preview&limit=1"), 200, "Redrive this task")
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/internal/testenv"
 )
 
 // envOf returns a lookup function over env.
@@ -289,3 +291,65 @@ func TestLoggerScrubsSecrets(t *testing.T) {
 type errString string
 
 func (e errString) Error() string { return string(e) }
+
+// TestErrorsHideUnescapedPasswords: a password with an unescaped "@" is
+// split by the drivers at its first "@", and its tail comes back inside
+// their errors as a host name; no command prints any piece of it.
+func TestErrorsHideUnescapedPasswords(t *testing.T) {
+	t.Parallel()
+	port := strings.TrimPrefix(freeAddr(t), "127.0.0.1:")
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+	}{
+		{"PostgreSQL", map[string]string{"INGEST_DATABASE_URL": "postgres://postgres:p@ssSECRET@127.0.0.1:" + port + "/ingest"}, []string{"task", "list"}},
+		{"PostgreSQLUnparsable", map[string]string{"INGEST_DATABASE_URL": "postgres://postgres:p@ssSECRET@127.0.0.1:" + port + "/ingest?x=%zz"}, []string{"task", "list"}},
+		{"Redis", map[string]string{"INGEST_DATABASE_URL": testenv.NewDatabase(t).URL,
+			"INGEST_REDIS_URL": "redis://:r@disSECRET@127.0.0.1:" + port + "/0"}, []string{"pending"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := execute(context.Background(), tc.args, strings.NewReader(""), &stdout, &stderr, envOf(tc.env))
+			out := stdout.String() + stderr.String()
+			if code == exitOK {
+				t.Fatalf("%v succeeded against a closed port:\n%s", tc.args, out)
+			}
+			for _, leak := range []string{"SECRET", "ssSECRET", "disSECRET"} {
+				if strings.Contains(out, leak) {
+					t.Fatalf("%v shows %q of the password:\n%s", tc.args, leak, out)
+				}
+			}
+		})
+	}
+}
+
+// TestRedisClientLogsThroughTheLogger: go-redis's own lines (a pool that
+// cannot dial) come out as the process's log lines, JSON with
+// --log-format json, never in go-redis's format ("redis: 2026/11/25 …").
+func TestRedisClientLogsThroughTheLogger(t *testing.T) {
+	t.Parallel()
+	bin := buildBinary(t)
+	env := []string{"INGEST_DATABASE_URL=" + testenv.NewDatabase(t).URL, "INGEST_REDIS_URL=redis://" + freeAddr(t) + "/0"}
+	r := runBin(t, bin, env, "", "pending", "--log-format", "json")
+	if r.code == exitOK {
+		t.Fatalf("pending succeeded without Redis:\n%s", r.stderr)
+	}
+	fromRedis := 0
+	for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+		if strings.HasPrefix(line, "ingest-worker: ") {
+			continue // the command's own error
+		}
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("a stderr line is not a JSON log line: %q\n%s", line, r.stderr)
+		}
+		if rec["component"] == "go-redis" && rec["level"] == "WARN" {
+			fromRedis++
+		}
+	}
+	if fromRedis == 0 {
+		t.Fatalf("no go-redis line came through the logger:\n%s", r.stderr)
+	}
+}

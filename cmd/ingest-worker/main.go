@@ -18,5 +18,6 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
+	ownsProcess = true
 	os.Exit(execute(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.LookupEnv))
 }

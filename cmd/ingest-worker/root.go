@@ -8,10 +8,17 @@ import (
 	"log/slog"
 	"strings"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/stream"
 )
+
+// ownsProcess is true when execute runs as the process's command (main),
+// not inside a test: go-redis has one logger per process, which only the
+// process's command may set.
+var ownsProcess bool
 
 // Exit codes.
 const (
@@ -175,6 +182,11 @@ func (a *app) load(cmd *cobra.Command, overrides map[string]string) error {
 	}
 	a.cfg = cfg
 	a.log = newLogger(a.stderr, cfg.LogLevel, cfg.LogFormat, a.scrub)
+	if ownsProcess {
+		// go-redis logs through the process's logger (its format, its
+		// scrubbing), not in a format of its own on stderr.
+		redis.SetLogger(stream.RedisLogger{Logger: a.log})
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ package redact
 import (
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -45,6 +46,10 @@ func mask(s string) string {
 		// "://:pw@" is a fragment, with no user info to redact.
 		if u, err := url.Parse(s); err == nil && u.Scheme != "" && strings.HasPrefix(s, u.Scheme+"://") {
 			s = redactURL(u)
+		} else {
+			// Unparsed, the password may hold "@" itself: mask up to the
+			// last one.
+			s = userinfoLastRe.ReplaceAllString(s, "${1}"+Mask+"@")
 		}
 		// Whatever the parser made of it, never show "://user:password@".
 		return userinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
@@ -56,6 +61,11 @@ func mask(s string) string {
 // user part may hold anything but ":" and "@" (spaces and "/" included:
 // "postgres:// :pw@…" is no URL, and must not show its password either).
 var userinfoRe = regexp.MustCompile(`(://[^:@]*:)[^@]*@`)
+
+// userinfoLastRe is userinfoRe up to the last "@" of the value: the
+// user info of a URL ends at its last "@" (as net/url parses it), and an
+// unescaped "@" in a password must not end the mask early.
+var userinfoLastRe = regexp.MustCompile(`(://[^:@/]*:).*@`)
 
 // schemeRe matches a URL scheme and "://" at the start of a value.
 var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
@@ -117,20 +127,38 @@ func NewScrubber(secrets ...string) *Scrubber {
 	return s
 }
 
-// Add adds secrets to be scrubbed. Their URL-escaped forms are scrubbed too.
+// Add adds secrets to be scrubbed. Their URL-escaped forms are scrubbed
+// too, and so is each piece of a secret between the characters at which a
+// connection-string parser splits ("@", ":", "/", "?", "#"): a password
+// with an unescaped "@" that a driver split at its first "@" shows its tail
+// as a host name ("lookup ssSECRET@127.0.0.1: no such host").
 func (s *Scrubber) Add(secrets ...string) {
 	for _, v := range secrets {
-		if len(v) < 4 {
-			continue
-		}
-		s.secrets = append(s.secrets, v)
+		s.add(v)
 		for _, esc := range []string{url.QueryEscape(v), url.PathEscape(v)} {
 			if esc != v {
-				s.secrets = append(s.secrets, esc)
+				s.add(esc)
+			}
+		}
+		if pieces := strings.FieldsFunc(v, splitsURL); len(pieces) > 1 {
+			for _, p := range pieces {
+				s.add(p)
 			}
 		}
 	}
+	// Longest first: a secret is replaced whole before any piece of it.
+	slices.SortStableFunc(s.secrets, func(a, b string) int { return len(b) - len(a) })
 }
+
+// add adds v unless it is too short to scrub or known already.
+func (s *Scrubber) add(v string) {
+	if len(v) >= 4 && !slices.Contains(s.secrets, v) {
+		s.secrets = append(s.secrets, v)
+	}
+}
+
+// splitsURL reports whether a URL or DSN parser may split a value at r.
+func splitsURL(r rune) bool { return strings.ContainsRune("@:/?#", r) }
 
 // String returns text with every known secret replaced by Mask.
 func (s *Scrubber) String(text string) string {
@@ -154,7 +182,7 @@ func Secrets(dsn string) []string {
 	if strings.Contains(dsn, "://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
-			if m := userinfoRe.FindStringSubmatch(dsn); m != nil {
+			if m := userinfoLastRe.FindStringSubmatch(dsn); m != nil {
 				full := m[0]
 				out = append(out, strings.TrimSuffix(strings.TrimPrefix(full, m[1]), "@"))
 			}

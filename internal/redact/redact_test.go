@@ -71,6 +71,7 @@ func TestSecretsAndScrubber(t *testing.T) {
 		{"KeyValue", `host=db password='it\'s me' user=x`, []string{"it's me"}},
 		{"None", "postgres://app@db/x", nil},
 		{"Unparsable", "postgres://app:s3cret@db/%zz", []string{"s3cret"}},
+		{"UnparsableUnescapedAt", "postgres://app:p@ssSECRET@db/%zz", []string{"p@ssSECRET"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,6 +93,15 @@ func TestSecretsAndScrubber(t *testing.T) {
 	}
 	if !strings.Contains(got, "ab stays") {
 		t.Fatalf("short secrets must not be scrubbed from ordinary text: %q", got)
+	}
+	// A driver that splits a password with an unescaped "@" at its first
+	// "@" shows the tail as a host name.
+	got = NewScrubber(Secrets("postgres://u:p@ssSECRET@db/x")...).String("lookup ssSECRET@db: no such host; password p@ssSECRET")
+	if strings.Contains(got, "SECRET") {
+		t.Fatalf("a piece of the password is left: %q", got)
+	}
+	if got := DSN("postgres://u:p@ssSECRET@db/%zz"); strings.Contains(got, "SECRET") {
+		t.Fatalf("DSN of an unparsable URL shows a piece of its password: %q", got)
 	}
 	var nilScrubber *Scrubber
 	if nilScrubber.String("x") != "x" {
