@@ -51,8 +51,10 @@ func mask(s string) string {
 			// last one.
 			s = userinfoLastRe.ReplaceAllString(s, "${1}"+Mask+"@")
 		}
-		// Whatever the parser made of it, never show "://user:password@".
-		return userinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
+		// Whatever the parser made of it, never show "://user:password@",
+		// nor a "user:password@" after a "/" or a space ("/:pw@://").
+		s = userinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
+		return looseUserinfoRe.ReplaceAllString(s, "${1}"+Mask+"@")
 	}
 	return kvPasswordRe.ReplaceAllString(s, "${1}"+Mask)
 }
@@ -66,6 +68,11 @@ var userinfoRe = regexp.MustCompile(`(://[^:@]*:)[^@]*@`)
 // user info of a URL ends at its last "@" (as net/url parses it), and an
 // unescaped "@" in a password must not end the mask early.
 var userinfoLastRe = regexp.MustCompile(`(://[^:@/]*:).*@`)
+
+// looseUserinfoRe matches "user:password@" after a "/" or a space: a
+// value that no parser takes for a URL may still hold one that a driver
+// reads ("/:pw@://").
+var looseUserinfoRe = regexp.MustCompile(`([/\s][^:/@\s]*:)[^@\s]*@`)
 
 // schemeRe matches a URL scheme and "://" at the start of a value.
 var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)

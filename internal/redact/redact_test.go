@@ -100,6 +100,9 @@ func TestSecretsAndScrubber(t *testing.T) {
 	if strings.Contains(got, "SECRET") {
 		t.Fatalf("a piece of the password is left: %q", got)
 	}
+	if got := DSN("/:s3cr3t-pw@://"); strings.Contains(got, "s3cr3t") {
+		t.Fatalf("DSN of a value no parser takes for a URL shows its password: %q", got)
+	}
 	if got := DSN("postgres://u:p@ssSECRET@db/%zz"); strings.Contains(got, "SECRET") {
 		t.Fatalf("DSN of an unparsable URL shows a piece of its password: %q", got)
 	}
