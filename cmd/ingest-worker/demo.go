@@ -100,6 +100,9 @@ func (a *app) demoCommand() *cobra.Command {
 			if err := a.load(cmd, demoDefaults); err != nil {
 				return err
 			}
+			if timeout <= 0 {
+				return usagef("--timeout must be > 0, got %s", timeout)
+			}
 			stopTracing, err := a.startTracing(cmd.Context())
 			if err != nil {
 				return err

@@ -31,6 +31,9 @@ on the loopback interface).`,
 			if a.cfg.HTTPAddr == "" {
 				return usagef("INGEST_HTTP_ADDR is empty: the worker serves no probes")
 			}
+			if timeout <= 0 {
+				return usagef("--timeout must be > 0, got %s", timeout)
+			}
 			host, port, _ := net.SplitHostPort(a.cfg.HTTPAddr)
 			if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 				host = "127.0.0.1"
