@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -53,7 +54,7 @@ on the loopback interface).`,
 			if resp.StatusCode != http.StatusOK {
 				return fmt.Errorf("probe %s: %s: %s", url, resp.Status, body)
 			}
-			a.printf("%s", body)
+			a.printf("%s\n", bytes.TrimRight(body, "\n"))
 			return nil
 		},
 	}
