@@ -95,6 +95,10 @@ func (h *Handler) dlqPage(w http.ResponseWriter, r *http.Request, v *view) {
 	if ferr != nil {
 		dv.Error, code = ferr.Error(), http.StatusBadRequest
 	}
+	if dv.After != "" && !dlq.ValidEntryID(dv.After) {
+		dv.Error, code = fmt.Sprintf("after %q is not a DLQ entry id", dv.After), http.StatusBadRequest
+		dv.After = ""
+	}
 	if ferr == nil && q.Get("preview") != "" {
 		res, err := dlq.RedriveMatching(ctx, nil, "", h.cfg.Store, h.cfg.Actor, f, task.RedriveOptions{DryRun: true})
 		if err != nil {

@@ -68,7 +68,8 @@ func TestHostileDataShowsVisibly(t *testing.T) {
 // filter of the dashboard answer 400 with the field named (the tasks page
 // showed PostgreSQL's error as a 500); a kind with a control or
 // bidirectional character is refused by the kind settings; a cancel's
-// reason with a NUL is refused, the task left as it was.
+// reason with a NUL is refused, the task left as it was; a DLQ entry id
+// that is none is not found (Redis's error was a 500).
 func TestFiltersWithBadBytesAre400(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
@@ -85,6 +86,7 @@ func TestFiltersWithBadBytesAre400(t *testing.T) {
 		"/ui/dlq?preview=1&error=%C3":        "error_contains",
 		"/ui/dlq?preview=1&limit=1e3":        "limit",
 		"/ui/dlq?preview=1&limit=4294967297": "limit",
+		"/ui/dlq?after=garbage":              "after",
 	} {
 		p := c.get(path)
 		want(t, p, 400, field)
@@ -109,6 +111,8 @@ func TestFiltersWithBadBytesAre400(t *testing.T) {
 	flash(c.post("/ui/kinds/"+url.PathEscape("abc\u202edef"), form("op", "pause")), `got \u202e`)
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "4294967297")), "concurrency must be a whole number from 0 to 100000")
 	flash(c.post("/ui/tasks/"+f.queued.ID.String()+"/cancel", form("reason", "why\x00")), "reason must not hold a NUL")
+	// An entry id that is none: not found, not Redis's error as a 500.
+	flash(c.post("/ui/dlq/replay", form("entry", "garbage")), "not a stream entry id")
 	if s := b.status(t, f.queued.ID); s != task.Queued {
 		t.Fatalf("after a refused cancel: %s, want QUEUED", s)
 	}

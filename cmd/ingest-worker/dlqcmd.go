@@ -45,6 +45,9 @@ func (a *app) dlqListCommand() *cobra.Command {
 			if a.cfg.DLQStreamKey == "" {
 				return usagef("no DLQ stream is configured (INGEST_REDIS_DLQ_STREAM_KEY is empty): dead tasks are only in PostgreSQL; try 'ingest-worker task list --status DEAD'")
 			}
+			if after != "" && !dlq.ValidEntryID(after) {
+				return usagef("--after %q is not a DLQ entry id (MS-SEQ, as dlq list shows them)", after)
+			}
 			rdb, err := a.openRedis(cmd.Context())
 			if err != nil {
 				return err

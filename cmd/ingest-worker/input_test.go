@@ -160,6 +160,7 @@ func TestFlagsAreRangeChecked(t *testing.T) {
 		{[]string{"task", "redrive", "--status", "DEAD", "--rate", "1e-300"}, []string{"--rate", "0.01"}},
 		{[]string{"kind", "set", "k", "--concurrency", "4294967297"}, []string{"--concurrency", "from 0 to 100000"}},
 		{[]string{"dlq", "list", "--limit", "0"}, []string{"--limit", "from 1 to"}},
+		{[]string{"dlq", "list", "--after", "garbage"}, []string{"--after", "not a DLQ entry id"}},
 		{[]string{"pending", "--oldest", "-1"}, []string{"--oldest", "from 0 to 1000"}},
 		{[]string{"healthcheck", "--timeout", "-1s"}, []string{"--timeout", "> 0"}},
 		{[]string{"run", "--worker-concurrency", "1000000000000"}, []string{"INGEST_WORKER_CONCURRENCY", "--worker-concurrency", "from 1 to 100000"}},
