@@ -107,3 +107,27 @@ func TestNamesAndFiltersRefuseBadCharacters(t *testing.T) {
 		t.Fatalf("after the refused requests: %+v (%v), want the one QUEUED task", tasks, err)
 	}
 }
+
+// TestJSONBodiesEscapeControls: a string holding a bidirectional or C1
+// control (a kind stored before names were checked) is answered with the
+// character as a \u escape, so a body printed on a terminal cannot
+// reorder or drive it; it decodes to the string as stored.
+func TestJSONBodiesEscapeControls(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	r := b.do(t, "POST", "/v1/tasks", `{"kind":"k","payload":{"note":"x\u202ey\u009bz\u007f"}}`)
+	if r.code != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.code, r.body)
+	}
+	created := decode[struct{ ID string }](t, r)
+	r = b.do(t, "GET", "/v1/tasks/"+created.ID, "")
+	for _, raw := range []string{"\u202e", "\u009b", "\x7f"} {
+		if strings.Contains(string(r.body), raw) {
+			t.Fatalf("GET /v1/tasks/{id} holds %q as it is: %s", raw, r.body)
+		}
+	}
+	got := decode[struct{ Payload struct{ Note string } }](t, r)
+	if got.Payload.Note != "x\u202ey\u009bz\x7f" {
+		t.Fatalf("payload note %q, want the string as stored", got.Payload.Note)
+	}
+}
