@@ -50,7 +50,7 @@ func ParseRate(s string) (Rate, error) {
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(count))
 	if err != nil || n < 0 {
-		return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q: the count %q is not a whole number >= 0", s, count)}
+		return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q: the count %q is not a whole number from 0 to %d", s, count, MaxRateCount)}
 	}
 	per = strings.TrimSpace(per)
 	d, ok := rateUnits[per]
