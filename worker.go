@@ -29,7 +29,9 @@ const (
 	DefaultGroup       = stream.DefaultGroup
 	DefaultDLQ         = dlq.DefaultStream
 	DefaultConcurrency = 16
-	DefaultTaskLease   = 30 * time.Second
+	// MaxConcurrency bounds Config.Concurrency (INGEST_WORKER_CONCURRENCY).
+	MaxConcurrency   = 100000
+	DefaultTaskLease = 30 * time.Second
 	// DefaultTaskTimeout is 0: no timeout (see Config.TaskTimeout).
 	DefaultTaskTimeout     = time.Duration(0)
 	DefaultShutdownTimeout = 30 * time.Second
@@ -58,7 +60,7 @@ type Config struct {
 	// Consumer is this worker's consumer name and lease owner; it must be
 	// unique among live workers. Default: hostname-pid.
 	Consumer string
-	// Concurrency is the number of handler slots.
+	// Concurrency is the number of handler slots, 1..MaxConcurrency.
 	Concurrency int
 	// TaskLease is how long a started task is held without renewal; the
 	// heartbeat renews it every TaskLease/3.
@@ -140,8 +142,8 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	switch {
-	case c.Concurrency < 1 || c.Concurrency > 100000:
-		return fmt.Errorf("invalid Concurrency: must be between 1 and 100000, got %d", c.Concurrency)
+	case c.Concurrency < 1 || c.Concurrency > MaxConcurrency:
+		return fmt.Errorf("invalid Concurrency: must be between 1 and %d, got %d", MaxConcurrency, c.Concurrency)
 	case c.TaskLease < 3*time.Millisecond:
 		return fmt.Errorf("invalid TaskLease: must be >= 3ms, got %s", c.TaskLease)
 	case c.TaskTimeout < 0:

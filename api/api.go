@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -204,13 +206,19 @@ func writeError(w http.ResponseWriter, code int, msg, field string) {
 	writeJSON(w, code, errorResponse{Error: msg, Field: field})
 }
 
+// writeJSON answers v as JSON. The DEL, C1 and bidirectional controls of
+// its strings are written as \u escapes (termsafe.JSON; the encoder escapes
+// those below U+0020): the same strings, but a body shown on a terminal
+// (curl) cannot drive it.
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	_ = enc.Encode(v)
+	_, _ = w.Write(termsafe.JSON(buf.Bytes()))
 }
 
 // internalError logs err and answers 500 without details.

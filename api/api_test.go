@@ -190,16 +190,16 @@ func TestCreate(t *testing.T) {
 			{"MissingPayload", `{"kind":"k"}`, "payload", "payload is required"},
 			{"NullPayload", `{"kind":"k","payload":null}`, "payload", "payload is required"},
 			{"NULInPayload", `{"kind":"k","payload":"a\u0000b"}`, "payload", "\\u0000"},
-			{"ZeroMaxAttempts", `{"kind":"k","payload":1,"max_attempts":0}`, "max_attempts", ">= 1"},
-			{"MaxAttemptsNotInt", `{"kind":"k","payload":1,"max_attempts":"3"}`, "max_attempts", "must be a JSON integer"},
+			{"ZeroMaxAttempts", `{"kind":"k","payload":1,"max_attempts":0}`, "max_attempts", "from 1 to 1000000"},
+			{"MaxAttemptsNotInt", `{"kind":"k","payload":1,"max_attempts":"3"}`, "max_attempts", "must be a whole number"},
 			{"UnknownField", `{"kind":"k","payload":1,"priority":5}`, "priority", "unknown field"},
 			{"LongIdempotencyKey", `{"kind":"k","payload":1,"idempotency_key":"` + strings.Repeat("i", 1001) + `"}`, "idempotency_key", "longer than"},
 			{"RunAtNotRFC3339", `{"kind":"k","payload":1,"run_at":"tomorrow"}`, "run_at", "RFC 3339"},
 			{"RunAtAndDelay", `{"kind":"k","payload":1,"run_at":"2030-01-01T00:00:00Z","delay_ms":5}`, "run_at", "exclusive"},
-			{"NegativeDelay", `{"kind":"k","payload":1,"delay_ms":-5}`, "delay_ms", ">= 0"},
-			{"HugeDelay", `{"kind":"k","payload":1,"delay_ms":9223372036854775807}`, "delay_ms", "out of range"},
-			{"NegativeTimeout", `{"kind":"k","payload":1,"timeout_ms":-1}`, "timeout_ms", ">= 0"},
-			{"TimeoutNotInt", `{"kind":"k","payload":1,"timeout_ms":1.5}`, "timeout_ms", "must be a JSON integer"},
+			{"NegativeDelay", `{"kind":"k","payload":1,"delay_ms":-5}`, "delay_ms", "from 0 to"},
+			{"HugeDelay", `{"kind":"k","payload":1,"delay_ms":9223372036854775807}`, "delay_ms", "from 0 to 3153600000000"},
+			{"NegativeTimeout", `{"kind":"k","payload":1,"timeout_ms":-1}`, "timeout_ms", "from 0 to"},
+			{"TimeoutNotInt", `{"kind":"k","payload":1,"timeout_ms":1.5}`, "timeout_ms", "must be a whole number from 0 to 2147483647, got number 1.5"},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {

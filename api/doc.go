@@ -22,4 +22,10 @@
 // a query parameter, the path's "id") when there is one. Malformed input gets
 // 400, an oversized body or payload 413, a missing or wrong token 401, an
 // unknown id 404, a redrive of a task that is not DEAD 409.
+//
+// Input follows package task's rules: a whole-number field is decoded into
+// 64 bits and checked against its task.Range (a fraction, an exponent or an
+// overflow included: 400 naming the field and the range, never narrowed);
+// kinds and idempotency keys follow task.CheckName, filters and notes
+// task.CheckText; a body must be UTF-8.
 package api

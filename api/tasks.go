@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -219,13 +219,17 @@ type FieldError = task.FieldError
 // CLI's enqueue --file share it; the checks of the task itself are the
 // store's (task.NewTask.Validate).
 func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldError) {
-	switch {
-	case len(req.Payload) == 0 || string(req.Payload) == "null":
+	if len(req.Payload) == 0 || string(req.Payload) == "null" {
 		return task.NewTask{}, &FieldError{Field: "payload", Msg: "payload is required (any JSON value but null)"}
-	case req.MaxAttempts != nil && *req.MaxAttempts < 1:
-		return task.NewTask{}, &FieldError{Field: "max_attempts", Msg: fmt.Sprintf("max_attempts must be >= 1, got %d", *req.MaxAttempts)}
 	}
 	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey}
+	if req.MaxAttempts != nil {
+		// Given, it must be in range: 0 is not "none" here.
+		if ferr := task.MaxAttemptsRange.Check(int64(*req.MaxAttempts)); ferr != nil {
+			return task.NewTask{}, ferr
+		}
+		nt.MaxAttempts = *req.MaxAttempts
+	}
 	if req.RunAt != "" {
 		at, err := time.Parse(time.RFC3339Nano, req.RunAt)
 		if err != nil {
@@ -233,29 +237,17 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 		}
 		nt.RunAt = at
 	}
-	var ok bool
-	if nt.Delay, ok = millis(req.DelayMS); !ok {
-		return task.NewTask{}, &FieldError{Field: "delay_ms", Msg: fmt.Sprintf("delay_ms %d is out of range", req.DelayMS)}
+	var ferr *FieldError
+	if nt.Delay, ferr = task.DelayRange.Millis(req.DelayMS); ferr != nil {
+		return task.NewTask{}, ferr
 	}
-	if nt.Timeout, ok = millis(req.TimeoutMS); !ok {
-		return task.NewTask{}, &FieldError{Field: "timeout_ms", Msg: fmt.Sprintf("timeout_ms %d is out of range", req.TimeoutMS)}
-	}
-	if req.MaxAttempts != nil {
-		nt.MaxAttempts = *req.MaxAttempts
+	if nt.Timeout, ferr = task.TimeoutRange.Millis(req.TimeoutMS); ferr != nil {
+		return task.NewTask{}, ferr
 	}
 	if ferr := nt.Validate(maxPayloadBytes); ferr != nil {
 		return task.NewTask{}, ferr
 	}
 	return nt, nil
-}
-
-// millis converts a count of milliseconds to a duration, reporting false
-// when it does not fit (negative values are left to task.NewTask.Validate).
-func millis(ms int64) (time.Duration, bool) {
-	if ms > int64(math.MaxInt64/time.Millisecond) || ms < int64(math.MinInt64/time.Millisecond) {
-		return 0, false
-	}
-	return time.Duration(ms) * time.Millisecond, true
 }
 
 // newTask validates one create request; prefix is the batch position of
@@ -295,17 +287,17 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > task.MaxListLimit {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit must be a whole number from 1 to %d, got %q", task.MaxListLimit, v), "limit")
+		n, ferr := task.ListLimitRange.Parse(v)
+		if ferr != nil {
+			writeError(w, http.StatusBadRequest, ferr.Msg, ferr.Field)
 			return
 		}
-		p.Limit = n
+		p.Limit = int(n)
 	}
 	tasks, next, err := s.store.List(r.Context(), p)
 	if err != nil {
-		// Everything else was checked above: an invalid task here is the cursor.
-		s.storeError(w, r, err, "cursor")
+		// The store names the bad filter (kind, cursor).
+		s.storeError(w, r, err, "")
 		return
 	}
 	if tasks == nil {
@@ -402,10 +394,6 @@ func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	if len(req.Reason) > task.MaxCancelReasonBytes {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("reason is %d bytes, the limit is %d", len(req.Reason), task.MaxCancelReasonBytes), "reason")
-		return
-	}
 	res, err := s.store.Cancel(r.Context(), s.cfg.Actor, req.Reason, id)
 	if err != nil {
 		s.storeError(w, r, err, "id")
@@ -432,8 +420,12 @@ func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 }
 
 // storeError answers an error of the task store; field names the input an
-// ErrInvalidTask or ErrNotFound refers to.
+// ErrInvalidTask or ErrNotFound refers to, unless the error is a
+// task.FieldError, which names its own.
 func (s *Server) storeError(w http.ResponseWriter, r *http.Request, err error, field string) {
+	if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
+		field = ferr.Field
+	}
 	switch {
 	case errors.Is(err, task.ErrNotFound):
 		writeError(w, http.StatusNotFound, err.Error(), field)
@@ -473,6 +465,11 @@ func decodeStrict(body []byte, dst any, prefix string) *inputError {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return badInput(prefix, emptyBodyMsg)
 	}
+	if !utf8.Valid(body) {
+		// JSON is UTF-8 (RFC 8259); decoding would turn the bad bytes
+		// into U+FFFD and store something the client did not send.
+		return badInput(prefix, "the body is not valid UTF-8 (byte %d)", invalidUTF8At(body))
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(dst)
@@ -492,12 +489,52 @@ func decodeStrict(body []byte, dst any, prefix string) *inputError {
 		if typ.Field == "" {
 			return badInput(prefix, "%s must be a JSON %s, got %s", nonEmpty(prefix, "the body"), jsonType(dst), typ.Value)
 		}
+		if r, ok := rangeOf(dst, typ.Field); ok {
+			// A fraction, an exponent or a number beyond int64.
+			return badInput(field(typ.Field), "%s must be a whole number %s, got %s", typ.Field, r.Text(), typ.Value)
+		}
 		return badInput(field(typ.Field), "%s must be a JSON %s, got %s", typ.Field, goKindName(typ.Type.Kind()), typ.Value)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		name, _ := strconv.Unquote(strings.TrimPrefix(err.Error(), "json: unknown field "))
 		return badInput(field(name), "unknown field %q", name)
 	}
 	return badInput(prefix, "malformed JSON: %v", err)
+}
+
+// ranged is a request with whole-number fields, each of a task.Range.
+type ranged interface{ ranges() []task.Range }
+
+func (*CreateRequest) ranges() []task.Range {
+	return []task.Range{task.MaxAttemptsRange, task.DelayRange, task.TimeoutRange}
+}
+
+func (*BulkRedriveRequest) ranges() []task.Range { return []task.Range{task.RedriveLimitRange} }
+
+func (*KindRequest) ranges() []task.Range { return []task.Range{task.ConcurrencyRange} }
+
+// rangeOf returns the range of dst's whole-number field name.
+func rangeOf(dst any, name string) (task.Range, bool) {
+	if r, ok := dst.(ranged); ok {
+		for _, rg := range r.ranges() {
+			if rg.Field == name {
+				return rg, true
+			}
+		}
+	}
+	return task.Range{}, false
+}
+
+// invalidUTF8At returns the offset of the first byte of b that is not part
+// of valid UTF-8.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, size := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && size == 1 {
+			return i
+		}
+		i += size
+	}
+	return len(b)
 }
 
 func goKindName(k reflect.Kind) string {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/clip"
 )
 
 // Listing limits.
@@ -39,6 +41,9 @@ func List(ctx context.Context, rdb redis.UniversalClient, key string, p ListPara
 	}
 	if p.Count < 1 || p.Count > MaxListCount {
 		return nil, fmt.Errorf("dlq list: Count must be between 1 and %d, got %d", MaxListCount, p.Count)
+	}
+	if p.After != "" && !ValidEntryID(p.After) {
+		return nil, fmt.Errorf("%w: after %q is not a stream entry id (MS-SEQ)", ErrBadEntryID, clip.String(p.After, 64))
 	}
 	var msgs []redis.XMessage
 	var err error

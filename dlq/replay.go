@@ -61,6 +61,10 @@ func Replay(ctx context.Context, rdb redis.UniversalClient, key string, store Re
 	var ids []uuid.UUID
 	for i, eid := range entryIDs {
 		out[i].EntryID = eid
+		if !ValidEntryID(eid) {
+			out[i].Outcome, out[i].Detail = EntryNotFound, "not a stream entry id"
+			continue
+		}
 		e, ok, err := Get(ctx, rdb, key, eid)
 		if err != nil {
 			return nil, err

@@ -89,8 +89,6 @@ func (s *Schedule) validate(where string) error {
 		return bad("every", "or cron is required, not both")
 	case s.Cron == "" && s.Every < MinEvery:
 		return bad("every", "must be >= %s, got %s", MinEvery, s.Every)
-	case s.MaxAttempts < 0:
-		return bad("max_attempts", "must be >= 1, got %d", s.MaxAttempts)
 	}
 	if s.Cron != "" {
 		c, err := cron.ParseStandard(s.Cron)
@@ -236,17 +234,17 @@ func ParseSchedules(source string, data []byte) ([]Schedule, error) {
 		if err := dec.Decode(&e); err != nil {
 			return nil, fmt.Errorf("%s: %v", where, err)
 		}
-		s := Schedule{Name: e.Name, Kind: e.Kind, Cron: e.Cron, Payload: e.Payload, MaxAttempts: e.MaxAttempts,
-			Timeout: time.Duration(e.TimeoutMS) * time.Millisecond}
+		timeout, ferr := task.TimeoutRange.Millis(e.TimeoutMS)
+		if ferr != nil {
+			return nil, fmt.Errorf("%s.timeout_ms: %s", where, ferr.Msg)
+		}
+		s := Schedule{Name: e.Name, Kind: e.Kind, Cron: e.Cron, Payload: e.Payload, MaxAttempts: e.MaxAttempts, Timeout: timeout}
 		if e.Every != "" {
 			d, err := time.ParseDuration(e.Every)
 			if err != nil {
 				return nil, fmt.Errorf("%s.every: %q is not a duration (e.g. 30s, 5m, 1h)", where, e.Every)
 			}
 			s.Every = d
-		}
-		if e.TimeoutMS < 0 {
-			return nil, fmt.Errorf("%s.timeout_ms: must be >= 0, got %d", where, e.TimeoutMS)
 		}
 		out[i] = s
 	}

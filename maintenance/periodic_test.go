@@ -97,6 +97,11 @@ func TestParseSchedules(t *testing.T) {
 		{"BadPayload", `[{"kind":"a","every":"1s","payload":"\u0000"}]`, "INGEST_PERIODIC[0].payload"},
 		{"DuplicateName", `[{"kind":"a","every":"1s"},{"kind":"a","cron":"@daily"}]`, "INGEST_PERIODIC[1].name"},
 		{"NegativeTimeout", `[{"kind":"a","every":"1s","timeout_ms":-1}]`, "INGEST_PERIODIC[0].timeout_ms"},
+		// Out of range, not wrapped (18446744073711 ms overflowed to 1.4 ms)
+		// nor narrowed to the int column.
+		{"HugeTimeout", `[{"kind":"a","every":"1s","timeout_ms":18446744073711}]`, "INGEST_PERIODIC[0].timeout_ms: timeout_ms must be a whole number from 0 to 2147483647"},
+		{"HugeMaxAttempts", `[{"kind":"a","every":"1s","max_attempts":4294967297}]`, "INGEST_PERIODIC[0].max_attempts max_attempts must be a whole number from 1 to 1000000"},
+		{"KindWithEscape", `[{"kind":"a\u001b[2J","every":"1s"}]`, "INGEST_PERIODIC[0].kind kind must not hold control or bidirectional characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := maintenance.ParseSchedules("INGEST_PERIODIC", []byte(tc.in))

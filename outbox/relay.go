@@ -39,6 +39,16 @@ const (
 	listenerApplicationName = "ingest-outbox-listener"
 )
 
+// Bounds of RelayConfig (INGEST_OUTBOX_PUBLISH_BATCH_SIZE,
+// INGEST_OUTBOX_MAX_ATTEMPTS).
+const (
+	// MaxBatchSize bounds BatchSize.
+	MaxBatchSize = 10000
+	// MaxAttemptsLimit bounds MaxAttempts, well inside the int column
+	// attempt_count it is compared with.
+	MaxAttemptsLimit = 1_000_000
+)
+
 // RelayConfig configures a Relay. Zero fields take the Default* values.
 type RelayConfig struct {
 	// ID names this relay in outbox_event.claimed_by. It must be unique
@@ -114,16 +124,16 @@ func (c RelayConfig) Validate() error {
 	switch {
 	case len(c.ID) > 200:
 		return bad("ID is longer than 200 bytes")
-	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return bad("BatchSize must be in [1, 10000], got %d", c.BatchSize)
+	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
+		return bad("BatchSize must be in [1, %d], got %d", MaxBatchSize, c.BatchSize)
 	case c.PublishInterval < time.Millisecond:
 		return bad("PublishInterval must be >= 1ms, got %s", c.PublishInterval)
 	case c.PublishTimeout < time.Millisecond:
 		return bad("PublishTimeout must be >= 1ms, got %s", c.PublishTimeout)
 	case c.Lease <= 2*c.PublishTimeout:
 		return bad("Lease (%s) must be longer than twice PublishTimeout (%s)", c.Lease, c.PublishTimeout)
-	case c.MaxAttempts < 1:
-		return bad("MaxAttempts must be >= 1, got %d", c.MaxAttempts)
+	case c.MaxAttempts < 1 || c.MaxAttempts > MaxAttemptsLimit:
+		return bad("MaxAttempts must be in [1, %d], got %d", MaxAttemptsLimit, c.MaxAttempts)
 	case errBackoff != nil:
 		return bad("Backoff: %v", errBackoff)
 	case c.ListenRetryMin <= 0:

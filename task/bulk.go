@@ -3,7 +3,6 @@ package task
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,7 +61,7 @@ func (f RedriveFilter) WithDefaults() RedriveFilter {
 }
 
 // Validate reports the first invalid field of f (after WithDefaults) as
-// a *FieldError (status, limit, since or error_contains), which wraps
+// a *FieldError (status, limit, since, kind or error_contains), which wraps
 // ErrInvalidTask.
 func (f RedriveFilter) Validate() error {
 	bad := func(field, format string, args ...any) error {
@@ -73,14 +72,39 @@ func (f RedriveFilter) Validate() error {
 		return bad("status", "status must be %s or %s, got %q", Dead, Cancelled, f.Status)
 	case len(f.IDs) > MaxRedriveLimit:
 		return bad("ids", "ids lists %d tasks, the limit is %d", len(f.IDs), MaxRedriveLimit)
-	case f.Limit < 1 || f.Limit > MaxRedriveLimit:
-		return bad("limit", "limit must be between 1 and %d, got %d", MaxRedriveLimit, f.Limit)
+	case !RedriveLimitRange.Contains(int64(f.Limit)):
+		return RedriveLimitRange.Check(int64(f.Limit))
 	case !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until):
 		return bad("since", "since (%s) must be before until (%s)", f.Since.Format(time.RFC3339), f.Until.Format(time.RFC3339))
+	case len(f.Kind) > MaxKindLength:
+		return bad("kind", "kind is %d bytes, the limit is %d", len(f.Kind), MaxKindLength)
+	case CheckText("kind", f.Kind) != nil:
+		return CheckText("kind", f.Kind)
 	case len(f.ErrorContains) > MaxErrorBytes:
 		return bad("error_contains", "error_contains is %d bytes, the limit is %d", len(f.ErrorContains), MaxErrorBytes)
-	case strings.ContainsRune(f.ErrorContains, 0):
-		return bad("error_contains", "error_contains holds a NUL character")
+	case CheckText("error_contains", f.ErrorContains) != nil:
+		return CheckText("error_contains", f.ErrorContains)
+	}
+	return nil
+}
+
+// Bounds of RedriveOptions.Rate (tasks per second; 0: DefaultRedriveRate).
+const (
+	MinRedriveRate = 0.01
+	MaxRedriveRate = 1_000_000
+)
+
+// Validate reports an invalid Rate or Batch as a *FieldError (rate,
+// batch): a rate must be 0 (the default) or a finite number from
+// MinRedriveRate to MaxRedriveRate, so that the pacing's waits stay in
+// range (NaN or a tiny rate would overflow them into no pacing at all).
+func (o RedriveOptions) Validate() error {
+	switch {
+	case o.Rate != 0 && !(o.Rate >= MinRedriveRate && o.Rate <= MaxRedriveRate): // also refuses NaN
+		return &FieldError{Field: "rate", Msg: fmt.Sprintf("rate must be 0 (the default, %d/s) or from %g to %g tasks per second, got %g",
+			DefaultRedriveRate, float64(MinRedriveRate), float64(MaxRedriveRate), o.Rate)}
+	case o.Batch < 0 || o.Batch > MaxRedriveLimit:
+		return &FieldError{Field: "batch", Msg: fmt.Sprintf("batch must be 0 (the default, %d) or from 1 to %d, got %d", DefaultRedriveBatch, MaxRedriveLimit, o.Batch)}
 	}
 	return nil
 }
@@ -141,6 +165,9 @@ LIMIT $7`
 func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilter, o RedriveOptions) (BulkRedriveResult, error) {
 	f = f.WithDefaults()
 	if err := f.Validate(); err != nil {
+		return BulkRedriveResult{}, err
+	}
+	if err := o.Validate(); err != nil {
 		return BulkRedriveResult{}, err
 	}
 	if o.Batch <= 0 {

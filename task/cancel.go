@@ -101,7 +101,10 @@ func (s *Store) Cancel(ctx context.Context, actor, reason string, id uuid.UUID) 
 		return CancelResult{}, fmt.Errorf("%w: cancel needs an actor", ErrInvalidTask)
 	}
 	if len(reason) > MaxCancelReasonBytes {
-		return CancelResult{}, fmt.Errorf("%w: reason is %d bytes, the limit is %d", ErrInvalidTask, len(reason), MaxCancelReasonBytes)
+		return CancelResult{}, &FieldError{Field: "reason", Msg: fmt.Sprintf("reason is %d bytes, the limit is %d", len(reason), MaxCancelReasonBytes)}
+	}
+	if ferr := CheckText("reason", reason); ferr != nil {
+		return CancelResult{}, ferr
 	}
 	var arg *string
 	if reason = strings.TrimSpace(truncateError(reason)); reason != "" {

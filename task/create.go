@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -32,7 +31,8 @@ type NewTask struct {
 	// IdempotencyKey, when set, makes a repeat with the same Kind return the
 	// existing task instead of creating a second one.
 	IdempotencyKey string
-	// MaxAttempts, when > 0, is the task's own limit of runs. When 0 the
+	// MaxAttempts, when > 0, is the task's own limit of runs (at most
+	// MaxAttemptsLimit: MaxAttemptsRange). When 0 the
 	// task has none (max_attempts NULL) and the MaxAttempts of the store
 	// that records a failed run decides (a worker's
 	// INGEST_REDIS_MAX_ATTEMPTS), whichever process created it.
@@ -355,7 +355,8 @@ func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) 
 		nt.Kind = strings.TrimSpace(nt.Kind)
 		canonical, ferr := nt.check(s.cfg.MaxPayloadBytes)
 		if ferr != nil {
-			return nil, fmt.Errorf("%w: %s%s", ferr.Unwrap(), where, ferr.Msg)
+			ferr.Msg = where + ferr.Msg
+			return nil, ferr
 		}
 		if nt.Traceparent == "" {
 			nt.Traceparent = traceparent
@@ -380,20 +381,24 @@ func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) 
 // every due time the product shows and computes within a few digits.
 const ScheduleHorizon = 3653 * 24 * time.Hour
 
-// MaxDelay is the longest Delay accepted: the scheduling horizon.
+// MaxDelay is the longest Delay accepted: the scheduling horizon; see
+// DelayRange.
 const MaxDelay = ScheduleHorizon
 
-// MaxTimeout is the longest Timeout accepted: timeout_ms is an int column.
+// MaxTimeout is the longest Timeout accepted: timeout_ms is an int column;
+// see TimeoutRange.
 const MaxTimeout = time.Duration(math.MaxInt32) * time.Millisecond
 
 // MaxIdempotencyKeyLength is the longest idempotency key accepted.
 const MaxIdempotencyKeyLength = 1000
 
-// FieldError is the bad field of a new task (or of a RedriveFilter).
+// FieldError is the bad field of a new task, or of another request to the
+// store (a RedriveFilter, ListParams, a kind's settings, a cancel).
 type FieldError struct {
 	// Field is kind, payload, idempotency_key, max_attempts, run_at,
 	// delay_ms, timeout_ms or traceparent (for a RedriveFilter: status,
-	// limit, since or error_contains).
+	// limit, since, kind or error_contains; ListParams: status, limit,
+	// kind or cursor; a Range's field; a cancel's reason).
 	Field string
 	Msg   string
 	// TooLarge is set when the payload is over the size limit.
@@ -425,25 +430,29 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 	bad := func(field, format string, args ...any) ([]byte, *FieldError) {
 		return nil, &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 	}
-	switch {
-	case nt.Kind == "":
+	if nt.Kind == "" {
 		return bad("kind", "kind is required")
-	case len(nt.Kind) > MaxKindLength:
-		return bad("kind", "kind is longer than %d bytes", MaxKindLength)
-	case !validText(nt.Kind):
-		return bad("kind", "kind must be valid UTF-8 without NUL characters")
-	case len(nt.IdempotencyKey) > MaxIdempotencyKeyLength:
-		return bad("idempotency_key", "idempotency_key is longer than %d bytes", MaxIdempotencyKeyLength)
-	case !validText(nt.IdempotencyKey):
-		return bad("idempotency_key", "idempotency_key must be valid UTF-8 without NUL characters")
+	}
+	if ferr := CheckName("kind", nt.Kind, MaxKindLength); ferr != nil {
+		return nil, ferr
+	}
+	if ferr := CheckName("idempotency_key", nt.IdempotencyKey, MaxIdempotencyKeyLength); ferr != nil {
+		return nil, ferr
+	}
+	if nt.MaxAttempts != 0 { // 0: none of its own (max_attempts NULL)
+		if ferr := MaxAttemptsRange.Check(int64(nt.MaxAttempts)); ferr != nil {
+			return nil, ferr
+		}
+	}
+	if ferr := DelayRange.checkMillis(nt.Delay); ferr != nil {
+		return nil, ferr
+	}
+	if ferr := TimeoutRange.checkMillis(nt.Timeout); ferr != nil {
+		return nil, ferr
+	}
+	switch {
 	case nt.Traceparent != "" && !tracing.Valid(nt.Traceparent):
 		return bad("traceparent", "traceparent %q is not a valid W3C traceparent", clip.String(nt.Traceparent, 64))
-	case nt.MaxAttempts < 0:
-		return bad("max_attempts", "max_attempts must be >= 1, got %d", nt.MaxAttempts)
-	case nt.Delay < 0:
-		return bad("delay_ms", "delay_ms must be >= 0, got %d", nt.Delay.Milliseconds())
-	case nt.Delay > MaxDelay:
-		return bad("delay_ms", "delay_ms must be at most %d (%s), got %d", MaxDelay.Milliseconds(), MaxDelay, nt.Delay.Milliseconds())
 	case nt.Delay > 0 && !nt.RunAt.IsZero():
 		return bad("run_at", "run_at and delay_ms are exclusive: set at most one")
 	case !nt.RunAt.IsZero() && nt.RunAt.Year() < 1:
@@ -451,12 +460,8 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 	case nt.RunAt.After(time.Now().Add(ScheduleHorizon)):
 		return bad("run_at", "run_at %s is beyond the scheduling horizon: at most %d days (about %d years) from now",
 			nt.RunAt.Format(time.RFC3339), ScheduleHorizon/(24*time.Hour), ScheduleHorizon/(365*24*time.Hour))
-	case nt.Timeout < 0:
-		return bad("timeout_ms", "timeout_ms must be >= 0 (0: the default), got %d", nt.Timeout.Milliseconds())
-	case nt.Timeout > MaxTimeout:
-		return bad("timeout_ms", "timeout_ms must be at most %d, got %d", MaxTimeout.Milliseconds(), nt.Timeout.Milliseconds())
 	case nt.Timeout > 0 && nt.Timeout < time.Millisecond:
-		return bad("timeout_ms", "timeout_ms must be at least 1 ms, got %s", nt.Timeout)
+		return bad("timeout_ms", "timeout_ms must be at least 1 ms (0: the default), got %s", nt.Timeout)
 	case len(nt.Payload) > maxPayloadBytes:
 		return nil, &FieldError{Field: "payload", TooLarge: true,
 			Msg: fmt.Sprintf("payload is %d bytes, the limit is %d", len(nt.Payload), maxPayloadBytes)}
@@ -467,9 +472,6 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 	}
 	return canonical, nil
 }
-
-// validText reports whether s can be stored in a Postgres text column.
-func validText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // Canonical returns the canonical form of a JSON value: no insignificant
 // white space, object keys sorted, numbers as written. Two payloads that

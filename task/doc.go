@@ -39,4 +39,13 @@
 // stream entries (RepublishDeleted) and outbox retention
 // (DeleteSentOutbox). Their guards (a task is due, startable, terminal)
 // are SQL fragments written once (guards.go), shared with Start.
+//
+// The store also owns the rules of its input (fields.go), which the HTTP
+// API, the CLI and the dashboard apply through it: each whole-number field
+// has one Range (MaxAttemptsRange, DelayRange, TimeoutRange,
+// ListLimitRange, RedriveLimitRange, ConcurrencyRange), checked before a
+// value could be narrowed to a column; a name users choose (a kind, an
+// idempotency key) follows CheckName (valid UTF-8, no control or
+// bidirectional character), and a filter or note CheckText (valid UTF-8,
+// no NUL). A bad field is a *FieldError naming it.
 package task

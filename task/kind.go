@@ -125,15 +125,14 @@ UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
 FROM p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` THEN true ELSE false END
 RETURNING t.id`
 
-// checkKind validates a kind name given to the kind settings.
+// checkKind validates a kind name given to the kind settings: the rule of
+// names (CheckName), as for the kind of a new task.
 func checkKind(kind string) error {
-	switch {
-	case strings.TrimSpace(kind) == "":
+	if strings.TrimSpace(kind) == "" {
 		return &FieldError{Field: "kind", Msg: "kind is empty"}
-	case len(kind) > MaxKindLength:
-		return &FieldError{Field: "kind", Msg: fmt.Sprintf("kind is %d bytes, the limit is %d", len(kind), MaxKindLength)}
-	case strings.ContainsRune(kind, 0):
-		return &FieldError{Field: "kind", Msg: "kind holds a NUL character"}
+	}
+	if ferr := CheckName("kind", kind, MaxKindLength); ferr != nil {
+		return ferr
 	}
 	return nil
 }

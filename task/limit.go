@@ -16,7 +16,8 @@ import (
 
 // Limits on the per-kind settings.
 const (
-	// MaxConcurrency is the largest concurrency limit of a kind.
+	// MaxConcurrency is the largest concurrency limit of a kind (see
+	// ConcurrencyRange).
 	MaxConcurrency = 100_000
 	// MaxRateCount is the largest count of a rate limit.
 	MaxRateCount = 10_000
@@ -49,7 +50,7 @@ func ParseRate(s string) (Rate, error) {
 	}
 	n, err := strconv.Atoi(strings.TrimSpace(count))
 	if err != nil || n < 0 {
-		return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q: the count %q is not a whole number >= 0", s, count)}
+		return Rate{}, &FieldError{Field: "rate", Msg: fmt.Sprintf("rate %q: the count %q is not a whole number from 0 to %d", s, count, MaxRateCount)}
 	}
 	per = strings.TrimSpace(per)
 	d, ok := rateUnits[per]
@@ -155,8 +156,10 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil {
 		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency or rate"}
 	}
-	if c := u.Concurrency; c != nil && (*c < 0 || *c > MaxConcurrency) {
-		return 0, &FieldError{Field: "concurrency", Msg: fmt.Sprintf("concurrency %d is out of range 0..%d (0: no limit)", *c, MaxConcurrency)}
+	if c := u.Concurrency; c != nil && !ConcurrencyRange.Contains(int64(*c)) {
+		ferr := ConcurrencyRange.Check(int64(*c))
+		ferr.Msg += " (0: no limit)"
+		return 0, ferr
 	}
 	var rateCount, ratePeriod *int64
 	var rateText *string

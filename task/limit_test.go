@@ -2,6 +2,7 @@ package task_test
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,6 +40,10 @@ func TestParseRate(t *testing.T) {
 		if !errors.As(err, &ferr) || ferr.Field != "rate" {
 			t.Errorf("ParseRate(%q) = %v, want a FieldError naming rate", bad, err)
 		}
+	}
+	// A count no integer holds names the range too.
+	if _, err := task.ParseRate("99999999999999999999/s"); err == nil || !strings.Contains(err.Error(), "from 0 to 10000") {
+		t.Errorf("ParseRate of a count beyond int64: %v, want the range named", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/transition"
 )
 
@@ -63,13 +64,16 @@ const MaxListLimit = 1000
 // (stateScope), so a listing stays consistent while tasks are added.
 func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) {
 	if p.Status != "" && !p.Status.Valid() {
-		return nil, "", fmt.Errorf("%w: status %q is not one of %v", ErrInvalidTask, p.Status, States)
+		return nil, "", &FieldError{Field: "status", Msg: fmt.Sprintf("status %q is not one of %v", p.Status, States)}
 	}
 	if p.Limit == 0 {
 		p.Limit = 50
 	}
-	if p.Limit < 1 || p.Limit > MaxListLimit {
-		return nil, "", fmt.Errorf("%w: limit must be between 1 and %d, got %d", ErrInvalidTask, MaxListLimit, p.Limit)
+	if ferr := ListLimitRange.Check(int64(p.Limit)); ferr != nil {
+		return nil, "", ferr
+	}
+	if ferr := CheckText("kind", p.Kind); ferr != nil {
+		return nil, "", ferr
 	}
 	var where []string
 	var args []any
@@ -151,7 +155,7 @@ func encodeCursor(at time.Time, id uuid.UUID) string {
 }
 
 func decodeCursor(c string) (time.Time, uuid.UUID, error) {
-	bad := fmt.Errorf("%w: cursor %q is not one this server returned", ErrInvalidTask, c)
+	bad := &FieldError{Field: "cursor", Msg: fmt.Sprintf("cursor %q is not one this server returned", clip.String(c, 100))}
 	raw, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil {
 		return time.Time{}, uuid.UUID{}, bad

@@ -89,10 +89,10 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	switch {
-	case c.MaxAttempts < 1:
-		return fmt.Errorf("MaxAttempts must be >= 1, got %d", c.MaxAttempts)
-	case c.MaxPayloadBytes < 2:
-		return fmt.Errorf("MaxPayloadBytes must be >= 2, got %d", c.MaxPayloadBytes)
+	case !MaxAttemptsRange.Contains(int64(c.MaxAttempts)):
+		return fmt.Errorf("MaxAttempts must be %s, got %d", MaxAttemptsRange.Text(), c.MaxAttempts)
+	case !PayloadBytesRange.Contains(int64(c.MaxPayloadBytes)):
+		return fmt.Errorf("MaxPayloadBytes must be %s, got %d", PayloadBytesRange.Text(), c.MaxPayloadBytes)
 	}
 	if err := c.Backoff.Validate(); err != nil {
 		return fmt.Errorf("Backoff: %w", err)

@@ -45,10 +45,13 @@ type redriveForm struct {
 // maxFormBytes bounds the body of a form the dashboard posts.
 const maxFormBytes = 1 << 20
 
-// maxUIRedrive bounds the limit of a bulk redrive from the dashboard: the
-// redrive that follows a dry run posts every id the dry run matched (37
-// bytes each), and a form's body is read up to maxFormBytes.
+// maxUIRedrive bounds the limit of a bulk redrive from the dashboard,
+// below task.MaxRedriveLimit: the redrive that follows a dry run posts
+// every id the dry run matched (37 bytes each), and a form's body is read
+// up to maxFormBytes.
 const maxUIRedrive = 20000
+
+var uiRedriveLimit = task.Range{Field: "limit", Min: 1, Max: maxUIRedrive}
 
 // readFilter reads a redriveForm from r's query or form values.
 func readFilter(get func(string) string) (redriveForm, task.RedriveFilter, error) {
@@ -58,11 +61,11 @@ func readFilter(get func(string) string) (redriveForm, task.RedriveFilter, error
 		f.Status = string(task.Dead)
 	}
 	if v := strings.TrimSpace(get("limit")); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxUIRedrive {
-			return f, task.RedriveFilter{}, fmt.Errorf("limit must be a whole number from 1 to %d, got %q", maxUIRedrive, v)
+		n, ferr := uiRedriveLimit.Parse(v)
+		if ferr != nil {
+			return f, task.RedriveFilter{}, ferr
 		}
-		f.Limit = n
+		f.Limit = int(n)
 	}
 	rf := task.RedriveFilter{Status: task.State(f.Status), Kind: f.Kind, ErrorContains: f.Error, Limit: f.Limit}
 	var err error
@@ -122,6 +125,10 @@ func (h *Handler) dlqPage(w http.ResponseWriter, r *http.Request, v *view) {
 	code := http.StatusOK
 	if ferr != nil {
 		dv.Error, code = ferr.Error(), http.StatusBadRequest
+	}
+	if dv.After != "" && !dlq.ValidEntryID(dv.After) {
+		dv.Error, code = fmt.Sprintf("after %q is not a DLQ entry id", dv.After), http.StatusBadRequest
+		dv.After = ""
 	}
 	if ferr == nil && q.Get("preview") != "" {
 		res, err := dlq.RedriveMatching(ctx, nil, "", h.cfg.Store, h.cfg.Actor, f, task.RedriveOptions{DryRun: true})
@@ -249,9 +256,9 @@ func (h *Handler) setKind(w http.ResponseWriter, r *http.Request) {
 		p := op == "pause"
 		u.Paused, what = &p, op+"d"
 	case "limits":
-		c, err := strconv.Atoi(strings.TrimSpace(cmpOr(r.PostFormValue("concurrency"), "0")))
-		if err != nil || c < 0 {
-			h.done(w, r, back, true, "Concurrency must be a whole number >= 0 (0: no limit).")
+		c, ferr := task.ConcurrencyRange.Parse(cmpOr(r.PostFormValue("concurrency"), "0"))
+		if ferr != nil {
+			h.done(w, r, back, true, "%s (0: no limit).", ferr.Msg)
 			return
 		}
 		rate, err := task.ParseRate(strings.TrimSpace(cmpOr(r.PostFormValue("rate"), "0")))
@@ -259,7 +266,8 @@ func (h *Handler) setKind(w http.ResponseWriter, r *http.Request) {
 			h.done(w, r, back, true, "Rate: %v", fieldMsg(err))
 			return
 		}
-		u.Concurrency, u.Rate, what = &c, &rate, "limits set"
+		n := int(c)
+		u.Concurrency, u.Rate, what = &n, &rate, "limits set"
 	default:
 		h.fail(w, r, http.StatusBadRequest, fmt.Sprintf("unknown operation %q (pause, resume or limits)", op))
 		return

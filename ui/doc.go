@@ -5,7 +5,9 @@
 // and the static assets, all embedded in the binary (no CDN).
 //
 // Pages are Go html/template, rendered on the server (auto-escaped: task
-// payloads and errors are shown as text). The only script is htmx
+// payloads and errors are shown as text; every control and bidirectional
+// character of a rendered page, which can only come from data, is shown as
+// its escape by termsafe.Text). The only script is htmx
 // (static/htmx.min.js, vendored from npm, see static/VENDORED.md): a page's
 // live part reloads itself every 2 s, the kinds page's every 10 s
 // (hx-trigger="every 2s"; the same handler with ?live=1 renders just that

@@ -98,6 +98,12 @@ func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
 		bad("until: " + err.Error())
 		return
 	}
+	for _, f := range []struct{ field, v string }{{"kind", tv.Kind}, {"q", tv.Q}} {
+		if ferr := task.CheckText(f.field, f.v); ferr != nil {
+			bad(ferr.Msg)
+			return
+		}
+	}
 	ctx := r.Context()
 	switch id, perr := uuid.Parse(tv.Q); {
 	case tv.Q != "" && perr == nil:
@@ -263,13 +269,14 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 	}
 	back := Prefix + "tasks/" + id.String()
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
-	if len(reason) > task.MaxCancelReasonBytes {
-		h.done(w, r, back, true, "The reason is %d bytes; the limit is %d.", len(reason), task.MaxCancelReasonBytes)
-		return
-	}
 	res, err := h.cfg.Store.Cancel(r.Context(), h.cfg.Actor, reason, id)
 	if errors.Is(err, task.ErrNotFound) {
 		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+		return
+	}
+	if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
+		// The reason: too long, or bytes PostgreSQL cannot store.
+		h.done(w, r, back, true, "%s", ferr.Msg)
 		return
 	}
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -427,8 +429,18 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, code int, page 
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	_, _ = w.Write(buf.Bytes())
+	_, _ = io.WriteString(w, visible(buf.String()))
 }
+
+// visible shows every control and bidirectional character of a page as a
+// visible escape (termsafe.Text: "abc\u202edef", not "abcfed"; ESC as
+// \x1b), keeping new lines and tabs. The templates hold none of these
+// characters, so each one came from data (a kind, an error, a payload, a
+// filter) whatever the template and field, which html/template escapes
+// for HTML but not for display. A form field holding one shows the escape
+// too, so a bulk redrive or filter re-submitted from the page uses the
+// escaped text and matches no such name.
+func visible(page string) string { return termsafe.Text(page) }
 
 func (h *Handler) parseTemplates() error {
 	base, err := template.New("base").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")

@@ -561,7 +561,7 @@ func TestActions(t *testing.T) {
 		t.Fatalf("email paused %v concurrency %d rate %d", p, conc, rate)
 	}
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "0", "rate", "fast")), "Rate:")
-	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "-1")), "Concurrency must be")
+	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "-1")), "concurrency must be a whole number from 0 to 100000")
 	want(t, c.post("/ui/kinds/email", form("op", "explode")), 400)
 	want(t, c.post("/ui/tasks/"+uuid.NewString()+"/cancel", form()), 404)
 }

@@ -152,10 +152,10 @@ var settings = []setting{
 		set:   setString(func(c *Config) *string { return &c.Group })},
 	{env: "INGEST_REDIS_DLQ_STREAM_KEY", def: dlq.DefaultStream, typ: "key", scope: scopeGlobal, emptyMeansEmpty: true,
 		usage: "dead-letter stream key (empty: no DLQ stream, DEAD state only)",
-		set:   func(c *Config, v string) error { c.DLQStreamKey = v; return nil }},
+		set:   func(c *Config, v string) error { c.DLQStreamKey = v; return checkName(v) }},
 	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
 		usage: "runs a task gets before it is DEAD (tasks created without max_attempts)",
-		set:   setInt(func(c *Config) *int { return &c.MaxAttempts }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.MaxAttempts }, 1, task.MaxAttemptsLimit)},
 	{env: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
 		usage: "retry delay after the first failure; doubles per failure (0: retry at once)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryBaseBackoff }, 0)},
@@ -173,10 +173,10 @@ var settings = []setting{
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimIdle }, 0)},
 	{env: "INGEST_REDIS_RECLAIM_BATCH_SIZE", def: itoa(reclaim.DefaultBatchSize), typ: "int", scope: scopeWorker,
 		usage: "entries claimed per XAUTOCLAIM",
-		set:   setInt(func(c *Config) *int { return &c.ReclaimBatchSize }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.ReclaimBatchSize }, 1, reclaim.MaxBatchSize)},
 	{env: "INGEST_OUTBOX_MAX_ATTEMPTS", def: itoa(outbox.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
 		usage: "publish attempts of an outbox event before it is DEAD",
-		set:   setInt(func(c *Config) *int { return &c.OutboxMaxAttempts }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.OutboxMaxAttempts }, 1, outbox.MaxAttemptsLimit)},
 	{env: "INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
 		usage: "outbox publish retry delay after the first failure; doubles per failure (0: retry at once)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryBaseBackoff }, 0)},
@@ -185,13 +185,13 @@ var settings = []setting{
 		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryMaxBackoff }, 0)},
 	{env: "INGEST_OUTBOX_PUBLISH_BATCH_SIZE", def: itoa(outbox.DefaultBatchSize), typ: "int", scope: scopeWorker,
 		usage: "outbox events published per round",
-		set:   setInt(func(c *Config) *int { return &c.OutboxPublishBatchSize }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.OutboxPublishBatchSize }, 1, outbox.MaxBatchSize)},
 	{env: "INGEST_OUTBOX_PUBLISH_INTERVAL_MS", def: ms(outbox.DefaultPublishInterval), typ: "ms", scope: scopeWorker,
 		usage: "outbox poll interval (commits also wake the relay via NOTIFY)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxPublishInterval }, 1)},
 	{env: "INGEST_WORKER_CONCURRENCY", def: itoa(ingest.DefaultConcurrency), typ: "int", scope: scopeWorker,
 		usage: "tasks run at the same time by this process",
-		set:   setInt(func(c *Config) *int { return &c.WorkerConcurrency }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.WorkerConcurrency }, 1, ingest.MaxConcurrency)},
 	{env: "INGEST_CONSUMER_NAME", def: "", typ: "name", scope: scopeWorker,
 		usage: "consumer name in the group (default hostname-pid)",
 		set: func(c *Config, v string) error {
@@ -203,7 +203,7 @@ var settings = []setting{
 				return fmt.Errorf("%q contains white space", v)
 			}
 			c.ConsumerName = v
-			return nil
+			return checkName(v)
 		}},
 	{env: "INGEST_TASK_LEASE_MS", def: ms(ingest.DefaultTaskLease), typ: "ms", scope: scopeWorker,
 		usage: "lease of a running task; renewed by the heartbeat",
@@ -216,7 +216,7 @@ var settings = []setting{
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, 1)},
 	{env: "INGEST_MAX_PAYLOAD_BYTES", def: itoa(task.DefaultMaxPayloadBytes), typ: "bytes", scope: scopeWorker,
 		usage: "largest task payload accepted",
-		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, 2)},
+		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, task.PayloadBytesRange.Min, task.PayloadBytesRange.Max)},
 	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true,
 		usage: "HTTP listen address: /metrics, /healthz, /readyz, task API (empty: no HTTP server)",
 		set: func(c *Config, v string) error {
@@ -280,10 +280,10 @@ var settings = []setting{
 		set:   setString(func(c *Config) *string { return &c.KafkaGroup })},
 	{env: "INGEST_KAFKA_DLQ_TOPIC", def: kafka.DefaultDLQTopic, typ: "topic", scope: scopeGlobal, emptyMeansEmpty: true,
 		usage: "dead-letter topic (empty: no DLQ topic, DEAD state only; INGEST_QUEUE=kafka)",
-		set:   func(c *Config, v string) error { c.KafkaDLQTopic = v; return nil }},
+		set:   func(c *Config, v string) error { c.KafkaDLQTopic = v; return checkName(v) }},
 	{env: "INGEST_KAFKA_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
 		usage: "runs a task gets before it is DEAD (INGEST_QUEUE=kafka; tasks created without max_attempts)",
-		set:   setInt(func(c *Config) *int { return &c.KafkaMaxAttempts }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.KafkaMaxAttempts }, 1, task.MaxAttemptsLimit)},
 	{env: "INGEST_KAFKA_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
 		usage: "retry delay after the first failure, of tasks and of outbox publishes; doubles per failure (INGEST_QUEUE=kafka)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaRetryBaseBackoff }, 0)},
@@ -292,7 +292,7 @@ var settings = []setting{
 		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaRetryMaxBackoff }, 0)},
 	{env: "INGEST_KAFKA_PUBLISH_BATCH_SIZE", def: itoa(outbox.DefaultBatchSize), typ: "int", scope: scopeWorker,
 		usage: "outbox events published per produce call (INGEST_QUEUE=kafka)",
-		set:   setInt(func(c *Config) *int { return &c.KafkaPublishBatchSize }, 1)},
+		set:   setInt(func(c *Config) *int { return &c.KafkaPublishBatchSize }, 1, outbox.MaxBatchSize)},
 	{env: "INGEST_KAFKA_PUBLISH_INTERVAL_MS", def: ms(outbox.DefaultPublishInterval), typ: "ms", scope: scopeWorker,
 		usage: "outbox poll interval (INGEST_QUEUE=kafka; commits also wake the relay via NOTIFY)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaPublishInterval }, 1)},
@@ -346,29 +346,50 @@ func itoa(n int) string { return strconv.Itoa(n) }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
+// setString reads a name (a key, a group, a topic): not empty, and shown
+// safely wherever it is printed (checkName).
 func setString(field func(*Config) *string) func(*Config, string) error {
 	return func(c *Config, v string) error {
 		if strings.TrimSpace(v) == "" {
 			return errors.New("must not be empty")
 		}
 		*field(c) = v
+		return checkName(v)
+	}
+}
+
+// checkName applies the rule of names users choose (task.CheckName: no
+// control or bidirectional character, valid UTF-8) to a setting that
+// names something: it is printed by the CLI, logged and shown on the
+// dashboard.
+func checkName(v string) error {
+	if ferr := task.CheckName("the value", v, maxNameBytes); ferr != nil {
+		return errors.New(ferr.Msg)
+	}
+	return nil
+}
+
+// maxNameBytes bounds a setting that names something.
+const maxNameBytes = 1000
+
+// setInt reads a whole number from least to most, bounds the package that
+// uses the setting owns (a worker's MaxConcurrency, task.MaxAttemptsLimit).
+func setInt(field func(*Config) *int, least, most int64) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number from %d to %d", v, least, most)
+		}
+		if n < least || n > most {
+			return fmt.Errorf("must be from %d to %d, got %d", least, most, n)
+		}
+		*field(c) = int(n)
 		return nil
 	}
 }
 
-func setInt(field func(*Config) *int, least int) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		n, err := strconv.Atoi(strings.TrimSpace(v))
-		if err != nil {
-			return fmt.Errorf("%q is not a whole number", v)
-		}
-		if n < least {
-			return fmt.Errorf("must be >= %d, got %d", least, n)
-		}
-		*field(c) = n
-		return nil
-	}
-}
+// maxSettingDuration bounds every setting of milliseconds.
+const maxSettingDuration = 365 * 24 * time.Hour
 
 func setMillis(field func(*Config) *time.Duration, least int64) func(*Config, string) error {
 	return func(c *Config, v string) error {
@@ -376,11 +397,8 @@ func setMillis(field func(*Config) *time.Duration, least int64) func(*Config, st
 		if err != nil {
 			return fmt.Errorf("%q is not a whole number of milliseconds", v)
 		}
-		if n < least {
-			return fmt.Errorf("must be >= %d ms, got %d", least, n)
-		}
-		if n > int64(365*24*time.Hour/time.Millisecond) {
-			return fmt.Errorf("%d ms is more than a year", n)
+		if most := int64(maxSettingDuration / time.Millisecond); n < least || n > most {
+			return fmt.Errorf("must be from %d to %d ms (at most a year), got %d", least, most, n)
 		}
 		*field(c) = time.Duration(n) * time.Millisecond
 		return nil

@@ -143,17 +143,29 @@ func TestConfigErrors(t *testing.T) {
 		want []string
 	}{
 		{"NonNumeric", map[string]string{"INGEST_WORKER_CONCURRENCY": "many"}, []string{"INGEST_WORKER_CONCURRENCY", "--worker-concurrency", "not a whole number"}},
-		{"Negative", map[string]string{"INGEST_REDIS_MAX_ATTEMPTS": "-1"}, []string{"INGEST_REDIS_MAX_ATTEMPTS", ">= 1"}},
+		{"Negative", map[string]string{"INGEST_REDIS_MAX_ATTEMPTS": "-1"}, []string{"INGEST_REDIS_MAX_ATTEMPTS", "from 1 to 1000000", "got -1"}},
+		// Every whole-number setting has an upper bound, its package's:
+		// a value beyond it is refused, not narrowed or wrapped.
+		{"MaxAttemptsBeyondInt32", map[string]string{"INGEST_REDIS_MAX_ATTEMPTS": "3000000000"}, []string{"INGEST_REDIS_MAX_ATTEMPTS", "from 1 to 1000000", "got 3000000000"}},
+		{"KafkaMaxAttemptsHuge", map[string]string{"INGEST_KAFKA_MAX_ATTEMPTS": "4294967297"}, []string{"INGEST_KAFKA_MAX_ATTEMPTS", "from 1 to 1000000"}},
+		{"ZeroConcurrency", map[string]string{"INGEST_WORKER_CONCURRENCY": "0"}, []string{"INGEST_WORKER_CONCURRENCY", "from 1 to 100000", "got 0"}},
+		{"HugeConcurrency", map[string]string{"INGEST_WORKER_CONCURRENCY": "1000000000000"}, []string{"INGEST_WORKER_CONCURRENCY", "from 1 to 100000", "got 1000000000000"}},
+		{"ConcurrencyBeyondInt64", map[string]string{"INGEST_WORKER_CONCURRENCY": "99999999999999999999"}, []string{"INGEST_WORKER_CONCURRENCY", "not a whole number from 1 to 100000"}},
+		{"HugeReclaimBatch", map[string]string{"INGEST_REDIS_RECLAIM_BATCH_SIZE": "10001"}, []string{"INGEST_REDIS_RECLAIM_BATCH_SIZE", "from 1 to 10000"}},
+		{"HugeOutboxBatch", map[string]string{"INGEST_OUTBOX_PUBLISH_BATCH_SIZE": "10001"}, []string{"INGEST_OUTBOX_PUBLISH_BATCH_SIZE", "from 1 to 10000"}},
+		{"HugeKafkaBatch", map[string]string{"INGEST_KAFKA_PUBLISH_BATCH_SIZE": "10001"}, []string{"INGEST_KAFKA_PUBLISH_BATCH_SIZE", "from 1 to 10000"}},
+		{"HugeOutboxAttempts", map[string]string{"INGEST_OUTBOX_MAX_ATTEMPTS": "3000000000"}, []string{"INGEST_OUTBOX_MAX_ATTEMPTS", "from 1 to 1000000"}},
+		{"HugePayloadLimit", map[string]string{"INGEST_MAX_PAYLOAD_BYTES": "4294967296"}, []string{"INGEST_MAX_PAYLOAD_BYTES", "from 2 to 268435455"}},
 		{"Zero", map[string]string{"INGEST_REDIS_RECLAIM_BATCH_SIZE": "0"}, []string{"INGEST_REDIS_RECLAIM_BATCH_SIZE"}},
 		{"NegativeMillis", map[string]string{"INGEST_TASK_LEASE_MS": "-5"}, []string{"INGEST_TASK_LEASE_MS"}},
 		{"FractionalMillis", map[string]string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS": "1.5"}, []string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS", "milliseconds"}},
 		{"DurationSyntax", map[string]string{"INGEST_SHUTDOWN_TIMEOUT_MS": "30s"}, []string{"INGEST_SHUTDOWN_TIMEOUT_MS"}},
-		{"HugeMillis", map[string]string{"INGEST_TASK_TIMEOUT_MS": "99999999999999"}, []string{"INGEST_TASK_TIMEOUT_MS", "more than a year"}},
+		{"HugeMillis", map[string]string{"INGEST_TASK_TIMEOUT_MS": "99999999999999"}, []string{"INGEST_TASK_TIMEOUT_MS", "at most a year"}},
 		{"PeriodicNotJSON", map[string]string{"INGEST_PERIODIC": "sync every 30s"}, []string{"INGEST_PERIODIC", "--periodic", "JSON array"}},
 		{"PeriodicBadEntry", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"1m"},{"kind":"b","cron":"0 25 * * *"}]`}, []string{"INGEST_PERIODIC", "[1].cron"}},
 		{"PeriodicTooOften", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"100ms"}]`}, []string{"INGEST_PERIODIC", "[0].every", ">= 1s"}},
 		{"Bool", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "yes please"}, []string{"INGEST_REDIS_RECLAIM_ENABLED"}},
-		{"NegativeIdle", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "-1"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", ">= 0"}},
+		{"NegativeIdle", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "-1"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", "from 0 to"}},
 		{"Queue", map[string]string{"INGEST_QUEUE": "rabbit"}, []string{"INGEST_QUEUE", "redis, kafka"}},
 		{"KafkaBrokers", map[string]string{"KAFKA_BOOTSTRAP_SERVERS": "broker1,broker2:9092"}, []string{"KAFKA_BOOTSTRAP_SERVERS", "host:port"}},
 		{"KafkaDLQIsTopic", map[string]string{"INGEST_KAFKA_DLQ_TOPIC": "ingest.tasks"}, []string{"INGEST_KAFKA_DLQ_TOPIC", "INGEST_KAFKA_TOPIC"}},
@@ -172,6 +184,10 @@ func TestConfigErrors(t *testing.T) {
 		{"HTTPAddrPort", map[string]string{"INGEST_HTTP_ADDR": "127.0.0.1:99999"}, []string{"INGEST_HTTP_ADDR", "port"}},
 		{"EmptyGroup", map[string]string{"INGEST_REDIS_GROUP": " "}, []string{"INGEST_REDIS_GROUP", "empty"}},
 		{"ConsumerSpaces", map[string]string{"INGEST_CONSUMER_NAME": "a b"}, []string{"INGEST_CONSUMER_NAME", "white space"}},
+		// Names are printed by the CLI and shown on the dashboard.
+		{"ConsumerEscape", map[string]string{"INGEST_CONSUMER_NAME": "w\x1b]0;pwned\a"}, []string{"INGEST_CONSUMER_NAME", "control or bidirectional", `\x1b`}},
+		{"StreamKeyBidi", map[string]string{"INGEST_REDIS_STREAM_KEY": "tasks\u202e"}, []string{"INGEST_REDIS_STREAM_KEY", `\u202e`}},
+		{"DLQKeyNewline", map[string]string{"INGEST_REDIS_DLQ_STREAM_KEY": "dlq\nfake"}, []string{"INGEST_REDIS_DLQ_STREAM_KEY", `\n`}},
 		{"SameStreamAndDLQ", map[string]string{"INGEST_REDIS_DLQ_STREAM_KEY": "ingest:tasks"}, []string{"INGEST_REDIS_DLQ_STREAM_KEY", "differ"}},
 		{"HashTagMismatch", map[string]string{"INGEST_REDIS_STREAM_KEY": "{ingest}:tasks"}, []string{"INGEST_REDIS_DLQ_STREAM_KEY", "hash tag"}},
 		// Redis Cluster: the stream and the DLQ must share a hash tag.

@@ -100,6 +100,9 @@ func (a *app) demoCommand() *cobra.Command {
 			if err := a.load(cmd, demoDefaults); err != nil {
 				return err
 			}
+			if timeout <= 0 {
+				return usagef("--timeout must be > 0, got %s", timeout)
+			}
 			stopTracing, err := a.startTracing(cmd.Context())
 			if err != nil {
 				return err
@@ -136,7 +139,7 @@ func (a *app) progressOut() io.Writer {
 func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error {
 	start := time.Now()
 	out := a.progressOut()
-	say := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
+	say := func(format string, args ...any) { fmt.Fprintf(out, format, shown(args)...) }
 
 	// The queue: Kafka (in-process kfake unless configured), or Redis
 	// (in-process unless configured).

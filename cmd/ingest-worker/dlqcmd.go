@@ -45,8 +45,8 @@ func (a *app) dlqListCommand() *cobra.Command {
 			if a.cfg.DLQStreamKey == "" {
 				return usagef("no DLQ stream is configured (INGEST_REDIS_DLQ_STREAM_KEY is empty): dead tasks are only in PostgreSQL; try 'ingest-worker task list --status DEAD'")
 			}
-			if limit < 1 || limit > dlq.MaxListCount {
-				return usagef("--limit must be from 1 to %d, got %d", dlq.MaxListCount, limit)
+			if after != "" && !dlq.ValidEntryID(after) {
+				return usagef("--after %q is not a DLQ entry id (MS-SEQ, as dlq list shows them)", after)
 			}
 			rdb, err := a.openRedis(cmd.Context())
 			if err != nil {
@@ -76,7 +76,7 @@ func (a *app) dlqListCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().Int64VarP(&limit, "limit", "n", 100, fmt.Sprintf("most entries shown (1..%d)", dlq.MaxListCount))
+	rangeFlag(cmd.Flags(), &limit, "limit", "n", dlqListRange, 100, "most entries shown")
 	cmd.Flags().BoolVar(&oldest, "oldest", false, "oldest first")
 	cmd.Flags().StringVar(&after, "after", "", "continue after this entry id")
 	return cmd
@@ -93,6 +93,9 @@ func (a *app) printDLQ(entries []dlq.Entry) {
 	}
 	a.table([]string{"ENTRY", "TASK", "KIND", "ATTEMPTS", "DEAD AT", "LAST ERROR"}, rows)
 }
+
+// dlqListRange bounds dlq list --limit.
+var dlqListRange = task.Range{Field: "limit", Min: 1, Max: dlq.MaxListCount}
 
 // replayChunk is how many entries one Replay call redrives.
 const replayChunk = 500

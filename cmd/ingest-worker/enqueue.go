@@ -73,9 +73,6 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 				if p, err = a.readPayload(payload); err != nil {
 					return err
 				}
-				if cmd.Flags().Changed("max-attempts") && maxAttempts < 1 {
-					return usagef("--max-attempts must be >= 1, got %d", maxAttempts)
-				}
 				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout}
 				switch {
 				case runAt != "" && cmd.Flags().Changed("delay"):
@@ -90,6 +87,10 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 						return usagef("--run-at %q is not an RFC 3339 time (e.g. 2026-01-02T15:04:05Z)", runAt)
 					}
 					nt.RunAt = at
+				}
+				// Checked before connecting, naming the flag.
+				if ferr := nt.Validate(a.cfg.MaxPayloadBytes); ferr != nil {
+					return usagef("--%s: %s", flagOfField(ferr.Field, enqueueFlags), ferr.Msg)
 				}
 				nts = []task.NewTask{nt}
 			}
@@ -141,13 +142,17 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.StringVarP(&kind, "kind", "k", "", "task kind (selects the handler)")
 	f.StringVarP(&payload, "payload", "p", "", "JSON payload, @file, or @- for stdin")
 	f.StringVar(&key, "idempotency-key", "", "a repeat with the same kind and key returns the existing task")
-	f.IntVar(&maxAttempts, "max-attempts", 0, "runs before the task is DEAD (default INGEST_REDIS_MAX_ATTEMPTS)")
+	rangeFlag(f, &maxAttempts, "max-attempts", "", task.MaxAttemptsRange, 0, "runs before the task is DEAD (default INGEST_REDIS_MAX_ATTEMPTS)")
 	f.StringVar(&runAt, "run-at", "", "run the task at this RFC 3339 time, not before")
 	f.DurationVar(&delay, "delay", 0, "run the task after this delay (e.g. 90s, 15m), not before")
 	f.DurationVar(&timeout, "timeout", 0, "deadline of each run of the handler (default INGEST_TASK_TIMEOUT_MS)")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }
+
+// enqueueFlags are the flags of enqueue by the task field each sets.
+var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key",
+	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout"}
 
 // readPayload returns --payload's JSON: inline, @file or @-.
 func (a *app) readPayload(v string) ([]byte, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -31,6 +32,9 @@ on the loopback interface).`,
 			if a.cfg.HTTPAddr == "" {
 				return usagef("INGEST_HTTP_ADDR is empty: the worker serves no probes")
 			}
+			if timeout <= 0 {
+				return usagef("--timeout must be > 0, got %s", timeout)
+			}
 			host, port, _ := net.SplitHostPort(a.cfg.HTTPAddr)
 			if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
 				host = "127.0.0.1"
@@ -50,7 +54,7 @@ on the loopback interface).`,
 			if resp.StatusCode != http.StatusOK {
 				return fmt.Errorf("probe %s: %s: %s", url, resp.Status, body)
 			}
-			a.printf("%s", body)
+			a.printf("%s\n", bytes.TrimRight(body, "\n"))
 			return nil
 		},
 	}

@@ -147,7 +147,7 @@ consumer slot) and start as slots and starts free.`,
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&concurrency, "concurrency", 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
+	rangeFlag(cmd.Flags(), &concurrency, "concurrency", "", task.ConcurrencyRange, 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&rate, "rate", "", "most starts per period across all workers: 5/s, 300/m, 10/500ms (0: no limit)")
 	return cmd
 }

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,34 +16,72 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/pguuid"
 	"github.com/ingest-worker/ingest/task"
 )
 
-// printJSON writes v as indented JSON to stdout.
+// printJSON writes v as indented JSON to stdout. The encoder escapes the
+// controls below U+0020; termsafe.JSON escapes the rest a terminal would
+// act on (DEL, C1 and bidirectional controls) as \uXXXX, which decode to
+// the same strings.
 func (a *app) printJSON(v any) error {
-	enc := json.NewEncoder(a.stdout)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := a.stdout.Write(termsafe.JSON(buf.Bytes()))
+	return err
 }
 
-// table writes a table with a header row to stdout.
+// table writes a table with a header row to stdout. Every cell is shown
+// through termsafe.String: data from PostgreSQL or Redis (a kind, an
+// error, a consumer name) can neither drive the terminal nor break the
+// table's lines.
 func (a *app) table(header []string, rows [][]string) {
 	tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(header, "\t"))
+	line := func(cells []string) {
+		safe := make([]string, len(cells))
+		for i, c := range cells {
+			safe[i] = termsafe.String(c)
+		}
+		fmt.Fprintln(tw, strings.Join(safe, "\t"))
+	}
+	line(header)
 	for _, r := range rows {
-		fmt.Fprintln(tw, strings.Join(r, "\t"))
+		line(r)
 	}
 	tw.Flush()
 }
 
-// printf writes human output to stdout.
-func (a *app) printf(format string, args ...any) { fmt.Fprintf(a.stdout, format, args...) }
+// printf writes human output to stdout; each argument is shown through
+// termsafe.String (the format is the program's own).
+func (a *app) printf(format string, args ...any) { fmt.Fprintf(a.stdout, format, shown(args)...) }
 
 // notef writes a note for people to stderr (kept out of stdout, which
-// scripts read).
-func (a *app) notef(format string, args ...any) { fmt.Fprintf(a.stderr, format, args...) }
+// scripts read), its arguments shown as printf shows them.
+func (a *app) notef(format string, args ...any) { fmt.Fprintf(a.stderr, format, shown(args)...) }
+
+// shown wraps format arguments so that each prints as the terminal-safe
+// form of what it would print (termsafe.String).
+func shown(args []any) []any {
+	out := make([]any, len(args))
+	for i, v := range args {
+		out[i] = safeArg{v}
+	}
+	return out
+}
+
+// safeArg formats its value with the verb and flags it is given, then
+// escapes the result for a terminal.
+type safeArg struct{ v any }
+
+func (s safeArg) Format(f fmt.State, verb rune) {
+	_, _ = io.WriteString(f, termsafe.String(fmt.Sprintf(fmt.FormatString(f, verb), s.v)))
+}
 
 // clip shortens s to n runes on one line.
 func clip(s string, n int) string {

@@ -77,9 +77,6 @@ not yet published to Redis) and the tasks per status.`,
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			if oldest < 0 || oldest > 1000 {
-				return usagef("--oldest must be from 0 to 1000, got %d", oldest)
-			}
 			ctx := cmd.Context()
 			if a.cfg.Queue == queueKafka {
 				rep, err := a.kafkaPendingReport(ctx)
@@ -108,9 +105,12 @@ not yet published to Redis) and the tasks per status.`,
 			return nil
 		},
 	}
-	cmd.Flags().Int64Var(&oldest, "oldest", 5, "how many of the oldest pending entries to show")
+	rangeFlag(cmd.Flags(), &oldest, "oldest", "", oldestRange, 5, "how many of the oldest pending entries to show")
 	return cmd
 }
+
+// oldestRange bounds pending --oldest.
+var oldestRange = task.Range{Field: "oldest", Min: 0, Max: 1000}
 
 func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, oldest int64) (*pendingReport, error) {
 	rep := &pendingReport{Stream: a.cfg.StreamKey, Group: a.cfg.Group, Consumers: []consumerPending{}, Oldest: []pendingEntryInfo{}, Tasks: map[string]int64{}}

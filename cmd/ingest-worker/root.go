@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/internal/redact"
+	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -83,8 +84,13 @@ func execute(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if errors.As(err, &ee) {
 		code = ee.code
 	}
-	msg := a.scrub.String(err.Error())
-	fmt.Fprintf(stderr, "ingest-worker: %s\n", strings.ReplaceAll(msg, "\n", "\n  "))
+	// Each line of the message shown safe for a terminal: an error can
+	// quote a kind or an error text from the database.
+	lines := strings.Split(a.scrub.String(err.Error()), "\n")
+	for i, l := range lines {
+		lines[i] = termsafe.String(l)
+	}
+	fmt.Fprintf(stderr, "ingest-worker: %s\n", strings.Join(lines, "\n  "))
 	if code == exitUsage && cmd != nil {
 		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
 	}

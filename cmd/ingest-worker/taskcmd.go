@@ -75,11 +75,12 @@ the ids, then "matched N, redriven N" on standard error (--json: one object).`,
 				}
 				*t.out = v
 			}
-			if rate < 0 {
-				return usagef("--rate must be >= 0, got %g", rate)
-			}
 			if err := f.Validate(); err != nil {
 				return usageErr(err)
+			}
+			opts := task.RedriveOptions{DryRun: dryRun, Rate: rate}
+			if err := opts.Validate(); err != nil {
+				return usagef("--%s", fieldMsg(err))
 			}
 			ctx := cmd.Context()
 			var (
@@ -106,7 +107,7 @@ the ids, then "matched N, redriven N" on standard error (--json: one object).`,
 				}
 				rdb, key = client, a.cfg.DLQStreamKey
 			}
-			res, err := dlq.RedriveMatching(ctx, rdb, key, store, a.actor(), f, task.RedriveOptions{DryRun: dryRun, Rate: rate})
+			res, err := dlq.RedriveMatching(ctx, rdb, key, store, a.actor(), f, opts)
 			if a.json {
 				if jerr := a.printJSON(res); err == nil {
 					err = jerr
@@ -130,9 +131,9 @@ the ids, then "matched N, redriven N" on standard error (--json: one object).`,
 	fl.StringVar(&f.ErrorContains, "error-contains", "", "only tasks whose last_error contains this (case-sensitive)")
 	fl.StringVar(&since, "since", "", "only tasks that finished at or after this RFC 3339 time")
 	fl.StringVar(&until, "until", "", "only tasks that finished before this RFC 3339 time")
-	fl.IntVar(&f.Limit, "limit", task.DefaultRedriveLimit, fmt.Sprintf("most tasks matched (1..%d)", task.MaxRedriveLimit))
+	rangeFlag(fl, &f.Limit, "limit", "", task.RedriveLimitRange, task.DefaultRedriveLimit, "most tasks matched")
 	fl.BoolVar(&dryRun, "dry-run", false, "list what would be redriven; change nothing")
-	fl.Float64Var(&rate, "rate", task.DefaultRedriveRate, "most tasks redriven per second")
+	fl.Float64Var(&rate, "rate", task.DefaultRedriveRate, fmt.Sprintf("most tasks redriven per second (%g..%g)", float64(task.MinRedriveRate), float64(task.MaxRedriveRate)))
 	return cmd
 }
 
@@ -458,9 +459,6 @@ func (a *app) taskListCommand() *cobra.Command {
 					return usagef("--status %q is not one of %v", status, task.States)
 				}
 			}
-			if p.Limit < 1 || p.Limit > task.MaxListLimit {
-				return usagef("--limit must be from 1 to %d, got %d", task.MaxListLimit, p.Limit)
-			}
 			store, pool, err := a.openStore(cmd.Context())
 			if err != nil {
 				return err
@@ -497,7 +495,7 @@ func (a *app) taskListCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&status, "status", "s", "", "only tasks in this state: QUEUED, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED")
 	f.StringVarP(&p.Kind, "kind", "k", "", "only tasks of this kind")
-	f.IntVarP(&p.Limit, "limit", "n", 50, fmt.Sprintf("most tasks shown (1..%d)", task.MaxListLimit))
+	rangeFlag(f, &p.Limit, "limit", "n", task.ListLimitRange, 50, "most tasks shown")
 	f.StringVar(&p.Cursor, "cursor", "", "continue a listing (the cursor printed after a full page)")
 	return cmd
 }

@@ -24,7 +24,7 @@ func (a *app) startTracing(ctx context.Context) (func(), error) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tracingFlushTimeout)
 		defer cancel()
 		if err := shutdown(ctx); err != nil {
-			fmt.Fprintf(a.stderr, "tracing: flushing spans at exit: %v\n", err)
+			a.notef("tracing: flushing spans at exit: %v\n", err)
 		}
 	}, nil
 }

@@ -66,6 +66,8 @@ const (
 	DefaultPoolConns      = 16
 	// MaxPayloadBytes bounds Options.PayloadBytes.
 	MaxPayloadBytes = 1 << 20
+	// MaxPoolConns bounds Options.PoolConns (pgx keeps it as an int32).
+	MaxPoolConns = 10000
 )
 
 // Handlers of Options.Handler.
@@ -181,7 +183,7 @@ func (o Options) Validate() error {
 	switch {
 	case o.Tasks < 1:
 		return fmt.Errorf("tasks must be >= 1, got %d", o.Tasks)
-	case o.Rate < 0:
+	case !(o.Rate >= 0): // also refuses NaN
 		return fmt.Errorf("rate must be >= 0, got %v", o.Rate)
 	case o.Preload && o.Rate > 0:
 		return errors.New("rate applies to continuous mode only, not with preload")
@@ -201,8 +203,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("payload bytes must be in [0, %d], got %d", MaxPayloadBytes, o.PayloadBytes)
 	case !(o.FailRate >= 0 && o.FailRate < 1): // also refuses NaN
 		return fmt.Errorf("fail rate must be in [0, 1), got %v", o.FailRate)
-	case o.PoolConns < 4:
-		return fmt.Errorf("pool conns must be >= 4, got %d", o.PoolConns)
+	case o.PoolConns < 4 || o.PoolConns > MaxPoolConns:
+		return fmt.Errorf("pool conns must be in [4, %d], got %d", MaxPoolConns, o.PoolConns)
 	case o.KindConcurrency < 0 || o.KindConcurrency > task.MaxConcurrency:
 		return fmt.Errorf("kind concurrency must be in [0, %d], got %d", task.MaxConcurrency, o.KindConcurrency)
 	}

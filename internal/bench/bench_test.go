@@ -281,6 +281,9 @@ func TestValidatePayloadFailRateAndHandler(t *testing.T) {
 		{bench.Options{Handler: bench.HandlerWebhook, HandlerSleep: time.Millisecond}, "handler sleep"},
 		{bench.Options{Preload: true, PublishFirst: true}, ""},
 		{bench.Options{PublishFirst: true}, "publish-first applies to preload mode only"},
+		// Not narrowed to pgx's int32 (4294967300 was a pool of 4).
+		{bench.Options{PoolConns: 4294967300}, "pool conns must be in [4, 10000]"},
+		{bench.Options{Rate: math.NaN()}, "rate must be >= 0"},
 	} {
 		err := tc.opts.Validate()
 		switch {
