@@ -197,7 +197,7 @@ func TestCreate(t *testing.T) {
 			{"RunAtNotRFC3339", `{"kind":"k","payload":1,"run_at":"tomorrow"}`, "run_at", "RFC 3339"},
 			{"RunAtAndDelay", `{"kind":"k","payload":1,"run_at":"2030-01-01T00:00:00Z","delay_ms":5}`, "run_at", "exclusive"},
 			{"NegativeDelay", `{"kind":"k","payload":1,"delay_ms":-5}`, "delay_ms", "from 0 to"},
-			{"HugeDelay", `{"kind":"k","payload":1,"delay_ms":9223372036854775807}`, "delay_ms", "from 0 to 3153600000000"},
+			{"HugeDelay", `{"kind":"k","payload":1,"delay_ms":9223372036854775807}`, "delay_ms", "from 0 to 315619200000"},
 			{"NegativeTimeout", `{"kind":"k","payload":1,"timeout_ms":-1}`, "timeout_ms", "from 0 to"},
 			{"TimeoutNotInt", `{"kind":"k","payload":1,"timeout_ms":1.5}`, "timeout_ms", "must be a whole number from 0 to 2147483647, got number 1.5"},
 		}

@@ -26,7 +26,7 @@ func TestNumbersAreRangeChecked(t *testing.T) {
 		{"/v1/tasks", `{"kind":"k","payload":1,"max_attempts":1.5}`, "max_attempts", "whole number"},
 		{"/v1/tasks", `{"kind":"k","payload":1,"max_attempts":1e2}`, "max_attempts", "whole number"},
 		{"/v1/tasks", `{"kind":"k","payload":1,"timeout_ms":2147483648}`, "timeout_ms", "from 0 to 2147483647"},
-		{"/v1/tasks", `{"kind":"k","payload":1,"delay_ms":-1}`, "delay_ms", "from 0 to 3153600000000"},
+		{"/v1/tasks", `{"kind":"k","payload":1,"delay_ms":-1}`, "delay_ms", "from 0 to 315619200000"},
 		{"/v1/tasks:batch", `[{"kind":"k","payload":1},{"kind":"k","payload":1,"max_attempts":4294967297}]`, "[1].max_attempts", "from 1 to 1000000"},
 		{"/v1/tasks/redrive", `{"status":"DEAD","limit":1000001}`, "limit", "from 1 to 1000000"},
 		{"/v1/tasks/redrive", `{"status":"DEAD","limit":1e400}`, "limit", "from 1 to 1000000"},
