@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/httpguard"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -76,6 +78,7 @@ type Server struct {
 	checks   Checks
 	maxBytes int // the store's payload limit
 	mux      *http.ServeMux
+	routes   []string // the mux's patterns (Routes)
 	log      *slog.Logger
 	token    [sha256.Size]byte
 }
@@ -117,28 +120,51 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	}
 	s.token = sha256.Sum256([]byte(cfg.Token))
 
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /readyz", s.readyz)
-	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	routes := []route{
+		{"GET /healthz", http.HandlerFunc(s.healthz)},
+		{"GET /readyz", http.HandlerFunc(s.readyz)},
+		{"POST /v1/tasks", s.auth(s.createTask)},
+		{"POST /v1/tasks:batch", s.auth(s.createBatch)},
+		{"GET /v1/tasks", s.auth(s.listTasks)},
+		{"GET /v1/tasks/{id}", s.auth(s.getTask)},
+		{"POST /v1/tasks/redrive", s.auth(s.bulkRedrive)},
+		{"POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask)},
+		{"POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask)},
+		{"GET /v1/periodic", s.auth(s.periodic)},
+		{"GET /v1/kinds", s.auth(s.listKinds)},
+		{"PUT /v1/kinds/{kind}", s.auth(s.putKind)},
 	}
-	mux.HandleFunc("POST /v1/tasks", s.auth(s.createTask))
-	mux.HandleFunc("POST /v1/tasks:batch", s.auth(s.createBatch))
-	mux.HandleFunc("GET /v1/tasks", s.auth(s.listTasks))
-	mux.HandleFunc("GET /v1/tasks/{id}", s.auth(s.getTask))
-	mux.HandleFunc("POST /v1/tasks/redrive", s.auth(s.bulkRedrive))
-	mux.HandleFunc("POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask))
-	mux.HandleFunc("POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask))
-	mux.HandleFunc("GET /v1/periodic", s.auth(s.periodic))
-	mux.HandleFunc("GET /v1/kinds", s.auth(s.listKinds))
-	mux.HandleFunc("PUT /v1/kinds/{kind}", s.auth(s.putKind))
+	if gatherer != nil {
+		routes = append(routes, route{"GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})})
+	}
+	mux := http.NewServeMux()
+	for _, rt := range routes {
+		mux.Handle(rt.pattern, rt.h)
+		s.routes = append(s.routes, rt.pattern)
+	}
 	s.mux = mux
 	return s, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// route is one pattern of the mux and its handler.
+type route struct {
+	pattern string
+	h       http.Handler
+}
+
+// Routes returns the pattern ("METHOD /path") of every route s serves.
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
+
+// ServeHTTP implements http.Handler. A state-changing request that a
+// browser sent on behalf of another site is refused with 403 before
+// routing and authentication (httpguard.CrossSite).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if cs := httpguard.CrossSite(r); cs != nil {
+		writeError(w, http.StatusForbidden, cs.Error(), cs.Header)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // auth requires the bearer token when one is configured.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {

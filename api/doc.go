@@ -22,4 +22,11 @@
 // a query parameter, the path's "id") when there is one. Malformed input gets
 // 400, an oversized body or payload 413, a missing or wrong token 401, an
 // unknown id 404, a redrive of a task that is not DEAD 409.
+//
+// A state-changing request (any method but GET, HEAD, OPTIONS) that a
+// browser sent on behalf of another site (Sec-Fetch-Site other than
+// same-origin or none, or an Origin that is not the request's own host and
+// port) answers 403 before routing and authentication, token or not
+// (httpguard.CrossSite); clients that send neither header are not
+// affected.
 package api

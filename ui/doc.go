@@ -35,7 +35,8 @@
 // SameSite=Strict, an HMAC keyed by the token, valid SessionTTL) is set;
 // the token is compared in constant time. Every POST needs the CSRF token
 // of the page (a hidden field equal to an HttpOnly cookie, compared in
-// constant time) and passes Go's cross-origin protection (Sec-Fetch-Site or
-// Origin must be this site). With Config.ReadOnly the pages have no action
+// constant time). Every request but GET, HEAD and OPTIONS that a browser
+// sent on behalf of another site (Sec-Fetch-Site, Origin:
+// httpguard.CrossSite) is refused with 403 before routing, login included. With Config.ReadOnly the pages have no action
 // buttons and every action POST is refused with 403.
 package ui

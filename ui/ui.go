@@ -15,12 +15,14 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/httpguard"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -90,14 +92,14 @@ type Config struct {
 
 // Handler serves the dashboard under Prefix.
 type Handler struct {
-	cfg   Config
-	mux   *http.ServeMux
-	pages map[string]*template.Template
-	key   []byte // HMAC key of session cookies, derived from the token
-	cop   *http.CrossOriginProtection
-	log   *slog.Logger
-	stats *overviewCache
-	samp  *sampler
+	cfg    Config
+	mux    *http.ServeMux
+	pages  map[string]*template.Template
+	key    []byte   // HMAC key of session cookies, derived from the token
+	routes []string // the mux's patterns (Routes)
+	log    *slog.Logger
+	stats  *overviewCache
+	samp   *sampler
 }
 
 // New returns the dashboard's handler.
@@ -110,7 +112,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Redis == nil {
 		cfg.DLQKey = ""
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection()}
+	h := &Handler{cfg: cfg, log: cfg.Logger}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -125,21 +127,30 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	routes := []struct {
+		pattern string
+		h       http.Handler
+	}{
+		{"GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static)))},
+		{"GET /ui/login", http.HandlerFunc(h.loginPage)},
+		{"POST /ui/login", http.HandlerFunc(h.login)},
+		{"POST /ui/logout", http.HandlerFunc(h.logout)},
+		{"GET /ui/{$}", h.page(h.overview)},
+		{"GET /ui/tasks", h.page(h.tasks)},
+		{"GET /ui/tasks/{id}", h.page(h.taskPage)},
+		{"POST /ui/tasks/{id}/cancel", h.action(h.cancel)},
+		{"POST /ui/tasks/{id}/redrive", h.action(h.redrive)},
+		{"GET /ui/dlq", h.page(h.dlqPage)},
+		{"POST /ui/dlq/redrive", h.action(h.bulkRedrive)},
+		{"POST /ui/dlq/replay", h.action(h.replay)},
+		{"GET /ui/kinds", h.page(h.kinds)},
+		{"POST /ui/kinds/{kind}", h.action(h.setKind)},
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
-	mux.HandleFunc("GET /ui/login", h.loginPage)
-	mux.HandleFunc("POST /ui/login", h.login)
-	mux.HandleFunc("POST /ui/logout", h.logout)
-	mux.HandleFunc("GET /ui/{$}", h.page(h.overview))
-	mux.HandleFunc("GET /ui/tasks", h.page(h.tasks))
-	mux.HandleFunc("GET /ui/tasks/{id}", h.page(h.taskPage))
-	mux.HandleFunc("POST /ui/tasks/{id}/cancel", h.action(h.cancel))
-	mux.HandleFunc("POST /ui/tasks/{id}/redrive", h.action(h.redrive))
-	mux.HandleFunc("GET /ui/dlq", h.page(h.dlqPage))
-	mux.HandleFunc("POST /ui/dlq/redrive", h.action(h.bulkRedrive))
-	mux.HandleFunc("POST /ui/dlq/replay", h.action(h.replay))
-	mux.HandleFunc("GET /ui/kinds", h.page(h.kinds))
-	mux.HandleFunc("POST /ui/kinds/{kind}", h.action(h.setKind))
+	for _, rt := range routes {
+		mux.Handle(rt.pattern, rt.h)
+		h.routes = append(h.routes, rt.pattern)
+	}
 	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "no such page")
 	})
@@ -147,13 +158,24 @@ func New(cfg Config) (*Handler, error) {
 	return h, nil
 }
 
-// ServeHTTP implements http.Handler.
+// Routes returns the pattern ("METHOD /path") of every route h serves
+// (beside the catch-all "no such page").
+func (h *Handler) Routes() []string { return slices.Clone(h.routes) }
+
+// ServeHTTP implements http.Handler. A state-changing request that a
+// browser sent on behalf of another site is refused with a 403 page before
+// routing, the session and the CSRF token are looked at
+// (httpguard.CrossSite).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("X-Frame-Options", "DENY")
+	if cs := httpguard.CrossSite(r); cs != nil {
+		h.fail(w, r, http.StatusForbidden, cs.Error())
+		return
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
@@ -203,8 +225,8 @@ func (h *Handler) page(f func(w http.ResponseWriter, r *http.Request, v *view)) 
 }
 
 // action wraps a POST handler: session (401), read-only (403), CSRF token
-// and cross-origin check (403), then f, which answers (usually with
-// h.done).
+// (403), then f, which answers (usually with h.done). ServeHTTP has
+// refused cross-site requests before.
 func (h *Handler) action(f http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !h.authed(r) {
@@ -223,11 +245,9 @@ func (h *Handler) action(f http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// checkCSRF checks the cross-origin headers and the form's CSRF token.
+// checkCSRF checks the form's CSRF token (ServeHTTP has refused
+// cross-site requests before).
 func (h *Handler) checkCSRF(r *http.Request) error {
-	if err := h.cop.Check(r); err != nil {
-		return errors.New("cross-origin request refused")
-	}
 	r.Body = http.MaxBytesReader(nil, r.Body, 1<<20)
 	c, err := r.Cookie(csrfCookie)
 	if err != nil || c.Value == "" {
