@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -252,13 +251,16 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 
 	var srv *http.Server
+	var allowedHosts string
 	httpDone := make(chan error, 1)
 	if ln != nil {
 		h, err := s.handler()
 		if err != nil {
 			return err
 		}
-		srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		if srv, allowedHosts, err = s.a.httpServer(h); err != nil {
+			return err
+		}
 		go func() { httpDone <- srv.Serve(ln) }()
 	}
 
@@ -271,7 +273,7 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 			"concurrency", s.a.cfg.WorkerConcurrency, "kafka", s.a.cfg.KafkaBrokers, "database", s.a.dbShown()}
 	}
 	if ln != nil {
-		attrs = append(attrs, "http", ln.Addr().String())
+		attrs = append(attrs, "http", ln.Addr().String(), "http_allowed_hosts", allowedHosts)
 	}
 	log.Info("ingest-worker running", attrs...)
 
