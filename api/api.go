@@ -81,6 +81,9 @@ type Server struct {
 	routes   []string // the mux's patterns (Routes)
 	log      *slog.Logger
 	token    [sha256.Size]byte
+
+	checkMu   sync.Mutex
+	checkLast map[string]string // each readiness check's last error ("": ok)
 }
 
 // New returns a Server on store. ready may be nil (always ready); gatherer
@@ -99,7 +102,8 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	case cfg.ReadyTimeout < 0:
 		return nil, fmt.Errorf("api config: ReadyTimeout must be >= 0, got %s", cfg.ReadyTimeout)
 	}
-	s := &Server{cfg: cfg, store: store, checks: ready, maxBytes: store.Config().MaxPayloadBytes, log: cfg.Logger}
+	s := &Server{cfg: cfg, store: store, checks: ready, maxBytes: store.Config().MaxPayloadBytes, log: cfg.Logger,
+		checkLast: map[string]string{}}
 	if s.cfg.MaxBodyBytes == 0 {
 		s.cfg.MaxBodyBytes = int64(s.maxBytes) + DefaultEnvelopeBytes
 	}
@@ -210,14 +214,50 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	res := readyResponse{Status: "ready", Checks: make(map[string]string, len(names))}
 	code := http.StatusOK
 	for i, name := range names {
+		s.logCheck(r.Context(), name, errs[i])
 		res.Checks[name] = "ok"
 		if errs[i] != nil {
-			res.Checks[name] = errs[i].Error()
+			res.Checks[name] = checkText(errs[i])
 			res.Status = "not ready"
 			code = http.StatusServiceUnavailable
 		}
 	}
 	writeJSON(w, code, res)
+}
+
+// unavailableCheck is a failing check's answer when its dependency cannot
+// be reached.
+const unavailableCheck = "unavailable: cannot connect (the reason is in the server's log)"
+
+// checkText is what /readyz shows of a failing check: for a dependency that
+// cannot be reached, not the error (it names the user, host and port), but
+// that it is unavailable; any other error as it is (the schema check's
+// "run ingest-worker migrate", "shutting down").
+func checkText(err error) string {
+	if httpguard.Unavailable(err) {
+		return unavailableCheck
+	}
+	return err.Error()
+}
+
+// logCheck logs a readiness check's result when it changes: the reason of
+// a failure, once, and the recovery.
+func (s *Server) logCheck(ctx context.Context, name string, err error) {
+	now := ""
+	if err != nil {
+		now = err.Error()
+	}
+	s.checkMu.Lock()
+	before := s.checkLast[name]
+	s.checkLast[name] = now
+	s.checkMu.Unlock()
+	switch {
+	case now == before:
+	case now == "":
+		s.log.InfoContext(ctx, "readiness check passes again", "check", name)
+	default:
+		s.log.WarnContext(ctx, "readiness check failing", "check", name, "err", err)
+	}
 }
 
 // errorResponse is the body of every error.
@@ -239,8 +279,21 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_ = enc.Encode(v)
 }
 
-// internalError logs err and answers 500 without details.
+// UnavailableMsg is the error of a 503: PostgreSQL or Redis cannot be
+// reached.
+const UnavailableMsg = "database unavailable: PostgreSQL or Redis cannot be reached; retry after the Retry-After seconds"
+
+// internalError logs err and answers without its text (which may name the
+// database's user, host and port): 503 with Retry-After when PostgreSQL or
+// Redis cannot be reached (httpguard.Unavailable), so that the client
+// retries, else 500.
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if httpguard.Unavailable(err) {
+		s.log.WarnContext(r.Context(), "api request failed: a database is unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		w.Header().Set("Retry-After", httpguard.RetryAfterHeader())
+		writeError(w, http.StatusServiceUnavailable, UnavailableMsg, "")
+		return
+	}
 	s.log.ErrorContext(r.Context(), "api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	writeError(w, http.StatusInternalServerError, "internal error", "")
 }

@@ -37,6 +37,10 @@
 // of the page (a hidden field equal to an HttpOnly cookie, compared in
 // constant time). Every request but GET, HEAD and OPTIONS that a browser
 // sent on behalf of another site (Sec-Fetch-Site, Origin:
-// httpguard.CrossSite) is refused with 403 before routing, login included. With Config.ReadOnly the pages have no action
-// buttons and every action POST is refused with 403.
+// httpguard.CrossSite) is refused with 403 before routing, login included.
+// A request that needs PostgreSQL or Redis while it cannot be reached
+// answers a "database unavailable" page (503, Retry-After); no page shows an
+// error's text, which may name the database's user, host and port. With
+// Config.ReadOnly the pages have no action buttons and every action POST is
+// refused with 403.
 package ui

@@ -227,7 +227,7 @@ func (h *Handler) explain(ctx context.Context, id uuid.UUID) (*taskView, error) 
 		rctx, cancel := context.WithTimeout(ctx, redisWait)
 		defer cancel()
 		if err := h.redisStateOf(rctx, tv); err != nil {
-			tv.RedisErr = err.Error()
+			tv.RedisErr = h.problem(ctx, "Redis", err)
 		}
 	}
 	return tv, nil
@@ -304,7 +304,7 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 	case rr.Applied:
 		n, err := dlq.RemoveTasks(context.WithoutCancel(r.Context()), h.cfg.Redis, h.cfg.DLQKey, []uuid.UUID{id})
 		if err != nil {
-			h.done(w, r, back, true, "Task redriven (QUEUED), but its DLQ entries were not removed: %v", err)
+			h.done(w, r, back, true, "Task redriven (QUEUED), but its DLQ entries were not removed: %s.", h.problem(r.Context(), "Redis", err))
 			return
 		}
 		h.done(w, r, back, false, "Task redriven: QUEUED again with a new outbox event; %d DLQ entries removed.", n)

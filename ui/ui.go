@@ -3,6 +3,7 @@ package ui
 import (
 	"bytes"
 	"cmp"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -424,10 +425,42 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, code int, msg str
 	h.render(w, r, code, "error", v)
 }
 
-// internal logs err and answers 500.
+// UnavailableMsg is the page of a request that needed PostgreSQL or Redis
+// while it could not be reached (503).
+const UnavailableMsg = "database unavailable: PostgreSQL or Redis cannot be reached. " +
+	"This page works again as soon as they answer; the reason is in the server's log."
+
+// internal logs err and answers an error page without its text (which may
+// name the database's user, host and port): 503 UnavailableMsg with
+// Retry-After when PostgreSQL or Redis cannot be reached
+// (httpguard.Unavailable), else 500.
 func (h *Handler) internal(w http.ResponseWriter, r *http.Request, err error) {
+	if httpguard.Unavailable(err) {
+		h.log.WarnContext(r.Context(), "ui request failed: a database is unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		w.Header().Set("Retry-After", httpguard.RetryAfterHeader())
+		h.fail(w, r, http.StatusServiceUnavailable, UnavailableMsg)
+		return
+	}
 	h.log.ErrorContext(r.Context(), "ui request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	h.fail(w, r, http.StatusInternalServerError, "internal error: "+err.Error())
+	h.fail(w, r, http.StatusInternalServerError, "Internal error: the reason is in the server's log.")
+}
+
+// problem logs err, the failure of one part of a page (what: "Redis",
+// "estimates"), and returns what the page may say about it: that the part
+// is unavailable or failed, never the error's text (which may name the
+// database's user, host and port), except a Redis server's own reply
+// (redis.Error: "NOPERM ...", "WRONGTYPE ...").
+func (h *Handler) problem(ctx context.Context, what string, err error) string {
+	h.log.WarnContext(ctx, "ui: part of a page failed", "part", what, "err", err)
+	var reply redis.Error
+	switch {
+	case httpguard.Unavailable(err):
+		return what + " unavailable: cannot connect (the reason is in the server's log)"
+	case errors.As(err, &reply):
+		return what + ": " + reply.Error()
+	default:
+		return what + " failed (the reason is in the server's log)"
+	}
 }
 
 // render executes a page: the whole document, or with ?live=1 only its

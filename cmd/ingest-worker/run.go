@@ -207,7 +207,7 @@ func (s *stack) checks() api.Checks {
 		if err == nil {
 			return nil
 		}
-		return errors.New(s.a.scrub.String(err.Error()))
+		return scrubbedError{msg: s.a.scrub.String(err.Error()), err: err}
 	}
 	return api.Checks{
 		"postgres": func(ctx context.Context) error { return scrub(s.pool.Ping(ctx)) },
@@ -221,6 +221,17 @@ func (s *stack) checks() api.Checks {
 		},
 	}
 }
+
+// scrubbedError is an error whose text has its secrets masked; it keeps
+// the error it came from for errors.Is and errors.As (/readyz tells an
+// unreachable server from other failures by it).
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e scrubbedError) Error() string { return e.msg }
+func (e scrubbedError) Unwrap() error { return e.err }
 
 // listen opens the HTTP listener ("" address: none).
 func (s *stack) listen() (net.Listener, error) {

@@ -1,5 +1,6 @@
 // Package httpguard owns the rules every HTTP server of an ingest-worker
-// process applies to a request before anything else:
+// process applies to a request before anything else, and the one rule of
+// which failures mean "a server this process needs cannot be reached":
 //
 //   - Hosts: the allow-list of Host header values (INGEST_HTTP_ALLOWED_HOSTS).
 //     A request for any other name is refused with 421 before routing,
@@ -10,6 +11,11 @@
 //     OPTIONS) that a browser marks as sent by another site
 //     (Sec-Fetch-Site other than same-origin or none) or whose Origin is not
 //     the request's own. Clients that send neither header (curl, scripts,
-//     other services) pass. Package api answers it with a JSON 403 and
+//     other services) pass. package api answers it with a JSON 403 and
 //     package ui with a 403 page, with or without a token.
+//   - Unavailable: PostgreSQL or Redis cannot be reached (refused or failed
+//     connections, a closed pool, a server shutting down or still loading).
+//     The API answers such a failure 503 with Retry-After (RetryAfter), the
+//     dashboard a "database unavailable" page; neither shows the error's
+//     text, which may name the database user, host and port.
 package httpguard
