@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -17,7 +16,6 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -211,7 +209,12 @@ type flash struct {
 // (else the login form, 401).
 func (h *Handler) page(f func(w http.ResponseWriter, r *http.Request, v *view)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.authed(r) {
+		ok, err := h.authed(r)
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		if !ok {
 			if r.Header.Get("HX-Request") != "" {
 				w.Header().Set("HX-Redirect", Prefix+"login")
 			}
@@ -230,7 +233,12 @@ func (h *Handler) page(f func(w http.ResponseWriter, r *http.Request, v *view)) 
 // refused cross-site requests before.
 func (h *Handler) action(f http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.authed(r) {
+		ok, err := h.authed(r)
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		if !ok {
 			h.fail(w, r, http.StatusUnauthorized, "log in first")
 			return
 		}
@@ -280,43 +288,6 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// session returns a session cookie's value: expiry, nonce and their HMAC.
-func (h *Handler) session(exp time.Time) string {
-	body := strconv.FormatInt(exp.Unix(), 10) + "." + randomToken()
-	m := hmac.New(sha256.New, h.key)
-	m.Write([]byte(body))
-	return body + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
-
-// authed reports whether r may see the dashboard: no token configured,
-// or a valid unexpired session cookie.
-func (h *Handler) authed(r *http.Request) bool {
-	if h.cfg.Token == "" {
-		return true
-	}
-	c, err := r.Cookie(sessionCookie)
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(c.Value, '.')
-	if i < 0 {
-		return false
-	}
-	body, sig := c.Value[:i], c.Value[i+1:]
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil {
-		return false
-	}
-	m := hmac.New(sha256.New, h.key)
-	m.Write([]byte(body))
-	if !hmac.Equal(got, m.Sum(nil)) {
-		return false
-	}
-	expS, _, _ := strings.Cut(body, ".")
-	exp, err := strconv.ParseInt(expS, 10, 64)
-	return err == nil && time.Now().Unix() < exp
-}
-
 type loginView struct {
 	Next  string
 	Error string
@@ -328,7 +299,7 @@ func (h *Handler) renderLogin(w http.ResponseWriter, r *http.Request, code int, 
 }
 
 func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
-	if h.authed(r) {
+	if ok, _ := h.authed(r); ok {
 		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
 		return
 	}
@@ -356,14 +327,27 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exp := time.Now().Add(SessionTTL)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: h.session(exp), Path: Prefix, Expires: exp,
+	value, err := h.newSession(r.Context(), exp)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: value, Path: Prefix, Expires: exp,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, safeNext(next), http.StatusSeeOther)
 }
 
+// logout ends the session on the server (every process refuses its cookie
+// from then on) and forgets the cookie. When the session cannot be ended
+// (PostgreSQL unavailable) the cookie is kept, so that the user sees the
+// failure and can try again.
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 	if err := h.checkCSRF(r); err != nil {
 		h.fail(w, r, http.StatusForbidden, err.Error())
+		return
+	}
+	if err := h.endSession(r); err != nil {
+		h.internal(w, r, err)
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true,
@@ -414,7 +398,8 @@ func (h *Handler) takeFlash(w http.ResponseWriter, r *http.Request) *flash {
 
 // fail answers an error page (or, for htmx, a plain message).
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
-	v := &view{Title: http.StatusText(code), Now: time.Now(), Auth: h.cfg.Token != "" && h.authed(r),
+	authed, _ := h.authed(r) // false when the session cannot be looked up
+	v := &view{Title: http.StatusText(code), Now: time.Now(), Auth: h.cfg.Token != "" && authed,
 		D: struct {
 			Code int
 			Msg  string
