@@ -64,7 +64,7 @@ type Config struct {
 	TaskTimeout             time.Duration
 	ShutdownTimeout         time.Duration
 	HTTPAddr                string // "": no HTTP server
-	HTTPAllowedHosts        string // INGEST_HTTP_ALLOWED_HOSTS ("": httpguard.DefaultHosts of HTTPAddr)
+	HTTPAllowedHosts        string // INGEST_HTTP_ALLOWED_HOSTS: names besides httpguard.DefaultHosts of HTTPAddr
 	APIToken                string
 	UIReadOnly              bool // INGEST_UI_READONLY
 	WebhookURL              string
@@ -236,7 +236,7 @@ var settings = []setting{
 			return nil
 		}},
 	{env: "INGEST_HTTP_ALLOWED_HOSTS", typ: "host,...", scope: scopeWorker,
-		usage: "Host header values the HTTP server answers, comma-separated: names or addresses, host:port for one port, * for any; localhost, 127.0.0.1 and [::1] always (empty: INGEST_HTTP_ADDR's host, or with 0.0.0.0/[::]/no host the machine's host name and addresses)",
+		usage: "Host names and addresses the HTTP server answers besides the loopback names and INGEST_HTTP_ADDR's host (with 0.0.0.0, [::] or no host: the machine's name and addresses), comma-separated; host:port for one port only; * for any",
 		set: func(c *Config, v string) error {
 			c.HTTPAllowedHosts = v
 			_, err := httpguard.ParseHosts(strings.Split(v, ","))
@@ -630,13 +630,10 @@ func (c *Config) validate() []error {
 	return errs
 }
 
-// allowedHosts is the Host allow-list of the HTTP server on HTTPAddr:
-// INGEST_HTTP_ALLOWED_HOSTS, or when it is empty httpguard.DefaultHosts.
+// allowedHosts is the Host allow-list of the HTTP server on HTTPAddr
+// (INGEST_HTTP_ALLOWED_HOSTS; httpguard.ForListen).
 func (c *Config) allowedHosts() (*httpguard.Hosts, error) {
-	if strings.TrimSpace(c.HTTPAllowedHosts) != "" {
-		return httpguard.ParseHosts(strings.Split(c.HTTPAllowedHosts, ","))
-	}
-	return httpguard.DefaultHosts(c.HTTPAddr)
+	return httpguard.ForListen(c.HTTPAddr, strings.Split(c.HTTPAllowedHosts, ","))
 }
 
 // reclaimIdle is the worker's reclaim idle time. 0 means "re-drive failed

@@ -7,9 +7,10 @@ import (
 )
 
 // httpServer is every HTTP server the binary starts (run's, which demo
-// shares, and ui's): h behind the Host allow-list of
-// INGEST_HTTP_ALLOWED_HOSTS, which refuses any other Host before h sees the
-// request. hosts is the list, for the start-up log line.
+// shares, and ui's): h behind the Host allow-list (httpguard.ForListen of
+// INGEST_HTTP_ADDR and INGEST_HTTP_ALLOWED_HOSTS), which refuses any other
+// Host before h sees the request. hosts is the list, for the start-up log
+// line.
 func (a *app) httpServer(h http.Handler) (srv *http.Server, hosts string, err error) {
 	allowed, err := a.cfg.allowedHosts()
 	if err != nil {

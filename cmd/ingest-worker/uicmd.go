@@ -86,9 +86,9 @@ refuses actions (403). Beside the dashboard it serves the task API's reads
 (GET /v1/tasks, /v1/tasks/{id}, /v1/kinds, /v1/periodic, with the same
 token; other methods get 405) and /healthz; / redirects to /ui/.
 
-It answers only requests whose Host is in INGEST_HTTP_ALLOWED_HOSTS (by
-default the loopback names and INGEST_HTTP_ADDR's host, or with 0.0.0.0 the
-machine's host name and addresses); list the name people type, for example
+It answers only requests for the loopback names, INGEST_HTTP_ADDR's host (with
+0.0.0.0: the machine's host name and addresses) and the names in
+INGEST_HTTP_ALLOWED_HOSTS; list the name people type, for example
 INGEST_HTTP_ALLOWED_HOSTS=dashboard.example.com.`
 
 func (a *app) uiCommand() *cobra.Command {

@@ -2,7 +2,9 @@
 // process applies to a request before anything else, and the one rule of
 // which failures mean "a server this process needs cannot be reached":
 //
-//   - Hosts: the allow-list of Host header values (INGEST_HTTP_ALLOWED_HOSTS).
+//   - Hosts: the allow-list of Host header values (ForListen: the loopback
+//     names, the listen address or the machine's names, and
+//     INGEST_HTTP_ALLOWED_HOSTS).
 //     A request for any other name is refused with 421 before routing,
 //     authentication or any handler: a page on an attacker's domain whose
 //     name the attacker re-points at 127.0.0.1 (DNS rebinding) is same-origin

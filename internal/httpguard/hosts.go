@@ -24,7 +24,7 @@ const Setting = "INGEST_HTTP_ALLOWED_HOSTS"
 var LoopbackNames = []string{"localhost", "127.0.0.1", "::1"}
 
 // Hosts is an allow-list of the names and addresses an HTTP server answers
-// to in the Host header. Build it with ParseHosts or DefaultHosts.
+// to in the Host header. Build it with ForListen, DefaultHosts or ParseHosts.
 type Hosts struct {
 	any   bool
 	names map[string]bool // canonical host: allowed on any port
@@ -55,6 +55,14 @@ func newHosts() *Hosts {
 // name is an error.
 func ParseHosts(entries []string) (*Hosts, error) {
 	h := newHosts()
+	if err := h.parse(entries); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// parse adds entries (see ParseHosts) to h.
+func (h *Hosts) parse(entries []string) error {
 	for _, e := range entries {
 		e = strings.TrimSpace(e)
 		if e == "" {
@@ -62,25 +70,43 @@ func ParseHosts(entries []string) (*Hosts, error) {
 		}
 		if e == "*" {
 			h.any = true
-			h.shown = append(h.shown, e)
 			continue
 		}
 		host, port, err := parseEntry(e)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		h.add(host, port)
+	}
+	return nil
+}
+
+// ForListen is the allow-list of a server listening on listenAddr
+// (host:port): DefaultHosts, plus the entries (ParseHosts). What a server
+// always answers to stays allowed when names are listed: the loopback
+// names, the listen address's host (the healthcheck command connects to
+// it) or, listening on every interface, the machine's name and addresses
+// (a kubelet's probes and a Prometheus that scrapes pods by IP send them).
+func ForListen(listenAddr string, entries []string) (*Hosts, error) {
+	h, err := DefaultHosts(listenAddr)
+	if err != nil {
+		return nil, err
+	}
+	if err := h.parse(entries); err != nil {
+		return nil, err
 	}
 	return h, nil
 }
 
-// DefaultHosts is the allow-list when none is configured, for a server
-// listening on listenAddr (host:port): LoopbackNames and the listen
+// DefaultHosts is the allow-list of a server listening on listenAddr
+// (host:port) when no names are configured: LoopbackNames and the listen
 // address's host. When that host is unspecified (":8080", "0.0.0.0:8080",
 // "[::]:8080": every interface), the machine's host name (and its first
 // label) and the addresses of its interfaces instead, as they are when
-// DefaultHosts runs; any other name a client uses (a DNS alias, a load
-// balancer's, a compose service's) must be listed.
+// DefaultHosts runs. Any other name a client uses (a DNS alias, a load
+// balancer's, a compose service's) must be listed (ForListen). IP
+// addresses of the machine are safe to allow: DNS rebinding needs a name
+// the attacker controls.
 func DefaultHosts(listenAddr string) (*Hosts, error) {
 	host, _, err := net.SplitHostPort(listenAddr)
 	if err != nil {

@@ -84,6 +84,41 @@ func TestDefaultHosts(t *testing.T) {
 	}
 }
 
+// TestForListen: listed names add to what the server always answers to:
+// the loopback names and the listen address's host, or listening on every
+// interface the machine's addresses.
+func TestForListen(t *testing.T) {
+	t.Parallel()
+	h, err := httpguard.ForListen("ingest.internal:8080", []string{"worker", " "})
+	if err != nil || !h.Allows("worker:8080") || !h.Allows("ingest.internal:8080") || !h.Allows("localhost:8080") || h.Allows("other.internal") {
+		t.Fatalf("listed: %s, %v", h, err)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err = httpguard.ForListen("0.0.0.0:8080", []string{"worker"})
+	if err != nil || !h.Allows("worker:8080") || h.Allows("0.0.0.0:8080") || h.Allows("rebind.evil.example") {
+		t.Fatalf("listed, every interface: %s, %v", h, err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !h.Allows(net.JoinHostPort(n.IP.String(), "8080")) {
+			t.Errorf("listed, every interface: the machine's address %s is refused (%s)", n.IP, h)
+		}
+	}
+	h, err = httpguard.ForListen("10.9.8.7:8080", []string{"", " "})
+	if err != nil || !h.Allows("10.9.8.7:8080") || h.Allows("worker:8080") {
+		t.Fatalf("empty: %s, %v", h, err)
+	}
+	h, err = httpguard.ForListen("10.9.8.7:8080", []string{"*"})
+	if err != nil || !h.Allows("rebind.evil.example") || h.String() != "*" {
+		t.Fatalf("*: %s, %v", h, err)
+	}
+	if _, err := httpguard.ForListen("127.0.0.1:8080", []string{"https://x/"}); err == nil {
+		t.Fatal("a URL entry: no error")
+	}
+}
+
 // TestHostsHandler: a refused Host gets 421 in plain text naming the
 // setting, and next never sees the request.
 func TestHostsHandler(t *testing.T) {
