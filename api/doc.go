@@ -31,8 +31,8 @@
 //
 // A state-changing request (any method but GET, HEAD, OPTIONS) that a
 // browser sent on behalf of another site (Sec-Fetch-Site other than
-// same-origin or none, or an Origin that is not the request's own host and
-// port) answers 403 before routing and authentication, token or not
+// same-origin or none, or without it an Origin that is not the request's
+// own host and port) answers 403 before routing and authentication, token or not
 // (httpguard.CrossSite); clients that send neither header are not
 // affected.
 package api

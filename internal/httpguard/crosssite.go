@@ -27,19 +27,26 @@ func Safe(method string) bool {
 }
 
 // CrossSite returns why r is refused when it changes state and a browser
-// sent it on behalf of another site; nil otherwise. It is refused when
-// Sec-Fetch-Site is present and neither same-origin nor none (same-site
-// too: the API and the dashboard are one origin, a sibling subdomain is
-// not it), or when Origin is present and does not name r's own host and
-// port ("null" included). The scheme is not compared: behind a proxy that
-// ends TLS the server sees http while the browser says https, and one
-// host:port serves one scheme.
+// sent it on behalf of another site; nil otherwise. A browser says where a
+// request comes from in Sec-Fetch-Site, which no page can set: same-origin
+// and none (the user's own navigation) pass, anything else is refused
+// (same-site too: the API and the dashboard are one origin, a sibling
+// subdomain is not it). A browser too old to send it is judged by Origin:
+// present and not naming r's own host and port ("null" included), it is
+// refused. Clients that send neither header pass. Origin is not compared
+// when Sec-Fetch-Site says same-origin: a reverse proxy that rewrites Host
+// (nginx's default) makes them differ for the dashboard's own forms. The
+// scheme is not compared either: behind a proxy that ends TLS the server
+// sees http while the browser says https, and one host:port serves one
+// scheme.
 func CrossSite(r *http.Request) *CrossSiteError {
 	if Safe(r.Method) {
 		return nil
 	}
 	switch site := r.Header.Get("Sec-Fetch-Site"); site {
-	case "", "same-origin", "none":
+	case "same-origin", "none":
+		return nil
+	case "":
 	default:
 		return &CrossSiteError{Header: "Sec-Fetch-Site", Value: site}
 	}

@@ -25,7 +25,9 @@ func TestCrossSite(t *testing.T) {
 		{"SameSite", "POST", "a.example.com", map[string]string{"Sec-Fetch-Site": "same-site"}, "Sec-Fetch-Site"},
 		{"UnknownSite", "DELETE", "a.example.com", map[string]string{"Sec-Fetch-Site": "whatever"}, "Sec-Fetch-Site"},
 		{"ForeignOrigin", "POST", "127.0.0.1:8080", map[string]string{"Origin": "https://evil.example"}, "Origin"},
-		{"ForeignOriginDespiteSameOriginClaim", "POST", "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://evil.example"}, "Origin"},
+		// The browser says same-origin; a proxy rewrote Host to its upstream.
+		{"ProxyRewroteHost", "POST", "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "https://dashboard.example.com"}, ""},
+		{"CrossSiteWithOwnOrigin", "POST", "127.0.0.1:8080", map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "http://127.0.0.1:8080"}, "Sec-Fetch-Site"},
 		{"OtherPort", "POST", "127.0.0.1:8080", map[string]string{"Origin": "http://127.0.0.1:9090"}, "Origin"},
 		{"NullOrigin", "POST", "127.0.0.1:8080", map[string]string{"Origin": "null"}, "Origin"},
 		{"OriginWithPath", "POST", "127.0.0.1:8080", map[string]string{"Origin": "http://127.0.0.1:8080/x"}, "Origin"},

@@ -11,8 +11,8 @@
 //     for the browser, so only the Host header tells it apart.
 //   - CrossSite: a state-changing request (any method but GET, HEAD,
 //     OPTIONS) that a browser marks as sent by another site
-//     (Sec-Fetch-Site other than same-origin or none) or whose Origin is not
-//     the request's own. Clients that send neither header (curl, scripts,
+//     (Sec-Fetch-Site other than same-origin or none) or, without that
+//     header, whose Origin is not the request's own. Clients that send neither header (curl, scripts,
 //     other services) pass. package api answers it with a JSON 403 and
 //     package ui with a 403 page, with or without a token.
 //   - Unavailable: PostgreSQL or Redis cannot be reached (refused or failed
