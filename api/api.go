@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/httpguard"
 	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -78,8 +80,12 @@ type Server struct {
 	checks   Checks
 	maxBytes int // the store's payload limit
 	mux      *http.ServeMux
+	routes   []string // the mux's patterns (Routes)
 	log      *slog.Logger
 	token    [sha256.Size]byte
+
+	checkMu   sync.Mutex
+	checkLast map[string]string // each readiness check's last error ("": ok)
 }
 
 // New returns a Server on store. ready may be nil (always ready); gatherer
@@ -98,7 +104,8 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	case cfg.ReadyTimeout < 0:
 		return nil, fmt.Errorf("api config: ReadyTimeout must be >= 0, got %s", cfg.ReadyTimeout)
 	}
-	s := &Server{cfg: cfg, store: store, checks: ready, maxBytes: store.Config().MaxPayloadBytes, log: cfg.Logger}
+	s := &Server{cfg: cfg, store: store, checks: ready, maxBytes: store.Config().MaxPayloadBytes, log: cfg.Logger,
+		checkLast: map[string]string{}}
 	if s.cfg.MaxBodyBytes == 0 {
 		s.cfg.MaxBodyBytes = int64(s.maxBytes) + DefaultEnvelopeBytes
 	}
@@ -119,28 +126,51 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	}
 	s.token = sha256.Sum256([]byte(cfg.Token))
 
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /readyz", s.readyz)
-	if gatherer != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	routes := []route{
+		{"GET /healthz", http.HandlerFunc(s.healthz)},
+		{"GET /readyz", http.HandlerFunc(s.readyz)},
+		{"POST /v1/tasks", s.auth(s.createTask)},
+		{"POST /v1/tasks:batch", s.auth(s.createBatch)},
+		{"GET /v1/tasks", s.auth(s.listTasks)},
+		{"GET /v1/tasks/{id}", s.auth(s.getTask)},
+		{"POST /v1/tasks/redrive", s.auth(s.bulkRedrive)},
+		{"POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask)},
+		{"POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask)},
+		{"GET /v1/periodic", s.auth(s.periodic)},
+		{"GET /v1/kinds", s.auth(s.listKinds)},
+		{"PUT /v1/kinds/{kind}", s.auth(s.putKind)},
 	}
-	mux.HandleFunc("POST /v1/tasks", s.auth(s.createTask))
-	mux.HandleFunc("POST /v1/tasks:batch", s.auth(s.createBatch))
-	mux.HandleFunc("GET /v1/tasks", s.auth(s.listTasks))
-	mux.HandleFunc("GET /v1/tasks/{id}", s.auth(s.getTask))
-	mux.HandleFunc("POST /v1/tasks/redrive", s.auth(s.bulkRedrive))
-	mux.HandleFunc("POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask))
-	mux.HandleFunc("POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask))
-	mux.HandleFunc("GET /v1/periodic", s.auth(s.periodic))
-	mux.HandleFunc("GET /v1/kinds", s.auth(s.listKinds))
-	mux.HandleFunc("PUT /v1/kinds/{kind}", s.auth(s.putKind))
+	if gatherer != nil {
+		routes = append(routes, route{"GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})})
+	}
+	mux := http.NewServeMux()
+	for _, rt := range routes {
+		mux.Handle(rt.pattern, rt.h)
+		s.routes = append(s.routes, rt.pattern)
+	}
 	s.mux = mux
 	return s, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// route is one pattern of the mux and its handler.
+type route struct {
+	pattern string
+	h       http.Handler
+}
+
+// Routes returns the pattern ("METHOD /path") of every route s serves.
+func (s *Server) Routes() []string { return slices.Clone(s.routes) }
+
+// ServeHTTP implements http.Handler. A state-changing request that a
+// browser sent on behalf of another site is refused with 403 before
+// routing and authentication (httpguard.CrossSite).
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if cs := httpguard.CrossSite(r); cs != nil {
+		writeError(w, http.StatusForbidden, cs.Error(), cs.Header)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // auth requires the bearer token when one is configured.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
@@ -186,14 +216,50 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	res := readyResponse{Status: "ready", Checks: make(map[string]string, len(names))}
 	code := http.StatusOK
 	for i, name := range names {
+		s.logCheck(r.Context(), name, errs[i])
 		res.Checks[name] = "ok"
 		if errs[i] != nil {
-			res.Checks[name] = errs[i].Error()
+			res.Checks[name] = checkText(errs[i])
 			res.Status = "not ready"
 			code = http.StatusServiceUnavailable
 		}
 	}
 	writeJSON(w, code, res)
+}
+
+// unavailableCheck is a failing check's answer when its dependency cannot
+// be reached.
+const unavailableCheck = "unavailable: cannot connect (the reason is in the server's log)"
+
+// checkText is what /readyz shows of a failing check: for a dependency that
+// cannot be reached, not the error (it names the user, host and port), but
+// that it is unavailable; any other error as it is (the schema check's
+// "run ingest-worker migrate", "shutting down").
+func checkText(err error) string {
+	if httpguard.Unavailable(err) {
+		return unavailableCheck
+	}
+	return err.Error()
+}
+
+// logCheck logs a readiness check's result when it changes: the reason of
+// a failure, once, and the recovery.
+func (s *Server) logCheck(ctx context.Context, name string, err error) {
+	now := ""
+	if err != nil {
+		now = err.Error()
+	}
+	s.checkMu.Lock()
+	before := s.checkLast[name]
+	s.checkLast[name] = now
+	s.checkMu.Unlock()
+	switch {
+	case now == before:
+	case now == "":
+		s.log.InfoContext(ctx, "readiness check passes again", "check", name)
+	default:
+		s.log.WarnContext(ctx, "readiness check failing", "check", name, "err", err)
+	}
 }
 
 // errorResponse is the body of every error.
@@ -221,8 +287,21 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	_, _ = w.Write(termsafe.JSON(buf.Bytes()))
 }
 
-// internalError logs err and answers 500 without details.
+// UnavailableMsg is the error of a 503: PostgreSQL or Redis cannot be
+// reached.
+const UnavailableMsg = "database unavailable: PostgreSQL or Redis cannot be reached; retry after the Retry-After seconds"
+
+// internalError logs err and answers without its text (which may name the
+// database's user, host and port): 503 with Retry-After when PostgreSQL or
+// Redis cannot be reached (httpguard.Unavailable), so that the client
+// retries, else 500.
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if httpguard.Unavailable(err) {
+		s.log.WarnContext(r.Context(), "api request failed: a database is unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		w.Header().Set("Retry-After", httpguard.RetryAfterHeader())
+		writeError(w, http.StatusServiceUnavailable, UnavailableMsg, "")
+		return
+	}
 	s.log.ErrorContext(r.Context(), "api request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	writeError(w, http.StatusInternalServerError, "internal error", "")
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -454,13 +455,25 @@ func TestProbesAndMetrics(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "ingest_task_dlq_total", Help: "x"})
 	reg.MustRegister(c)
 	c.Add(3)
-	redisDown := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	// What go-redis returns when nothing listens: its address must not
+	// reach the probe's answer.
+	_, redisDown := net.Dial("tcp", "127.0.0.1:"+closedPort(t))
+	if redisDown == nil {
+		t.Fatal("dialled a closed port")
+	}
+	schemaOld := errors.New("schema outdated (database at version 11, this build needs 12): run `ingest-worker migrate`")
 	var failing atomic.Bool
 	b := setup(t, options{gatherer: reg, checks: api.Checks{
 		"postgres": func(context.Context) error { return nil },
 		"redis": func(context.Context) error {
 			if failing.Load() {
 				return redisDown
+			}
+			return nil
+		},
+		"schema": func(context.Context) error {
+			if failing.Load() {
+				return schemaOld
 			}
 			return nil
 		},
@@ -476,8 +489,9 @@ func TestProbesAndMetrics(t *testing.T) {
 	}
 	failing.Store(true)
 	r = b.do(t, "GET", "/readyz", "")
-	if r.code != http.StatusServiceUnavailable || !strings.Contains(string(r.body), "connection refused") || !strings.Contains(string(r.body), `"postgres":"ok"`) {
-		t.Fatalf("readyz with redis down: %d %s", r.code, r.body)
+	if r.code != http.StatusServiceUnavailable || !strings.Contains(string(r.body), `"redis":"unavailable`) || !strings.Contains(string(r.body), `"postgres":"ok"`) ||
+		strings.Contains(string(r.body), "127.0.0.1") || !strings.Contains(string(r.body), "run `ingest-worker migrate`") {
+		t.Fatalf("readyz with redis down and an old schema: %d %s", r.code, r.body)
 	}
 	r = b.do(t, "GET", "/metrics", "")
 	if r.code != http.StatusOK || !strings.Contains(string(r.body), "ingest_task_dlq_total 3") {

@@ -21,7 +21,20 @@
 // offending input (a body field such as "kind" or "[3].payload" for a batch,
 // a query parameter, the path's "id") when there is one. Malformed input gets
 // 400, an oversized body or payload 413, a missing or wrong token 401, an
-// unknown id 404, a redrive of a task that is not DEAD 409.
+// unknown id 404, a redrive of a task that is not DEAD 409. When PostgreSQL
+// or Redis cannot be reached (httpguard.Unavailable) the answer is 503 with
+// Retry-After (httpguard.RetryAfter) and "database unavailable: ...", any
+// other failure 500 "internal error": neither carries the error's text,
+// which may name the database's user, host and port (it is logged). A
+// failing /readyz check reads "unavailable: ..." for a server that cannot
+// be reached, else its own message.
+//
+// A state-changing request (any method but GET, HEAD, OPTIONS) that a
+// browser sent on behalf of another site (Sec-Fetch-Site other than
+// same-origin or none, or without it an Origin that is not the request's
+// own host and port) answers 403 before routing and authentication, token or not
+// (httpguard.CrossSite); clients that send neither header are not
+// affected.
 //
 // Input follows package task's rules: a whole-number field is decoded into
 // 64 bits and checked against its task.Range (a fraction, an exponent or an

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/ingest-worker/ingest/internal/httpguard"
 )
 
 type composeService struct {
@@ -121,6 +123,14 @@ func TestComposeRunsTheStack(t *testing.T) {
 	}
 	if !scrapesWorker {
 		t.Errorf("prometheus.yml has no job ingest-worker scraping worker:%s (the compose worker's INGEST_HTTP_ADDR)", workerPort)
+	}
+	// The worker answers only the Host names it knows: the scrape's must be
+	// listed (the default list has the container's own name and addresses,
+	// not the service's).
+	if hosts, err := httpguard.ParseHosts(strings.Split(worker.Environment["INGEST_HTTP_ALLOWED_HOSTS"], ",")); err != nil ||
+		!hosts.Allows("worker:"+workerPort) {
+		t.Errorf("the worker's INGEST_HTTP_ALLOWED_HOSTS %q (%v) does not allow worker:%s, Prometheus's scrape target: every scrape would get 421",
+			worker.Environment["INGEST_HTTP_ALLOWED_HOSTS"], err, workerPort)
 	}
 
 	// Grafana: provisioning, data source, dashboards.

@@ -145,7 +145,7 @@ func (h *Handler) dlqPage(w http.ResponseWriter, r *http.Request, v *view) {
 		// the kind and error filter shown.
 		entries, err := dlq.List(ctx, h.cfg.Redis, h.cfg.DLQKey, dlq.ListParams{Count: dlqPageSize, Newest: true, After: dv.After})
 		if err != nil {
-			dv.RedisErr = err.Error()
+			dv.RedisErr = h.problem(ctx, "Redis", err)
 		}
 		dv.Scanned = len(entries)
 		for _, e := range entries {
@@ -181,9 +181,13 @@ func (h *Handler) bulkRedrive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := dlq.RedriveMatching(r.Context(), h.cfg.Redis, h.cfg.DLQKey, h.cfg.Store, h.cfg.Actor, f, task.RedriveOptions{})
+	if err != nil && res.Redriven == 0 {
+		h.internal(w, r, err) // nothing changed: an error page (503 when a database is unavailable)
+		return
+	}
 	if err != nil {
-		h.log.ErrorContext(r.Context(), "ui bulk redrive", "err", err)
-		h.done(w, r, back, true, "Bulk redrive failed after %d of %d matched tasks were redriven: %v", res.Redriven, res.Matched, err)
+		h.done(w, r, back, true, "Bulk redrive failed after %d of %d matched tasks were redriven: %s.", res.Redriven, res.Matched,
+			h.problem(r.Context(), "PostgreSQL or Redis", err))
 		return
 	}
 	h.done(w, r, back, false, "Matched %d tasks, redrove %d, removed %d DLQ entries.", res.Matched, res.Redriven, res.DLQRemoved)

@@ -29,15 +29,22 @@
 //	GET  /ui/kinds                     kinds with settings, counts and next periodic slots
 //	POST /ui/kinds/{kind}              pause, resume, concurrency and rate limits (task.Store.SetKind)
 //	GET  /ui/login, POST /ui/login     the token form (only with a token configured)
-//	POST /ui/logout                    forget the session cookie
+//	POST /ui/logout                    end the session (on the server) and forget its cookie
 //	GET  /ui/static/...                embedded assets
 //
 // With Config.Token set, every page but the login form and the assets
 // needs a session: the token is asked once and a session cookie (HttpOnly,
 // SameSite=Strict, an HMAC keyed by the token, valid SessionTTL) is set;
-// the token is compared in constant time. Every POST needs the CSRF token
+// the token is compared in constant time. The session is kept in
+// PostgreSQL (ingest_ui_session, session.go) as well: a logout deletes it,
+// so its cookie is refused from then on by every process on the database. Every POST needs the CSRF token
 // of the page (a hidden field equal to an HttpOnly cookie, compared in
-// constant time) and passes Go's cross-origin protection (Sec-Fetch-Site or
-// Origin must be this site). With Config.ReadOnly the pages have no action
-// buttons and every action POST is refused with 403.
+// constant time). Every request but GET, HEAD and OPTIONS that a browser
+// sent on behalf of another site (Sec-Fetch-Site, Origin:
+// httpguard.CrossSite) is refused with 403 before routing, login included.
+// A request that needs PostgreSQL or Redis while it cannot be reached
+// answers a "database unavailable" page (503, Retry-After); no page shows an
+// error's text, which may name the database's user, host and port. With
+// Config.ReadOnly the pages have no action buttons and every action POST is
+// refused with 403.
 package ui

@@ -169,7 +169,7 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 	var mu sync.Mutex
 	softErr := func(what string, err error) {
 		mu.Lock()
-		d.Errors = append(d.Errors, fmt.Sprintf("%s: %v", what, err))
+		d.Errors = append(d.Errors, h.problem(ctx, what, err))
 		mu.Unlock()
 	}
 	kinds := map[string]*kindRow{}
@@ -325,7 +325,7 @@ func (h *Handler) readRedis(ctx context.Context) *redisView {
 	var err error
 	defer func() {
 		if err != nil {
-			rv.Err = err.Error()
+			rv.Err = h.problem(ctx, "Redis", err)
 		}
 	}()
 	if rv.Length, err = rdb.XLen(ctx, rv.Stream).Result(); err != nil {

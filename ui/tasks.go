@@ -233,7 +233,7 @@ func (h *Handler) explain(ctx context.Context, id uuid.UUID) (*taskView, error) 
 		rctx, cancel := context.WithTimeout(ctx, redisWait)
 		defer cancel()
 		if err := h.redisStateOf(rctx, tv); err != nil {
-			tv.RedisErr = err.Error()
+			tv.RedisErr = h.problem(ctx, "Redis", err)
 		}
 	}
 	return tv, nil

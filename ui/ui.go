@@ -3,7 +3,7 @@ package ui
 import (
 	"bytes"
 	"cmp"
-	"crypto/hmac"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -16,12 +16,13 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/httpguard"
 	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -92,14 +93,14 @@ type Config struct {
 
 // Handler serves the dashboard under Prefix.
 type Handler struct {
-	cfg   Config
-	mux   *http.ServeMux
-	pages map[string]*template.Template
-	key   []byte // HMAC key of session cookies, derived from the token
-	cop   *http.CrossOriginProtection
-	log   *slog.Logger
-	stats *overviewCache
-	samp  *sampler
+	cfg    Config
+	mux    *http.ServeMux
+	pages  map[string]*template.Template
+	key    []byte   // HMAC key of session cookies, derived from the token
+	routes []string // the mux's patterns (Routes)
+	log    *slog.Logger
+	stats  *overviewCache
+	samp   *sampler
 }
 
 // New returns the dashboard's handler.
@@ -112,7 +113,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Redis == nil {
 		cfg.DLQKey = ""
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, cop: http.NewCrossOriginProtection()}
+	h := &Handler{cfg: cfg, log: cfg.Logger}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -127,21 +128,30 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	routes := []struct {
+		pattern string
+		h       http.Handler
+	}{
+		{"GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static)))},
+		{"GET /ui/login", http.HandlerFunc(h.loginPage)},
+		{"POST /ui/login", http.HandlerFunc(h.login)},
+		{"POST /ui/logout", http.HandlerFunc(h.logout)},
+		{"GET /ui/{$}", h.page(h.overview)},
+		{"GET /ui/tasks", h.page(h.tasks)},
+		{"GET /ui/tasks/{id}", h.page(h.taskPage)},
+		{"POST /ui/tasks/{id}/cancel", h.action(h.cancel)},
+		{"POST /ui/tasks/{id}/redrive", h.action(h.redrive)},
+		{"GET /ui/dlq", h.page(h.dlqPage)},
+		{"POST /ui/dlq/redrive", h.action(h.bulkRedrive)},
+		{"POST /ui/dlq/replay", h.action(h.replay)},
+		{"GET /ui/kinds", h.page(h.kinds)},
+		{"POST /ui/kinds/{kind}", h.action(h.setKind)},
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /ui/static/", http.StripPrefix("/ui/static/", staticHandler(http.FileServerFS(static))))
-	mux.HandleFunc("GET /ui/login", h.loginPage)
-	mux.HandleFunc("POST /ui/login", h.login)
-	mux.HandleFunc("POST /ui/logout", h.logout)
-	mux.HandleFunc("GET /ui/{$}", h.page(h.overview))
-	mux.HandleFunc("GET /ui/tasks", h.page(h.tasks))
-	mux.HandleFunc("GET /ui/tasks/{id}", h.page(h.taskPage))
-	mux.HandleFunc("POST /ui/tasks/{id}/cancel", h.action(h.cancel))
-	mux.HandleFunc("POST /ui/tasks/{id}/redrive", h.action(h.redrive))
-	mux.HandleFunc("GET /ui/dlq", h.page(h.dlqPage))
-	mux.HandleFunc("POST /ui/dlq/redrive", h.action(h.bulkRedrive))
-	mux.HandleFunc("POST /ui/dlq/replay", h.action(h.replay))
-	mux.HandleFunc("GET /ui/kinds", h.page(h.kinds))
-	mux.HandleFunc("POST /ui/kinds/{kind}", h.action(h.setKind))
+	for _, rt := range routes {
+		mux.Handle(rt.pattern, rt.h)
+		h.routes = append(h.routes, rt.pattern)
+	}
 	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, http.StatusNotFound, "no such page")
 	})
@@ -149,13 +159,24 @@ func New(cfg Config) (*Handler, error) {
 	return h, nil
 }
 
-// ServeHTTP implements http.Handler.
+// Routes returns the pattern ("METHOD /path") of every route h serves
+// (beside the catch-all "no such page").
+func (h *Handler) Routes() []string { return slices.Clone(h.routes) }
+
+// ServeHTTP implements http.Handler. A state-changing request that a
+// browser sent on behalf of another site is refused with a 403 page before
+// routing, the session and the CSRF token are looked at
+// (httpguard.CrossSite).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hd := w.Header()
 	hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	hd.Set("X-Content-Type-Options", "nosniff")
 	hd.Set("Referrer-Policy", "same-origin")
 	hd.Set("X-Frame-Options", "DENY")
+	if cs := httpguard.CrossSite(r); cs != nil {
+		h.fail(w, r, http.StatusForbidden, cs.Error())
+		return
+	}
 	h.mux.ServeHTTP(w, r)
 }
 
@@ -190,7 +211,12 @@ type flash struct {
 // (else the login form, 401).
 func (h *Handler) page(f func(w http.ResponseWriter, r *http.Request, v *view)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.authed(r) {
+		ok, err := h.authed(r)
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		if !ok {
 			if r.Header.Get("HX-Request") != "" {
 				w.Header().Set("HX-Redirect", Prefix+"login")
 			}
@@ -205,11 +231,16 @@ func (h *Handler) page(f func(w http.ResponseWriter, r *http.Request, v *view)) 
 }
 
 // action wraps a POST handler: session (401), read-only (403), CSRF token
-// and cross-origin check (403), then f, which answers (usually with
-// h.done).
+// (403), then f, which answers (usually with h.done). ServeHTTP has
+// refused cross-site requests before.
 func (h *Handler) action(f http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !h.authed(r) {
+		ok, err := h.authed(r)
+		if err != nil {
+			h.internal(w, r, err)
+			return
+		}
+		if !ok {
 			h.fail(w, r, http.StatusUnauthorized, "log in first")
 			return
 		}
@@ -225,11 +256,9 @@ func (h *Handler) action(f http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// checkCSRF checks the cross-origin headers and the form's CSRF token.
+// checkCSRF checks the form's CSRF token (ServeHTTP has refused
+// cross-site requests before).
 func (h *Handler) checkCSRF(r *http.Request) error {
-	if err := h.cop.Check(r); err != nil {
-		return errors.New("cross-origin request refused")
-	}
 	r.Body = http.MaxBytesReader(nil, r.Body, maxFormBytes)
 	c, err := r.Cookie(csrfCookie)
 	if err != nil || c.Value == "" {
@@ -261,43 +290,6 @@ func randomToken() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// session returns a session cookie's value: expiry, nonce and their HMAC.
-func (h *Handler) session(exp time.Time) string {
-	body := strconv.FormatInt(exp.Unix(), 10) + "." + randomToken()
-	m := hmac.New(sha256.New, h.key)
-	m.Write([]byte(body))
-	return body + "." + base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
-
-// authed reports whether r may see the dashboard: no token configured,
-// or a valid unexpired session cookie.
-func (h *Handler) authed(r *http.Request) bool {
-	if h.cfg.Token == "" {
-		return true
-	}
-	c, err := r.Cookie(sessionCookie)
-	if err != nil {
-		return false
-	}
-	i := strings.LastIndexByte(c.Value, '.')
-	if i < 0 {
-		return false
-	}
-	body, sig := c.Value[:i], c.Value[i+1:]
-	got, err := base64.RawURLEncoding.DecodeString(sig)
-	if err != nil {
-		return false
-	}
-	m := hmac.New(sha256.New, h.key)
-	m.Write([]byte(body))
-	if !hmac.Equal(got, m.Sum(nil)) {
-		return false
-	}
-	expS, _, _ := strings.Cut(body, ".")
-	exp, err := strconv.ParseInt(expS, 10, 64)
-	return err == nil && time.Now().Unix() < exp
-}
-
 type loginView struct {
 	Next  string
 	Error string
@@ -309,7 +301,7 @@ func (h *Handler) renderLogin(w http.ResponseWriter, r *http.Request, code int, 
 }
 
 func (h *Handler) loginPage(w http.ResponseWriter, r *http.Request) {
-	if h.authed(r) {
+	if ok, _ := h.authed(r); ok {
 		http.Redirect(w, r, safeNext(r.URL.Query().Get("next")), http.StatusSeeOther)
 		return
 	}
@@ -337,14 +329,27 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exp := time.Now().Add(SessionTTL)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: h.session(exp), Path: Prefix, Expires: exp,
+	value, err := h.newSession(r.Context(), exp)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: value, Path: Prefix, Expires: exp,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, safeNext(next), http.StatusSeeOther)
 }
 
+// logout ends the session on the server (every process refuses its cookie
+// from then on) and forgets the cookie. When the session cannot be ended
+// (PostgreSQL unavailable) the cookie is kept, so that the user sees the
+// failure and can try again.
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 	if err := h.checkCSRF(r); err != nil {
 		h.fail(w, r, http.StatusForbidden, err.Error())
+		return
+	}
+	if err := h.endSession(r); err != nil {
+		h.internal(w, r, err)
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix, MaxAge: -1, HttpOnly: true,
@@ -395,7 +400,8 @@ func (h *Handler) takeFlash(w http.ResponseWriter, r *http.Request) *flash {
 
 // fail answers an error page (or, for htmx, a plain message).
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, code int, msg string) {
-	v := &view{Title: http.StatusText(code), Now: time.Now(), Auth: h.cfg.Token != "" && h.authed(r),
+	authed, _ := h.authed(r) // false when the session cannot be looked up
+	v := &view{Title: http.StatusText(code), Now: time.Now(), Auth: h.cfg.Token != "" && authed,
 		D: struct {
 			Code int
 			Msg  string
@@ -406,10 +412,42 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, code int, msg str
 	h.render(w, r, code, "error", v)
 }
 
-// internal logs err and answers 500.
+// UnavailableMsg is the page of a request that needed PostgreSQL or Redis
+// while it could not be reached (503).
+const UnavailableMsg = "database unavailable: PostgreSQL or Redis cannot be reached. " +
+	"This page works again as soon as they answer; the reason is in the server's log."
+
+// internal logs err and answers an error page without its text (which may
+// name the database's user, host and port): 503 UnavailableMsg with
+// Retry-After when PostgreSQL or Redis cannot be reached
+// (httpguard.Unavailable), else 500.
 func (h *Handler) internal(w http.ResponseWriter, r *http.Request, err error) {
+	if httpguard.Unavailable(err) {
+		h.log.WarnContext(r.Context(), "ui request failed: a database is unavailable", "method", r.Method, "path", r.URL.Path, "err", err)
+		w.Header().Set("Retry-After", httpguard.RetryAfterHeader())
+		h.fail(w, r, http.StatusServiceUnavailable, UnavailableMsg)
+		return
+	}
 	h.log.ErrorContext(r.Context(), "ui request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	h.fail(w, r, http.StatusInternalServerError, "internal error: "+err.Error())
+	h.fail(w, r, http.StatusInternalServerError, "Internal error: the reason is in the server's log.")
+}
+
+// problem logs err, the failure of one part of a page (what: "Redis",
+// "estimates"), and returns what the page may say about it: that the part
+// is unavailable or failed, never the error's text (which may name the
+// database's user, host and port), except a Redis server's own reply
+// (redis.Error: "NOPERM ...", "WRONGTYPE ...").
+func (h *Handler) problem(ctx context.Context, what string, err error) string {
+	h.log.WarnContext(ctx, "ui: part of a page failed", "part", what, "err", err)
+	var reply redis.Error
+	switch {
+	case httpguard.Unavailable(err):
+		return what + " unavailable: cannot connect (the reason is in the server's log)"
+	case errors.As(err, &reply):
+		return what + ": " + reply.Error()
+	default:
+		return what + " failed (the reason is in the server's log)"
+	}
 }
 
 // render executes a page: the whole document, or with ?live=1 only its

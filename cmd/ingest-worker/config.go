@@ -19,6 +19,7 @@ import (
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/internal/httpguard"
 	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/kafka"
 	"github.com/ingest-worker/ingest/maintenance"
@@ -63,6 +64,7 @@ type Config struct {
 	TaskTimeout             time.Duration
 	ShutdownTimeout         time.Duration
 	HTTPAddr                string // "": no HTTP server
+	HTTPAllowedHosts        string // INGEST_HTTP_ALLOWED_HOSTS: names besides httpguard.DefaultHosts of HTTPAddr
 	APIToken                string
 	UIReadOnly              bool // INGEST_UI_READONLY
 	WebhookURL              string
@@ -232,6 +234,13 @@ var settings = []setting{
 				return fmt.Errorf("%q: port must be a number from 0 to 65535", v)
 			}
 			return nil
+		}},
+	{env: "INGEST_HTTP_ALLOWED_HOSTS", typ: "host,...", scope: scopeWorker,
+		usage: "Host names and addresses the HTTP server answers besides the loopback names and INGEST_HTTP_ADDR's host (with 0.0.0.0, [::] or no host: the machine's name and addresses), comma-separated; host:port for one port only; * for any",
+		set: func(c *Config, v string) error {
+			c.HTTPAllowedHosts = v
+			_, err := httpguard.ParseHosts(strings.Split(v, ","))
+			return err
 		}},
 	{env: "INGEST_API_TOKEN", typ: "token", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
 		usage: "when set, the task API requires Authorization: Bearer <token>",
@@ -637,6 +646,12 @@ func (c *Config) validate() []error {
 		bad("INGEST_REDIS_DLQ_STREAM_KEY", "%q and INGEST_REDIS_STREAM_KEY %q must share a {hash tag} with INGEST_REDIS_CLUSTER=true, so that they are in one slot (one Lua script writes both keys), for example {ingest}:tasks and {ingest}:tasks:dlq", c.DLQStreamKey, c.StreamKey)
 	}
 	return errs
+}
+
+// allowedHosts is the Host allow-list of the HTTP server on HTTPAddr
+// (INGEST_HTTP_ALLOWED_HOSTS; httpguard.ForListen).
+func (c *Config) allowedHosts() (*httpguard.Hosts, error) {
+	return httpguard.ForListen(c.HTTPAddr, strings.Split(c.HTTPAllowedHosts, ","))
 }
 
 // reclaimIdle is the worker's reclaim idle time. 0 means "re-drive failed

@@ -182,6 +182,8 @@ func TestConfigErrors(t *testing.T) {
 		{"WebhookNoHost", map[string]string{"INGEST_WEBHOOK_URL": "http:///x"}, []string{"INGEST_WEBHOOK_URL", "no host"}},
 		{"HTTPAddr", map[string]string{"INGEST_HTTP_ADDR": "localhost"}, []string{"INGEST_HTTP_ADDR", "host:port"}},
 		{"HTTPAddrPort", map[string]string{"INGEST_HTTP_ADDR": "127.0.0.1:99999"}, []string{"INGEST_HTTP_ADDR", "port"}},
+		{"AllowedHostsURL", map[string]string{"INGEST_HTTP_ALLOWED_HOSTS": "localhost,https://ingest.example.com/"}, []string{"INGEST_HTTP_ALLOWED_HOSTS", "--http-allowed-hosts", "not a URL"}},
+		{"AllowedHostsWildcard", map[string]string{"INGEST_HTTP_ALLOWED_HOSTS": "*.example.com"}, []string{"INGEST_HTTP_ALLOWED_HOSTS", "no other wildcard"}},
 		{"EmptyGroup", map[string]string{"INGEST_REDIS_GROUP": " "}, []string{"INGEST_REDIS_GROUP", "empty"}},
 		{"ConsumerSpaces", map[string]string{"INGEST_CONSUMER_NAME": "a b"}, []string{"INGEST_CONSUMER_NAME", "white space"}},
 		// Names are printed by the CLI and shown on the dashboard.

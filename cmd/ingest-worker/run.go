@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -208,7 +207,7 @@ func (s *stack) checks() api.Checks {
 		if err == nil {
 			return nil
 		}
-		return errors.New(s.a.scrub.String(err.Error()))
+		return scrubbedError{msg: s.a.scrub.String(err.Error()), err: err}
 	}
 	return api.Checks{
 		"postgres": func(ctx context.Context) error { return scrub(s.pool.Ping(ctx)) },
@@ -222,6 +221,17 @@ func (s *stack) checks() api.Checks {
 		},
 	}
 }
+
+// scrubbedError is an error whose text has its secrets masked; it keeps
+// the error it came from for errors.Is and errors.As (/readyz tells an
+// unreachable server from other failures by it).
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e scrubbedError) Error() string { return e.msg }
+func (e scrubbedError) Unwrap() error { return e.err }
 
 // listen opens the HTTP listener ("" address: none).
 func (s *stack) listen() (net.Listener, error) {
@@ -252,13 +262,16 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 
 	var srv *http.Server
+	var allowedHosts string
 	httpDone := make(chan error, 1)
 	if ln != nil {
 		h, err := s.handler()
 		if err != nil {
 			return err
 		}
-		srv = &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		if srv, allowedHosts, err = s.a.httpServer(h); err != nil {
+			return err
+		}
 		go func() { httpDone <- srv.Serve(ln) }()
 	}
 
@@ -271,7 +284,7 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 			"concurrency", s.a.cfg.WorkerConcurrency, "kafka", s.a.cfg.KafkaBrokers, "database", s.a.dbShown()}
 	}
 	if ln != nil {
-		attrs = append(attrs, "http", ln.Addr().String())
+		attrs = append(attrs, "http", ln.Addr().String(), "http_allowed_hosts", allowedHosts)
 	}
 	log.Info("ingest-worker running", attrs...)
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -85,7 +84,12 @@ With INGEST_API_TOKEN set the dashboard asks for the token once and keeps a
 session cookie; with INGEST_UI_READONLY=true it shows no action buttons and
 refuses actions (403). Beside the dashboard it serves the task API's reads
 (GET /v1/tasks, /v1/tasks/{id}, /v1/kinds, /v1/periodic, with the same
-token; other methods get 405) and /healthz; / redirects to /ui/.`
+token; other methods get 405) and /healthz; / redirects to /ui/.
+
+It answers only requests for the loopback names, INGEST_HTTP_ADDR's host (with
+0.0.0.0: the machine's host name and addresses) and the names in
+INGEST_HTTP_ALLOWED_HOSTS; list the name people type, for example
+INGEST_HTTP_ALLOWED_HOSTS=dashboard.example.com.`
 
 func (a *app) uiCommand() *cobra.Command {
 	cmd := &cobra.Command{
@@ -145,12 +149,15 @@ func (a *app) uiCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("INGEST_HTTP_ADDR: listen on %s: %w", a.cfg.HTTPAddr, err)
 			}
-			srv := &http.Server{Handler: withUI(dash, rest), ReadHeaderTimeout: 10 * time.Second,
-				ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn)}
+			srv, allowedHosts, err := a.httpServer(withUI(dash, rest))
+			if err != nil {
+				_ = ln.Close()
+				return err
+			}
 			done := make(chan error, 1)
 			go func() { done <- srv.Serve(ln) }()
 			a.log.Info("ingest-worker dashboard running", "url", "http://"+ln.Addr().String()+ui.Prefix,
-				"auth", a.cfg.APIToken != "", "read_only", a.cfg.UIReadOnly, "database", a.dbShown())
+				"auth", a.cfg.APIToken != "", "read_only", a.cfg.UIReadOnly, "database", a.dbShown(), "http_allowed_hosts", allowedHosts)
 			select {
 			case err := <-done:
 				return fmt.Errorf("http server: %w", err)
@@ -164,7 +171,7 @@ func (a *app) uiCommand() *cobra.Command {
 			return nil
 		},
 	}
-	for _, env := range []string{"INGEST_HTTP_ADDR", "INGEST_API_TOKEN", "INGEST_UI_READONLY"} {
+	for _, env := range []string{"INGEST_HTTP_ADDR", "INGEST_HTTP_ALLOWED_HOSTS", "INGEST_API_TOKEN", "INGEST_UI_READONLY"} {
 		addFlag(cmd.Flags(), settingFlag(env))
 	}
 	return cmd
