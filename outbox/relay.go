@@ -542,17 +542,16 @@ const claimedGuard = `CASE WHEN o.claimed_by = $1 AND o.claimed_until = $2 AND o
 
 // markSentSQL marks published rows SENT ($4: their entry ids). The guard is
 // the claim: rows whose claim was taken over (claimed_by or claimed_until
-// changed) are left alone. It returns each row's publish delay, from its
-// creation or, for a row written due later (a delayed task) and never
-// failed, from its due time.
-const markSentSQL = `
+// changed) are left alone. It returns each row's publish delay, from when
+// it became due (dueSinceSQL: its creation or, for a row written due later
+// (a delayed task) and never failed, its due time).
+var markSentSQL = `
 WITH c AS (` + claimedSQL + `
 )
 UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val
 FROM c
 WHERE o.id = c.id AND ` + claimedGuard + `
-RETURNING extract(epoch FROM o.sent_at - CASE WHEN o.attempt_count = 0 THEN greatest(o.created_at, o.next_retry_at)
-                                                ELSE o.created_at END)::float8`
+RETURNING extract(epoch FROM o.sent_at - (` + dueSinceSQL("o") + `))::float8`
 
 func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs []string) (int, error) {
 	ids := make([]int64, len(rows))
