@@ -276,9 +276,11 @@ func waitFor(ch <-chan struct{}, d time.Duration) bool {
 }
 
 // Binding implements stream.BoundSink: the reclaimer feeding this processor
-// claims into the worker's consumer with the worker's reclaim idle time.
+// claims into the worker's consumer with the worker's reclaim idle time,
+// and takes over the entries of expired leases after the worker's lease.
 func (p *processor) Binding() stream.Binding {
-	return stream.Binding{Stream: p.cfg.Stream, Group: p.cfg.Group, Consumer: p.cfg.Consumer, ClaimIdle: p.cfg.ReclaimIdle}
+	return stream.Binding{Stream: p.cfg.Stream, Group: p.cfg.Group, Consumer: p.cfg.Consumer, ClaimIdle: p.cfg.ReclaimIdle,
+		Lease: p.cfg.TaskLease}
 }
 
 // Reserve implements stream.Sink.

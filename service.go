@@ -38,7 +38,7 @@ type ServiceConfig struct {
 
 	// Reclaim configures the reclaimer; ReclaimDisabled runs none
 	// (INGEST_REDIS_RECLAIM_ENABLED=false). Derived: Stream, Group,
-	// Consumer, MinIdle (Worker.ReclaimIdle).
+	// Consumer, MinIdle (Worker.ReclaimIdle), LeaseIdle (Worker.TaskLease).
 	Reclaim         reclaim.Config
 	ReclaimDisabled bool
 
@@ -77,6 +77,7 @@ func (c ServiceConfig) WithDefaults() ServiceConfig {
 	c.Reclaim.Group = cmp.Or(c.Reclaim.Group, w.Group)
 	c.Reclaim.Consumer = cmp.Or(c.Reclaim.Consumer, w.Consumer)
 	c.Reclaim.MinIdle = cmp.Or(c.Reclaim.MinIdle, w.ReclaimIdle)
+	c.Reclaim.LeaseIdle = cmp.Or(c.Reclaim.LeaseIdle, w.TaskLease)
 	c.Reclaim = c.Reclaim.WithDefaults()
 
 	c.Relay.ID = cmp.Or(c.Relay.ID, w.Consumer)
@@ -118,7 +119,8 @@ func (c ServiceConfig) Validate() error {
 			derived{"Reclaim.Stream", c.Reclaim.Stream, "Stream", w.Stream},
 			derived{"Reclaim.Group", c.Reclaim.Group, "Group", w.Group},
 			derived{"Reclaim.Consumer", c.Reclaim.Consumer, "Consumer", w.Consumer},
-			derived{"Reclaim.MinIdle", c.Reclaim.MinIdle.String(), "ReclaimIdle", w.ReclaimIdle.String()})
+			derived{"Reclaim.MinIdle", c.Reclaim.MinIdle.String(), "ReclaimIdle", w.ReclaimIdle.String()},
+			derived{"Reclaim.LeaseIdle", c.Reclaim.LeaseIdle.String(), "TaskLease", w.TaskLease.String()})
 	}
 	for field, l := range map[string]pgsession.Source{"Store.Listen": c.Store.Listen, "Relay.Listen": c.Relay.Listen, "Maintenance.Listen": c.Maintenance.Listen} {
 		if l != c.Listen {

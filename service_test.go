@@ -239,10 +239,10 @@ func TestServiceSurvivesRedisLosingEverything(t *testing.T) {
 // another value is refused, naming the field.
 func TestServiceConfigDerivesTheQueueFromWorker(t *testing.T) {
 	t.Parallel()
-	w := ingest.Config{Stream: "s", Group: "g", Consumer: "me", ReclaimIdle: time.Minute}
+	w := ingest.Config{Stream: "s", Group: "g", Consumer: "me", ReclaimIdle: time.Minute, TaskLease: 20 * time.Second}
 	c := ingest.ServiceConfig{Worker: w}.WithDefaults()
 	if c.Store.Stream != "s" || c.Reclaim.Stream != "s" || c.Reclaim.Group != "g" || c.Reclaim.Consumer != "me" ||
-		c.Reclaim.MinIdle != time.Minute || c.Relay.ID != "me" || c.Maintenance.Rescuer.Stream != "s" ||
+		c.Reclaim.MinIdle != time.Minute || c.Reclaim.LeaseIdle != 20*time.Second || c.Relay.ID != "me" || c.Maintenance.Rescuer.Stream != "s" ||
 		c.Maintenance.Rescuer.Group != "g" || len(c.Maintenance.Retention.Streams) != 1 || c.Maintenance.Retention.Streams[0] != "s" ||
 		c.Maintenance.Consumers.Consumer != "me" || c.Maintenance.Elector.ID != "me" {
 		t.Fatalf("WithDefaults did not derive every copy from Worker: %+v", c)
@@ -252,6 +252,7 @@ func TestServiceConfigDerivesTheQueueFromWorker(t *testing.T) {
 	}
 	for field, cfg := range map[string]ingest.ServiceConfig{
 		"Reclaim.MinIdle":                {Worker: w, Reclaim: reclaim.Config{MinIdle: time.Second}},
+		"Reclaim.LeaseIdle":              {Worker: w, Reclaim: reclaim.Config{LeaseIdle: time.Second}},
 		"Reclaim.Consumer":               {Worker: w, Reclaim: reclaim.Config{Consumer: "other"}},
 		"Store.Stream":                   {Worker: w, Store: task.Config{Stream: "other"}},
 		"Maintenance.Rescuer.Group":      {Worker: w, Maintenance: maintenance.Config{Rescuer: maintenance.RescuerConfig{Group: "other"}}},
@@ -268,8 +269,9 @@ func TestServiceConfigDerivesTheQueueFromWorker(t *testing.T) {
 }
 
 // TestHandWiredReclaimerTakesTheWorkersIdleTime: a reclaimer fed by a
-// worker's sink claims with the worker's reclaim idle time, whatever the
-// caller wires; a different one is refused.
+// worker's sink claims with the worker's reclaim idle time and takes over
+// expired leases after the worker's lease, whatever the caller wires; a
+// different one is refused.
 func TestHandWiredReclaimerTakesTheWorkersIdleTime(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDatabase(t)
@@ -287,10 +289,13 @@ func TestHandWiredReclaimerTakesTheWorkersIdleTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := r.Config(); c.MinIdle != 2*time.Second || c.Stream != stream || c.Consumer != "w" {
-		t.Errorf("reclaimer config %+v, want the worker's stream, consumer and idle time", c)
+	if c := r.Config(); c.MinIdle != 2*time.Second || c.LeaseIdle != 3*time.Second || c.Stream != stream || c.Consumer != "w" {
+		t.Errorf("reclaimer config %+v, want the worker's stream, consumer, idle time and lease", c)
 	}
 	if _, err := reclaim.New(reclaim.Config{MinIdle: time.Second}, rdb, db.Pool, w.Sink(), nil, nil); err == nil || !strings.Contains(err.Error(), "MinIdle") {
 		t.Errorf("MinIdle out of step with the worker: New = %v, want an error naming MinIdle", err)
+	}
+	if _, err := reclaim.New(reclaim.Config{LeaseIdle: time.Second}, rdb, db.Pool, w.Sink(), nil, nil); err == nil || !strings.Contains(err.Error(), "LeaseIdle") {
+		t.Errorf("LeaseIdle out of step with the worker: New = %v, want an error naming LeaseIdle", err)
 	}
 }

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -20,9 +21,12 @@ import (
 // A handler that ignores its context keeps its slot until it returns, but
 // not its task: once the deadline plus one lease (Config.TaskLease) has
 // passed without the handler returning, the heartbeat stops renewing the
-// task's lease and its entry's idle time, so after the lease expires the
-// task is taken over by a worker (a failed attempt, like a crash). Whatever
-// the stuck handler returns later is refused by the lease guard.
+// task's lease and its entry's idle time, and the entry is handed to the
+// worker's abandoned consumer (stream.AbandonedConsumer), so after the
+// lease expires another worker's reclaimer takes the task over (a failed
+// attempt, like a crash; package reclaim). Whatever the stuck handler
+// returns later is refused by the lease guard. In Kafka mode the record
+// stays with this worker, so the task waits for the handler to return.
 type HandlerOptions struct {
 	// Timeout is the default deadline of the kind's runs; 0: the worker's.
 	Timeout time.Duration
@@ -61,4 +65,35 @@ func (p *processor) abandonAfterTimeout(r *run, timeout time.Duration) {
 	r.lost = true
 	p.log.Error("handler ignores its timeout: no longer renewing its task's lease, which another worker takes over once it expires",
 		"task_id", r.task.ID, "kind", r.task.Kind, "attempt", r.task.Attempt, "timeout", timeout, "lease", p.cfg.TaskLease)
+	p.retries.Add(1)
+	go func() {
+		defer p.retries.Done()
+		p.abandon(r)
+	}()
+}
+
+// abandon hands the entry of r, a run abandoned past its timeout, to the
+// transport's abandon (Redis: to a consumer no worker reads as), so that
+// other workers take the task over once its lease has expired rather than
+// after the reclaim idle time: their reclaimers take over the entries of
+// expired leases only from silent consumers, and this worker, which still
+// reads, is not one. This worker does not take it over itself: a second
+// run under its own lease could not be told apart from the stuck one. It
+// holds settleMu, so it never overrides the settling of the run's outcome
+// (a handler that returns meanwhile is settled as usual).
+func (p *processor) abandon(r *run) {
+	p.settleMu.Lock()
+	defer p.settleMu.Unlock()
+	p.mu.Lock()
+	returned := r.returned
+	p.mu.Unlock()
+	if returned {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ioCtx, p.cfg.TaskLease/3)
+	defer cancel()
+	if err := p.tr.abandon(ctx, []string{r.d.id}); err != nil {
+		p.log.Warn("hand over the entry of an abandoned run failed; the task is taken over after the reclaim idle time",
+			"task_id", r.task.ID, "message_id", r.d.id, "err", err)
+	}
 }

@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -139,4 +141,76 @@ func TestHandlerIgnoringTimeoutLosesItsTask(t *testing.T) {
 	if n := bd.logs.count("handler ignores its timeout"); n != 1 {
 		t.Errorf("%d log lines about the ignored timeout, want 1", n)
 	}
+}
+
+// TestHandlerIgnoringTimeoutTakenOverWithDefaultReclaimIdle: with the
+// default reclaim idle time (10 minutes), another worker takes over the
+// task of a handler that ignores its timeout about a lease after its
+// worker gave the run up, not after the reclaim idle time. That worker is
+// heard from (the heartbeat of its other running task), so it is not
+// silent: it hands the run's entry to its abandoned consumer
+// (stream.AbandonedConsumer), which is, and whose entries of expired
+// leases other workers' reclaimers take over; its own reclaimer leaves the
+// task of its own lease alone.
+func TestHandlerIgnoringTimeoutTakenOverWithDefaultReclaimIdle(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, realRedis(t), task.Config{})
+	release := make(chan struct{})
+	var stuck, ran atomic.Int32
+	const lease, timeout = 500 * time.Millisecond, 200 * time.Millisecond
+	cfg := ingest.Config{TaskLease: lease, ShutdownTimeout: 100 * time.Millisecond}
+	if d := cfg.WithDefaults(); d.ReclaimIdle != 10*time.Minute {
+		t.Fatalf("default reclaim idle %s: the test assumes 10 minutes", d.ReclaimIdle)
+	}
+	var busy atomic.Int32
+	w1, _ := bd.worker(cfg, map[string]ingest.Handler{"hang": func(ctx context.Context, _ ingest.Task) error {
+		stuck.Add(1)
+		<-release // ignores ctx
+		return nil
+	}, "busy": func(ctx context.Context, _ ingest.Task) error {
+		busy.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}})
+	bd.run(w1)
+	bd.reclaimer(w1)
+	t.Cleanup(func() { close(release) }) // before w1 stops (cleanups run last-in first-out)
+	// A task that runs on w1 all along: its heartbeat keeps w1 heard from.
+	bd.createEntry(task.NewTask{Kind: "busy", Payload: json.RawMessage(`1`)})
+	bd.eventually(10*time.Second, "the busy run started", func() bool { return busy.Load() == 1 })
+	id := bd.createEntry(task.NewTask{Kind: "hang", Payload: json.RawMessage(`1`), Timeout: timeout, MaxAttempts: 3})
+	bd.eventually(10*time.Second, "the stuck run started", func() bool { return stuck.Load() == 1 })
+	started := time.Now()
+
+	w2, _ := bd.worker(cfg, map[string]ingest.Handler{"hang": func(ctx context.Context, _ ingest.Task) error {
+		ran.Add(1)
+		return nil
+	}})
+	bd.run(w2)
+	bd.reclaimer(w2)
+	// Timeout + lease (abandoned) + lease (expired) + a round: about 1.3 s.
+	bd.eventually(30*time.Second, "the task taken over and SUCCEEDED", bd.statusIs(id, task.Succeeded))
+	tk := bd.task(id)
+	if ran.Load() != 1 || tk.AttemptCount != 1 {
+		t.Errorf("second worker ran %d times, attempt_count %d; want 1 and 1 (the abandoned run counted)", ran.Load(), tk.AttemptCount)
+	}
+	t.Logf("taken over and SUCCEEDED %s after the stuck run started (timeout %s, lease %s, reclaim idle 10m)",
+		time.Since(started).Round(10*time.Millisecond), timeout, lease)
+}
+
+// reclaimer runs a reclaimer (package reclaim) feeding w, with rounds every
+// 100 ms and otherwise w's settings, until the test ends.
+func (bd *bundle) reclaimer(w *ingest.Worker) {
+	bd.t.Helper()
+	r, err := reclaim.New(reclaim.Config{Interval: 100 * time.Millisecond}, bd.rdb, bd.db, w.Sink(), slog.New(bd.logs), nil)
+	if err != nil {
+		bd.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = r.Run(ctx)
+	}()
+	bd.t.Cleanup(func() { cancel(); <-done })
 }

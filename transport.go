@@ -21,7 +21,10 @@ import (
 //     not yet due, one under another live lease, one handed back);
 //   - dead-lettered: a DLQ message is written, then the message is done;
 //   - touched: a message still being handled is kept from redelivery;
-//   - parked: a message delivered during shutdown is handed back.
+//   - parked: a message delivered during shutdown is handed back;
+//   - abandoned: the message of a run this worker gave up (its handler
+//     ignores its timeout) is left for another worker to take the task
+//     over once its lease has expired.
 //
 // A method that fails leaves its messages to be delivered again later
 // (never lost); a duplicate delivery is harmless (package task guards every
@@ -35,6 +38,7 @@ type transport interface {
 	deadLetter(ctx context.Context, e dlq.Entry) (written bool, err error)
 	touch(ctx context.Context, ids []string) error
 	park(ctx context.Context, ids []string) error
+	abandon(ctx context.Context, ids []string) error
 }
 
 // deferral asks for a message's task to be delivered again at a time.
@@ -84,4 +88,13 @@ func (t *redisTransport) touch(ctx context.Context, ids []string) error {
 // park makes entries claimable at once by another worker.
 func (t *redisTransport) park(ctx context.Context, ids []string) error {
 	return t.group.SetIdle(ctx, t.reclaimIdle, ids...)
+}
+
+// abandon hands entries to this consumer's stream.AbandonedConsumer: silent
+// from now on, so other workers' reclaimers take their tasks over once
+// the leases expire (package reclaim), while this worker's reclaimer takes
+// them only after the reclaim idle time, and leaves them alone anyway
+// while they are in flight here.
+func (t *redisTransport) abandon(ctx context.Context, ids []string) error {
+	return t.group.Abandon(ctx, ids...)
 }

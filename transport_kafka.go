@@ -90,6 +90,11 @@ func (t *kafkaTransport) touch(context.Context, []string) error { return nil }
 // next owner reads them again from the last committed offset.
 func (t *kafkaTransport) park(context.Context, []string) error { return nil }
 
+// abandon has nothing to do and nothing it could do: a record stays with
+// this live member, whose partition is not reassigned, so an abandoned
+// run's task is not taken over in Kafka mode until its handler returns.
+func (t *kafkaTransport) abandon(context.Context, []string) error { return nil }
+
 // kafkaSink adapts the processor to kafka.Sink.
 type kafkaSink struct{ p *processor }
 

@@ -3,10 +3,12 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/outbox"
@@ -84,4 +86,53 @@ func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
 	if count != 2 || sum >= delay.Seconds() {
 		t.Errorf("outbox_publish_delay_seconds: %d samples summing to %.3fs; want 2, under the delay of %s", count, sum, delay)
 	}
+}
+
+// TestDelayedRowsDueTogetherArePublishedAtTheirDueTime: ten delayed rows
+// due within a few milliseconds of each other are all published at their
+// due time by the relay's due timer, although the relay polls only once an
+// hour: the timer is re-armed from the earliest unpublished row after
+// every pass, whatever woke it (here the NOTIFY of their insert, then the
+// timer itself), including rows that fell due while the pass ran (its
+// publish is slowed to make sure the rest of the group falls due then).
+func TestDelayedRowsDueTogetherArePublishedAtTheirDueTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	r := b.relay(t, outbox.RelayConfig{PublishInterval: time.Hour})
+	var once sync.Once
+	outbox.SetAfterPublish(r, func() { once.Do(func() { time.Sleep(100 * time.Millisecond) }) })
+	run(t, r.Run)
+	testenv.Eventually(t, 10*time.Second, "the relay's first pass", func() bool { return outbox.Running(r) })
+	const n = 10
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = uuid.New()
+	}
+	// Task rows for the claim's join, and their outbox rows due 1.5 s from
+	// now, 2 ms apart, in one transaction: one NOTIFY.
+	b.exec(t, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
+	    SELECT id, 'k', '{}', 'sha', 3 FROM unnest($1::uuid[]) AS id`, ids)
+	b.exec(t, `INSERT INTO outbox_event (task_id, stream, next_retry_at)
+	    SELECT id, $2, now() + interval '1500 milliseconds' + (ord * interval '2 milliseconds')
+	    FROM unnest($1::uuid[]) WITH ORDINALITY AS t(id, ord)`, ids, b.stream)
+	testenv.Eventually(t, 60*time.Second, "all ten rows published", func() bool {
+		return b.count(t, `status = 'SENT'`) == n
+	})
+	rows, err := b.db.Query(ctx, `SELECT extract(epoch FROM sent_at - next_retry_at)::float8 FROM outbox_event ORDER BY next_retry_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lates, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, late := range lates {
+		// Generous for a loaded machine, and an hour below the poll.
+		if late < 0 || late > 10 {
+			t.Errorf("row %d published %.3fs after its due time, want within [0, 10)s", i, late)
+		}
+	}
+	t.Logf("published after their due time (s): %.3f", lates)
+	b.checkPublishedOnce(t, n)
 }

@@ -45,7 +45,9 @@
 // package task.
 //
 // Metrics (docs/ARCHITECTURE.md §6): outbox_backlog,
-// outbox_backlog_age_seconds, outbox_publish_total{result},
+// outbox_backlog_age_seconds and outbox_scheduled (the due rows, how long
+// the oldest has waited, and the delayed rows not yet due: see
+// backlog.go), outbox_publish_total{result},
 // outbox_publish_seconds{result}, outbox_publish_delay_seconds.
 //
 // The consumer group must be created at id 0 (XGROUP CREATE ... 0 MKSTREAM)

@@ -23,7 +23,7 @@ const (
 type relayMetrics struct {
 	publishTotal   *prometheus.CounterVec   // outbox_publish_total{result}: rows
 	publishSeconds *prometheus.HistogramVec // outbox_publish_seconds{result}: one pipelined XADD round trip
-	publishDelay   prometheus.Histogram     // outbox_publish_delay_seconds: created_at (or due time) → sent_at
+	publishDelay   prometheus.Histogram     // outbox_publish_delay_seconds: due since (dueSinceSQL) → sent_at
 }
 
 func newRelayMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog.Logger) (*relayMetrics, error) {
@@ -39,7 +39,7 @@ func newRelayMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog
 		}, []string{"result"}),
 		publishDelay: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outbox_publish_delay_seconds",
-			Help:    "Time from an outbox row's created_at (a delayed task's row: its due time) to its sent_at.",
+			Help:    "Time from when an outbox row became due (its created_at; a delayed task's row: its due time) to its sent_at.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 20),
 		}),
 	}
@@ -64,17 +64,15 @@ func newRelayMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog
 
 var (
 	backlogDesc = prometheus.NewDesc("outbox_backlog",
-		"Outbox rows not yet published (status NEW or RETRYING).", nil, nil)
+		"Outbox rows due and not yet published (NEW or RETRYING; a delayed task's row counts once its time has come).", nil, nil)
 	backlogAgeDesc = prometheus.NewDesc("outbox_backlog_age_seconds",
-		"Age of the oldest unpublished outbox row (0 when there is none).", nil, nil)
+		"How long the longest-waiting due outbox row has been due (0 when none is).", nil, nil)
+	scheduledDesc = prometheus.NewDesc("outbox_scheduled",
+		"Outbox rows of delayed tasks whose time has not come (published when it does).", nil, nil)
 )
 
-// backlogSQL counts unsent rows on the partial claim index.
-const backlogSQL = `
-SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
-FROM outbox_event WHERE status IN ('NEW', 'RETRYING')`
-
-// backlogCollector reads the backlog gauges from Postgres at scrape time.
+// backlogCollector reads the backlog gauges from Postgres at scrape time
+// (ReadBacklog: one pass over the unsent rows).
 type backlogCollector struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
@@ -83,19 +81,20 @@ type backlogCollector struct {
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- backlogDesc
 	ch <- backlogAgeDesc
+	ch <- scheduledDesc
 }
 
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var n int64
-	var age float64
-	if err := c.pool.QueryRow(ctx, backlogSQL).Scan(&n, &age); err != nil {
-		// A failed scrape of these two gauges must not fail the whole
+	b, err := ReadBacklog(ctx, c.pool, 0)
+	if err != nil {
+		// A failed scrape of these gauges must not fail the whole
 		// /metrics page: leave them out (the alert sees them absent).
 		c.logger.Warn("outbox backlog metrics", "err", err)
 		return
 	}
-	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(n))
-	ch <- prometheus.MustNewConstMetric(backlogAgeDesc, prometheus.GaugeValue, age)
+	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(b.Due))
+	ch <- prometheus.MustNewConstMetric(backlogAgeDesc, prometheus.GaugeValue, b.OldestDue.Seconds())
+	ch <- prometheus.MustNewConstMetric(scheduledDesc, prometheus.GaugeValue, float64(b.Scheduled))
 }

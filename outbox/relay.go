@@ -233,10 +233,11 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 
 // Run publishes until ctx is cancelled, then returns nil once the pass in
 // flight has finished. It wakes on every NOTIFY of a committed outbox row,
-// polls every PublishInterval besides, and after each poll sets a timer
-// for the earliest row that falls due before the next one (see armDue); while a pass claims a full
-// batch it goes on at once. A lost LISTEN connection is re-established
-// with backoff while polling continues.
+// polls every PublishInterval besides, and after every pass, whatever woke
+// it, sets a timer for the earliest unpublished row when that falls due
+// before the next poll (see armDue); while a pass claims a full batch it
+// goes on at once. A lost LISTEN connection is re-established with backoff
+// while polling continues.
 //
 // While Run runs, the relay also publishes the claims handed to it by
 // direct publishing (see InsertClaimed); on return it has published those
@@ -267,80 +268,118 @@ func (r *Relay) Run(ctx context.Context) error {
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
-	rearm := false
+	atOnce := false
 	for {
-		r.drain(ctx)
-		if rearm {
-			r.armDue(ctx, due)
-		}
+		claimed := r.drain(ctx)
+		atOnce = r.armDue(ctx, due, atOnce && claimed == 0)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			rearm = true
 		case <-wake:
-			rearm = false
 		case <-due.C:
-			rearm = true
 		}
 	}
 }
 
-// nextDueSQL returns how long until the earliest unsent row that is not
-// yet due falls due (NULL: none), by the database's clock, reading one
-// entry of outbox_event_claim_idx.
+// nextDueSQL returns how long until the earliest unsent row that no live
+// claim holds falls due (negative: it is due already), by the database's
+// clock, reading outbox_event_claim_idx in order; no row: none.
 const nextDueSQL = `
-SELECT extract(epoch FROM min(next_retry_at) - now())::float8 FROM outbox_event
-WHERE status IN ('NEW', 'RETRYING') AND next_retry_at > now()`
+SELECT extract(epoch FROM next_retry_at - now())::float8 FROM outbox_event
+WHERE status IN ('NEW', 'RETRYING') AND (claimed_until IS NULL OR claimed_until < now())
+ORDER BY next_retry_at, id LIMIT 1`
 
-// armDue sets timer to wake the relay when the earliest row not yet due
-// falls due, when that is before the next poll: a delayed task's row (or
-// a publish retry) is then claimed at its due time rather than up to
-// PublishInterval later. It runs after the pass of each poll and of each
-// such wake-up (not after NOTIFY wake-ups, which follow the commits); a
-// failure only leaves the row to the polls.
-func (r *Relay) armDue(ctx context.Context, timer *time.Timer) {
-	var secs *float64
-	if err := r.pool.QueryRow(ctx, nextDueSQL).Scan(&secs); err != nil || secs == nil {
-		return
+// armDue sets timer to wake the relay when the earliest unpublished row
+// falls due, when that is before the next poll: a delayed task's row (or a
+// publish retry) is then claimed at its due time rather than up to
+// PublishInterval later. It runs after every pass, whatever woke the relay:
+// the earliest row may have been written by the commit that woke it, or
+// have fallen due while the pass ran (ten rows due a few milliseconds
+// apart: the pass the first one woke publishes only those due when it
+// claimed). A row due already is claimed at once, unless the relay has
+// just done that and claimed nothing (stuck says so: the row is locked,
+// say), which leaves it to the polls; armDue reports whether it armed for
+// such a row. A failed query only leaves the rows to the polls.
+func (r *Relay) armDue(ctx context.Context, timer *time.Timer, stuck bool) (atOnce bool) {
+	var secs float64
+	if err := r.nextDue(ctx, &secs); err != nil {
+		if !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
+			r.logger.Debug("outbox relay: reading the next due time failed; polling", "err", err)
+		}
+		timer.Stop()
+		return false
 	}
-	if d := time.Duration(*secs * float64(time.Second)); d < r.cfg.PublishInterval {
-		timer.Reset(max(d, 0) + time.Millisecond)
+	d := time.Duration(secs * float64(time.Second))
+	switch {
+	case d >= r.cfg.PublishInterval || (d <= 0 && stuck):
+		timer.Stop() // the next poll comes first
+		return false
+	case d <= 0:
+		timer.Reset(0)
+		return true
 	}
+	timer.Reset(d + time.Millisecond)
+	return false
+}
+
+// nextDue reads nextDueSQL into secs, with the claim's planner settings
+// (claimPlanSQL) in the same round trip, so that it reads the claim index
+// in order whatever the statistics say.
+func (r *Relay) nextDue(ctx context.Context, secs *float64) error {
+	batch := &pgx.Batch{}
+	batch.Queue(claimPlanSQL)
+	batch.Queue(nextDueSQL)
+	br := r.pool.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(secs)
+	}
+	return errors.Join(err, br.Close())
 }
 
 // drain runs passes while they claim full batches: one, and once it has
-// claimed a full batch, Parallel at a time.
-func (r *Relay) drain(ctx context.Context) {
-	if !r.pass(ctx) {
-		return
+// claimed a full batch, Parallel at a time. It returns how many rows they
+// claimed.
+func (r *Relay) drain(ctx context.Context) int {
+	n := r.pass(ctx)
+	if n < r.cfg.BatchSize {
+		return n
 	}
+	var total atomic.Int64
+	total.Add(int64(n))
 	var wg sync.WaitGroup
 	for range r.cfg.Parallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for r.pass(ctx) {
+			for {
+				n := r.pass(ctx)
+				total.Add(int64(n))
+				if n < r.cfg.BatchSize {
+					return
+				}
 			}
 		}()
 	}
 	wg.Wait()
+	return int(total.Load())
 }
 
-// pass runs one pass and reports whether it claimed a full batch (so
+// pass runs one pass and returns how many rows it claimed (a full batch:
 // there may be more).
-func (r *Relay) pass(ctx context.Context) bool {
+func (r *Relay) pass(ctx context.Context) int {
 	if ctx.Err() != nil {
-		return false
+		return 0
 	}
 	res, err := r.DrainOnce(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.logger.Error("outbox relay pass failed", "err", err)
 		}
-		return false
+		return 0
 	}
-	return res.Claimed >= r.cfg.BatchSize
+	return res.Claimed
 }
 
 // DrainOnce runs one pass: it claims up to BatchSize due rows, publishes
@@ -552,17 +591,16 @@ const claimedGuard = `CASE WHEN o.claimed_by = $1 AND o.claimed_until = $2 AND o
 
 // markSentSQL marks published rows SENT ($4: their entry ids). The guard is
 // the claim: rows whose claim was taken over (claimed_by or claimed_until
-// changed) are left alone. It returns each row's publish delay, from its
-// creation or, for a row written due later (a delayed task) and never
-// failed, from its due time.
-const markSentSQL = `
+// changed) are left alone. It returns each row's publish delay, from when
+// it became due (dueSinceSQL: its creation or, for a row written due later
+// (a delayed task) and never failed, its due time).
+var markSentSQL = `
 WITH c AS (` + claimedSQL + `
 )
 UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val
 FROM c
 WHERE o.id = c.id AND ` + claimedGuard + `
-RETURNING extract(epoch FROM o.sent_at - CASE WHEN o.attempt_count = 0 THEN greatest(o.created_at, o.next_retry_at)
-                                                ELSE o.created_at END)::float8`
+RETURNING extract(epoch FROM o.sent_at - (` + dueSinceSQL("o") + `))::float8`
 
 func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs []string) (int, error) {
 	ids := make([]int64, len(rows))

@@ -3,38 +3,29 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // Stats describes the outbox for an operator.
 type Stats struct {
-	// Unsent counts NEW and RETRYING rows; OldestUnsent is the created_at
-	// of the oldest of them (nil when none).
-	Unsent       int64
-	OldestUnsent *time.Time
+	// Backlog counts the unsent rows: due (and how long the oldest has
+	// waited) and scheduled (delayed tasks' rows not yet due).
+	Backlog
 	// Dead counts rows whose publishing gave up.
 	Dead int64
 }
 
-const statsSQL = `
-SELECT count(*) FILTER (WHERE status IN ('NEW', 'RETRYING')),
-       min(created_at) FILTER (WHERE status IN ('NEW', 'RETRYING')),
-       count(*) FILTER (WHERE status = 'DEAD')
-FROM outbox_event`
+const deadSQL = `SELECT count(*) FROM outbox_event WHERE status = 'DEAD'`
 
-// ReadStats reads the outbox's Stats (one scan of outbox_event: for the
-// CLI, not for a hot path).
-func ReadStats(ctx context.Context, db Querier) (Stats, error) {
+// ReadStats reads the outbox's Stats (every unsent and every DEAD row: for
+// the CLI, not for a hot path).
+func ReadStats(ctx context.Context, db RowQuerier) (Stats, error) {
 	var s Stats
-	rows, err := db.Query(ctx, statsSQL)
-	if err != nil {
-		return s, fmt.Errorf("read the outbox backlog: %w", err)
+	var err error
+	if s.Backlog, err = ReadBacklog(ctx, db, 0); err != nil {
+		return s, err
 	}
-	defer rows.Close()
-	if rows.Next() {
-		if err := rows.Scan(&s.Unsent, &s.OldestUnsent, &s.Dead); err != nil {
-			return s, fmt.Errorf("read the outbox backlog: %w", err)
-		}
+	if err := db.QueryRow(ctx, deadSQL).Scan(&s.Dead); err != nil {
+		return s, fmt.Errorf("read the outbox's DEAD rows: %w", err)
 	}
-	return s, rows.Err()
+	return s, nil
 }

@@ -21,6 +21,9 @@ const (
 	// DefaultMinIdle is the crash-detection idle time
 	// (INGEST_REDIS_RECLAIM_IDLE_MS).
 	DefaultMinIdle = 10 * time.Minute
+	// DefaultLeaseIdle is the task lease of a worker with the defaults
+	// (INGEST_TASK_LEASE_MS): see Config.LeaseIdle.
+	DefaultLeaseIdle = 30 * time.Second
 	// DefaultBatchSize is XAUTOCLAIM's COUNT
 	// (INGEST_REDIS_RECLAIM_BATCH_SIZE).
 	DefaultBatchSize = 20
@@ -45,6 +48,14 @@ type Config struct {
 	// time after which a silent worker is taken for dead. It must be well
 	// above the heartbeat period of the consumers.
 	MinIdle time.Duration
+	// LeaseIdle is the task lease of the workers (INGEST_TASK_LEASE_MS):
+	// a pending entry idle for at least LeaseIdle, held by a consumer that
+	// has not been heard from for as long, whose task is RUNNING under a
+	// lease that expired, is taken over without waiting for MinIdle (see
+	// the package documentation). It must be well above the heartbeat
+	// period of the consumers (a third of their lease). With LeaseIdle >=
+	// MinIdle, XAUTOCLAIM alone takes such entries over.
+	LeaseIdle time.Duration
 	// BatchSize is the most entries claimed with one XAUTOCLAIM (its COUNT),
 	// 1..MaxBatchSize. Fewer are claimed when the Sink has fewer free slots.
 	BatchSize int
@@ -57,6 +68,7 @@ func (c Config) WithDefaults() Config {
 	c.Group = cmp.Or(c.Group, DefaultGroup)
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.MinIdle = cmp.Or(c.MinIdle, DefaultMinIdle)
+	c.LeaseIdle = cmp.Or(c.LeaseIdle, DefaultLeaseIdle)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	return c
 }
@@ -76,6 +88,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("field Interval must be > 0, got %s", c.Interval)
 	case c.MinIdle < time.Millisecond:
 		return fmt.Errorf("MinIdle must be >= 1ms, got %s", c.MinIdle)
+	case c.LeaseIdle < time.Millisecond:
+		return fmt.Errorf("LeaseIdle must be >= 1ms, got %s", c.LeaseIdle)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
 		return fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize)
 	}
@@ -101,6 +115,10 @@ func (c Config) boundTo(b stream.Binding) (Config, error) {
 	if c.MinIdle != 0 && c.MinIdle != b.ClaimIdle {
 		return c, fmt.Errorf("field MinIdle is %s but the sink leaves entries pending relative to %s: leave it zero to take the sink's", c.MinIdle, b.ClaimIdle)
 	}
+	if c.LeaseIdle != 0 && b.Lease != 0 && c.LeaseIdle != b.Lease {
+		return c, fmt.Errorf("field LeaseIdle is %s but the sink starts tasks with a lease of %s: leave it zero to take the sink's", c.LeaseIdle, b.Lease)
+	}
 	c.Stream, c.Group, c.Consumer, c.MinIdle = b.Stream, b.Group, b.Consumer, b.ClaimIdle
+	c.LeaseIdle = cmp.Or(b.Lease, c.LeaseIdle)
 	return c, nil
 }

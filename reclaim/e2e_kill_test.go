@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -32,6 +34,10 @@ const (
 	helperStream   = "INGEST_RECLAIM_TEST_STREAM"
 	helperDLQ      = "INGEST_RECLAIM_TEST_DLQ"
 	helperConsumer = "INGEST_RECLAIM_TEST_CONSUMER"
+	// helperDefaultsLease, when set (a lease in ms), makes the helper a
+	// worker process with the default settings (ingest.Service, every
+	// setting zero) but that task lease.
+	helperDefaultsLease = "INGEST_RECLAIM_TEST_DEFAULTS_LEASE_MS"
 
 	helperMinIdle = 500 * time.Millisecond
 	helperLease   = 300 * time.Millisecond
@@ -64,6 +70,9 @@ func helperMain() int {
 		return fail(err)
 	}
 	consumer := os.Getenv(helperConsumer)
+	if ms := os.Getenv(helperDefaultsLease); ms != "" {
+		return helperService(ctx, pool, rdb, logger, consumer, ms)
+	}
 	w, err := ingest.New(ingest.Config{
 		Stream: os.Getenv(helperStream), Group: group, DLQ: os.Getenv(helperDLQ), Consumer: consumer,
 		Concurrency: 16, TaskLease: helperLease, ReclaimIdle: helperMinIdle,
@@ -97,6 +106,38 @@ func helperMain() int {
 	return 0
 }
 
+// helperService runs an ingest.Service with the default settings but a
+// task lease of leaseMS until ctx is done. Its handler "hang-first" blocks
+// on its first attempt (until the process is killed) and succeeds on the
+// next.
+func helperService(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, logger *slog.Logger, consumer, leaseMS string) int {
+	ms, err := strconv.Atoi(leaseMS)
+	if err != nil {
+		logger.Error("helper worker", "err", err)
+		return 2
+	}
+	svc, err := ingest.NewService(ingest.ServiceConfig{Worker: ingest.Config{
+		Stream: os.Getenv(helperStream), Group: group, DLQ: os.Getenv(helperDLQ), Consumer: consumer,
+		TaskLease: time.Duration(ms) * time.Millisecond,
+	}}, pool, rdb, logger, nil)
+	if err != nil {
+		logger.Error("helper worker", "err", err)
+		return 2
+	}
+	svc.Handle("hang-first", func(ctx context.Context, t ingest.Task) error {
+		if t.Attempt == 1 {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	})
+	if err := svc.Run(ctx); err != nil {
+		logger.Error("helper worker", "err", err)
+		return 2
+	}
+	return 0
+}
+
 // helperProc is a started helper worker process.
 type helperProc struct {
 	name   string
@@ -106,12 +147,13 @@ type helperProc struct {
 	err    error         // Wait's result, once done
 }
 
-func startHelper(t *testing.T, e *env, name string) *helperProc {
+func startHelper(t *testing.T, e *env, name string, env ...string) *helperProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(),
 		helperEnv+"=1", helperDB+"="+e.db.URL, helperRedis+"="+e.redisURL,
 		helperStream+"="+e.stream, helperDLQ+"="+e.dlq, helperConsumer+"="+name)
+	cmd.Env = append(cmd.Env, env...)
 	h := &helperProc{name: name, cmd: cmd, stderr: &bytes.Buffer{}, done: make(chan struct{})}
 	cmd.Stderr = h.stderr
 	if err := cmd.Start(); err != nil {
@@ -249,5 +291,82 @@ func waitKilledOrDone(t *testing.T, h *helperProc, deadline time.Time, done func
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out; helper %s running", h.name)
 		}
+	}
+}
+
+// TestE2EKilledWorkerTakenOverWithDefaultSettings: a worker process with
+// the default settings (reclaim idle time 10 minutes, a reclaim round every
+// 5 s) but a task lease of 2 s is killed with SIGKILL while it runs a task;
+// another such process takes the task over about one lease plus a reclaim
+// round later, not after the reclaim idle time: the entry's task is
+// RUNNING under an expired lease and its consumer has been silent for a
+// lease. The abandoned run counts as a failed attempt.
+func TestE2EKilledWorkerTakenOverWithDefaultSettings(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	if d := (ingest.Config{}).WithDefaults(); d.ReclaimIdle != 10*time.Minute {
+		t.Fatalf("default reclaim idle %s: the test assumes 10 minutes", d.ReclaimIdle)
+	}
+	ctx := context.Background()
+	e := newEnv(t, task.Config{})
+	id := e.create(t, "hang-first", 1, 3)[0]
+	reclaim.PublishOutbox(t, e.pool(), e.rdb, e.stream)
+	leaseEnv := fmt.Sprintf("%s=%d", helperDefaultsLease, lease.Milliseconds())
+	procs := []*helperProc{}
+	defer func() {
+		if t.Failed() {
+			for _, p := range procs {
+				_ = p.cmd.Process.Kill() // no-op once it exited
+				<-p.done
+				t.Logf("helper %s stderr:\n%s", p.name, p.stderr.String())
+			}
+		}
+	}()
+	h1 := startHelper(t, e, "helper-1", leaseEnv)
+	procs = append(procs, h1)
+	get := func() task.Task {
+		tk, err := e.store.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk
+	}
+	testenv.Eventually(t, 60*time.Second, "helper-1 runs the task", func() bool {
+		tk := get()
+		return tk.Status == task.Running && tk.LeaseOwner == "helper-1"
+	})
+	if err := h1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-h1.done
+	killed := time.Now()
+	h2 := startHelper(t, e, "helper-2", leaseEnv)
+	procs = append(procs, h2)
+	// Lease (2 s) + a round (5 s) + start-up; 30 leases is generous for a
+	// loaded machine and far below the reclaim idle time.
+	testenv.Eventually(t, 30*lease, "the task taken over and SUCCEEDED", func() bool { return get().Status == task.Succeeded })
+	took := time.Since(killed)
+	tk, recs, err := e.store.GetWithTransitions(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var takenOver time.Time
+	for _, r := range recs {
+		if r.From == "RUNNING" && strings.Contains(r.Message, "helper-1") && strings.Contains(r.Message, "abandoned") {
+			takenOver = r.CreatedAt
+		}
+	}
+	if takenOver.IsZero() || tk.AttemptCount != 1 {
+		t.Errorf("task %+v, transitions %+v: want helper-1's run abandoned by a takeover and counted as one failed attempt", tk, recs)
+	}
+	t.Logf("SIGKILL → SUCCEEDED on helper-2: %s (lease %s, reclaim idle 10m, reclaim round 5s); takeover recorded %s after the kill",
+		took.Round(10*time.Millisecond), lease, takenOver.Sub(killed).Round(10*time.Millisecond))
+	if err := h2.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h2.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("helper-2 did not stop on SIGTERM")
 	}
 }

@@ -10,9 +10,10 @@ import (
 
 // Results of ingest_stream_reclaim_total (contract).
 const (
-	resultClaimed = "claimed" // entries claimed with XAUTOCLAIM
-	resultDeleted = "deleted" // deleted entry ids XAUTOCLAIM reported
-	resultError   = "error"   // failed operations
+	resultClaimed  = "claimed"  // entries claimed with XAUTOCLAIM
+	resultDeleted  = "deleted"  // deleted entry ids XAUTOCLAIM reported
+	resultTakeover = "takeover" // entries of expired leases claimed from silent consumers
+	resultError    = "error"    // failed operations
 )
 
 type metrics struct {
@@ -25,13 +26,13 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	total := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ingest_stream_reclaim_total",
-		Help: "Pending stream entries handled by the reclaimer, by result: claimed, deleted (trimmed or deleted entries XAUTOCLAIM reported), error (failed operations).",
+		Help: "Pending stream entries handled by the reclaimer, by result: claimed, deleted (trimmed or deleted entries XAUTOCLAIM reported), takeover (entries of tasks whose lease expired, claimed from consumers silent for a lease), error (failed operations).",
 	}, []string{"result"})
 	total, err := promreg.Register(reg, total)
 	if err != nil {
 		return nil, fmt.Errorf("ingest_stream_reclaim_total: %w", err)
 	}
-	for _, r := range []string{resultClaimed, resultDeleted, resultError} {
+	for _, r := range []string{resultClaimed, resultDeleted, resultTakeover, resultError} {
 		total.WithLabelValues(r) // export zeros from the start
 	}
 	return &metrics{total: total}, nil

@@ -39,6 +39,9 @@ type Reclaimer struct {
 	sawGroup bool
 	// groupLost, when set, is called when a round finds the group missing.
 	groupLost func()
+	// takeoverFrom holds, per silent consumer, the entry id where the next
+	// round's takeover scan goes on (see takeOver).
+	takeoverFrom map[string]string
 }
 
 // OnGroupLost makes r call f when a reclaim round finds the consumer group
@@ -91,6 +94,8 @@ func New(cfg Config, rdb redis.UniversalClient, db *pgxpool.Pool, sink stream.Si
 		sink:    sink,
 		logger:  logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
 		metrics: m,
+
+		takeoverFrom: map[string]string{},
 	}, nil
 }
 
@@ -118,11 +123,14 @@ type roundResult struct {
 	Claimed     int  // entries claimed and handed to the sink
 	Deleted     int  // deleted entry ids XAUTOCLAIM reported
 	Republished int  // tasks republished through a new outbox event
+	TakenOver   int  // entries of expired leases claimed from silent consumers
 	Skipped     bool // the sink had no free slot: (the rest of) the round was skipped
 }
 
-// runOnce runs one round: republish the backlog, then claim idle entries
-// page by page within the sink's free capacity. Errors are logged and
+// runOnce runs one round: republish the backlog, claim idle entries page
+// by page within the sink's free capacity, then take over the entries of
+// expired leases held by silent consumers (takeOver; only when LeaseIdle is
+// below MinIdle, else XAUTOCLAIM has taken them). Errors are logged and
 // counted here.
 func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 	r.mu.Lock()
@@ -134,8 +142,12 @@ func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 		res.Republished += r.handleDeleted(ctx, ids)
 	}
 	r.claim(ctx, &res)
-	if res.Claimed > 0 || res.Deleted > 0 || res.Republished > 0 {
-		r.logger.Info("reclaimed pending entries", "claimed", res.Claimed, "deleted", res.Deleted, "republished", res.Republished)
+	if !res.Skipped && ctx.Err() == nil && r.cfg.LeaseIdle < r.cfg.MinIdle && !r.noGroup {
+		r.takeOver(ctx, &res)
+	}
+	if res.Claimed > 0 || res.Deleted > 0 || res.Republished > 0 || res.TakenOver > 0 {
+		r.logger.Info("reclaimed pending entries", "claimed", res.Claimed, "deleted", res.Deleted, "republished", res.Republished,
+			"taken_over", res.TakenOver)
 	}
 	return res
 }

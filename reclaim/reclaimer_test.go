@@ -24,6 +24,7 @@ func TestConfigValidate(t *testing.T) {
 		{"NoConsumer", func() Config { c := valid(Config{}); c.Consumer = ""; return c }(), "Consumer"},
 		{"NegativeInterval", valid(Config{Interval: -time.Second}), "Interval"},
 		{"MinIdleBelowOneMillisecond", valid(Config{MinIdle: time.Microsecond}), "MinIdle"},
+		{"LeaseIdleBelowOneMillisecond", valid(Config{LeaseIdle: time.Microsecond}), "LeaseIdle"},
 		{"BatchSizeNegative", valid(Config{BatchSize: -1}), "BatchSize"},
 		{"BatchSizeTooLarge", valid(Config{BatchSize: MaxBatchSize + 1}), "BatchSize"},
 		{"BatchSizeMax", valid(Config{BatchSize: MaxBatchSize}), ""},
@@ -46,7 +47,7 @@ func TestConfigDefaults(t *testing.T) {
 	c := Config{Consumer: "me"}
 	c = c.WithDefaults()
 	want := Config{Stream: "ingest:tasks", Group: "ingest-workers", Consumer: "me", Interval: 5 * time.Second,
-		MinIdle: 10 * time.Minute, BatchSize: 20}
+		MinIdle: 10 * time.Minute, LeaseIdle: 30 * time.Second, BatchSize: 20}
 	if c != want {
 		t.Fatalf("defaults = %+v, want %+v", c, want)
 	}

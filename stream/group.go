@@ -135,8 +135,13 @@ type Idle struct {
 // JUSTID keeps the delivery counter; entries that are no longer pending are
 // left alone (no FORCE).
 func (g *Group) xclaimArgs(idle time.Duration, ids []string) []any {
+	return g.xclaimArgsFor(g.cfg.Consumer, idle, ids)
+}
+
+// xclaimArgsFor is xclaimArgs claiming for consumer.
+func (g *Group) xclaimArgsFor(consumer string, idle time.Duration, ids []string) []any {
 	args := make([]any, 0, 8+len(ids))
-	args = append(args, "xclaim", g.cfg.Stream, g.cfg.Group, g.cfg.Consumer, 0)
+	args = append(args, "xclaim", g.cfg.Stream, g.cfg.Group, consumer, 0)
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -161,6 +166,30 @@ func (g *Group) SetIdle(ctx context.Context, idle time.Duration, ids ...string) 
 	}
 	if err := g.rdb.Do(ctx, g.xclaimArgs(idle, ids)...).Err(); err != nil {
 		return fmt.Errorf("xclaim %s %d entries idle %s: %w", g.cfg.Stream, len(ids), idle, err)
+	}
+	return nil
+}
+
+// AbandonedConsumer is the consumer that the worker named consumer hands
+// the entries of its abandoned runs to (Group.Abandon). No worker reads as
+// it, so it falls silent at once, and the reclaimers of other workers take
+// its entries over once their tasks' leases have expired (package
+// reclaim), as they do a dead worker's. The leader's idle-consumer cleanup
+// removes it once it holds nothing.
+func AbandonedConsumer(consumer string) string { return consumer + "/abandoned" }
+
+// Abandon hands pending entries of this consumer to its AbandonedConsumer,
+// their idle time reset: the entries of runs this worker gave up (a handler
+// that ignores its timeout) whose tasks other workers should take over once
+// their leases expire, and that this worker's own reclaimer must not
+// swallow.
+func (g *Group) Abandon(ctx context.Context, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	to := AbandonedConsumer(g.cfg.Consumer)
+	if err := g.rdb.Do(ctx, g.xclaimArgsFor(to, 0, ids)...).Err(); err != nil {
+		return fmt.Errorf("xclaim %s %d entries for %s: %w", g.cfg.Stream, len(ids), to, err)
 	}
 	return nil
 }

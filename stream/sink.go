@@ -29,11 +29,15 @@ type Sink interface {
 // Binding is the place in the queue a sink serves: entries of Stream that
 // Consumer of Group reads, left pending with idle times relative to
 // ClaimIdle, the idle time after which a reclaimer claims a pending entry.
+// Lease is the lease of the tasks the sink starts: a run's entry is kept
+// fresh (idle well below Lease) while its lease is renewed, so an entry
+// idle for a Lease whose task's lease expired has lost its worker.
 type Binding struct {
 	Stream    string
 	Group     string
 	Consumer  string
 	ClaimIdle time.Duration
+	Lease     time.Duration
 }
 
 // BoundSink is a Sink that serves one Binding (a worker's processing path

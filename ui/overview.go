@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -91,7 +92,7 @@ type overviewData struct {
 	Kinds      []kindRow
 	Redis      *redisView
 	Backlog    int64
-	BacklogDue int64 // of Backlog, due now (the rest are delayed tasks' rows)
+	BacklogDue int64 // of Backlog, due (the rest are delayed tasks' rows not yet due; see outbox.Backlog)
 	BacklogC   bool  // capped
 	OldestDue  time.Duration
 	Leaders    []leaderRow
@@ -147,15 +148,6 @@ FROM pg_class c, pg_stats s,
      unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS u(v, f)
 WHERE c.oid = 'ingest_task'::regclass AND s.schemaname = current_schema()
   AND s.tablename = 'ingest_task' AND s.attname = 'status'`
-
-// backlogSQL counts up to $1 unpublished outbox rows on the partial claim
-// index (outbox_event_claim_idx), in due order: how many, how many are
-// due, and the earliest due time.
-const backlogSQL = `
-SELECT count(*), count(*) FILTER (WHERE next_retry_at <= now()), min(next_retry_at) FROM (
-    SELECT next_retry_at FROM outbox_event WHERE status IN ('NEW', 'RETRYING')
-    ORDER BY next_retry_at, id LIMIT $1
-) o`
 
 const leaderSQL = `SELECT name, leader_id, elected_at, expires_at FROM ingest_leader WHERE expires_at > now() ORDER BY name`
 
@@ -218,16 +210,15 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 		return nil
 	})
 	g.Go(func() error {
-		var due *time.Time
-		if err := h.cfg.DB.QueryRow(gctx, backlogSQL, CountCap+1).Scan(&d.Backlog, &d.BacklogDue, &due); err != nil {
-			return fmt.Errorf("outbox backlog: %w", err)
+		// Up to CountCap+1 unsent rows in due order on the claim index.
+		b, err := outbox.ReadBacklog(gctx, h.cfg.DB, CountCap+1)
+		if err != nil {
+			return err
 		}
+		d.Backlog, d.BacklogDue, d.OldestDue = b.Due+b.Scheduled, b.Due, b.OldestDue
 		if d.Backlog > CountCap {
 			d.Backlog, d.BacklogC = CountCap, true
 			d.BacklogDue = min(d.BacklogDue, CountCap)
-		}
-		if due != nil && time.Since(*due) > 0 {
-			d.OldestDue = time.Since(*due)
 		}
 		return nil
 	})

@@ -53,9 +53,12 @@ type streamLength struct {
 }
 
 type outboxBacklog struct {
-	// Backlog is the number of NEW and RETRYING events (not yet in Redis).
+	// Backlog is the number of NEW and RETRYING events that are due (not
+	// yet in Redis); OldestAgeMS is how long the oldest of them has been
+	// due. Scheduled counts delayed tasks' events whose time has not come.
 	Backlog     int64 `json:"backlog"`
 	OldestAgeMS int64 `json:"oldest_age_ms,omitempty"`
+	Scheduled   int64 `json:"scheduled"`
 	Dead        int64 `json:"dead"`
 }
 
@@ -178,10 +181,8 @@ func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb redis.U
 	if err != nil {
 		return nil, err
 	}
-	rep.Outbox.Backlog, rep.Outbox.Dead = ob.Unsent, ob.Dead
-	if ob.OldestUnsent != nil {
-		rep.Outbox.OldestAgeMS = time.Since(*ob.OldestUnsent).Milliseconds()
-	}
+	rep.Outbox.Backlog, rep.Outbox.Scheduled, rep.Outbox.Dead = ob.Due, ob.Scheduled, ob.Dead
+	rep.Outbox.OldestAgeMS = ob.OldestDue.Milliseconds()
 	store, err := task.NewStore(a.storeConfig(), pool)
 	if err != nil {
 		return nil, usageErr(err)
@@ -240,11 +241,11 @@ func (a *app) printPending(r *pendingReport) {
 	if r.DLQ != nil {
 		a.printf("\nDLQ %s: %d entries\n", r.DLQ.Stream, r.DLQ.Length)
 	}
-	a.printf("\nOUTBOX: %d event(s) waiting to be published", r.Outbox.Backlog)
+	a.printf("\nOUTBOX: %d event(s) due, waiting to be published", r.Outbox.Backlog)
 	if r.Outbox.Backlog > 0 {
 		a.printf(" (oldest %s)", humantime.Duration(time.Duration(r.Outbox.OldestAgeMS)*time.Millisecond))
 	}
-	a.printf(", %d DEAD\n", r.Outbox.Dead)
+	a.printf(", %d scheduled (delayed, not yet due), %d DEAD\n", r.Outbox.Scheduled, r.Outbox.Dead)
 	a.printf("\nTASKS\n")
 	rows := make([][]string, 0, len(task.States))
 	for _, s := range task.States {
