@@ -78,3 +78,12 @@ func (s *Store) Delete(ctx context.Context, id uuid.UUID) (DeleteResult, error) 
 	}
 	return res[0], nil
 }
+
+// Refusal explains why a task was kept ("" when it was deleted): the one
+// wording of the API, the CLI and the dashboard.
+func (r DeleteResult) Refusal() string {
+	if r.Deleted {
+		return ""
+	}
+	return fmt.Sprintf("task %s is %s; only SUCCEEDED, DEAD and CANCELLED tasks can be deleted", r.ID, r.Status)
+}

@@ -101,3 +101,18 @@ func (s *Store) RunNow(ctx context.Context, actor string, id uuid.UUID) (RunNowR
 	}
 	return res, nil
 }
+
+// Refusal explains why RunNow left task id alone ("" when it did not):
+// the one wording of the API, the CLI and the dashboard.
+func (r RunNowResult) Refusal(id uuid.UUID) string {
+	switch r.Outcome {
+	case RunNowDone:
+		return ""
+	case RunNowParked:
+		return fmt.Sprintf("task %s is parked: its kind is paused or at a limit; resume the kind or raise its limit (run-now does not override them)", id)
+	case RunNowAlreadyDue:
+		return fmt.Sprintf("task %s is %s and already due; it starts as soon as a worker is free", id, r.Status)
+	default:
+		return fmt.Sprintf("task %s is %s; only a QUEUED or RETRYING task waiting for a later time can be run now", id, r.Status)
+	}
+}
