@@ -144,3 +144,31 @@ func TestRunNow(t *testing.T) {
 		t.Errorf("RunNow(unknown) error = %v, want ErrNotFound", err)
 	}
 }
+
+// TestRunNowIsNoRetryInTheCharts: the audit row of a run-now (RETRYING to
+// RETRYING) is no failure: AuditSamples, which feeds the dashboard's
+// retried-per-minute chart, counts the failure that made the task RETRYING
+// once, not the run-now.
+func TestRunNowIsNoRetryInTheCharts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	id := b.create(t, task.NewTask{}).ID
+	b.start(t, "w1", time.Minute, id, task.Started)
+	b.fail(t, "w1", task.Failure{ID: id, Error: "boom", RetryAfter: time.Hour})
+	if r, err := b.store.RunNow(b.ctx, "cli:test", id); err != nil || r.Outcome != task.RunNowDone {
+		t.Fatalf("RunNow = %+v, %v", r, err)
+	}
+	samples, err := task.AuditSamples(b.ctx, b.db, 0, time.Now().Add(-time.Hour), 1000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retried int64
+	for _, s := range samples {
+		if s.To == task.Retrying {
+			retried += s.N
+		}
+	}
+	if retried != 1 {
+		t.Fatalf("RETRYING samples count %d rows, want 1 (the failure, not the run-now): %+v", retried, samples)
+	}
+}
