@@ -53,7 +53,8 @@ type Config struct {
 	MaxBatchSize int
 	// ReadyTimeout bounds the readiness checks of one /readyz request.
 	ReadyTimeout time.Duration
-	// Actor is recorded as the worker of redrive and cancel transitions.
+	// Actor is recorded as the worker of redrive, cancel and run-now audit
+	// rows, and logged with each deletion.
 	Actor string
 	// Logger receives server-side failures (5xx); nil discards them.
 	Logger *slog.Logger
