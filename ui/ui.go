@@ -81,8 +81,9 @@ type Config struct {
 	// ReadOnly hides every action and refuses action POSTs with 403
 	// (INGEST_UI_READONLY).
 	ReadOnly bool
-	// Actor is recorded as the worker of cancels, redrives and kind
-	// changes; default DefaultActor.
+	// Actor is recorded as the worker of cancels, redrives, run-nows and
+	// kind changes, and logged with deletions and discards; default
+	// DefaultActor.
 	Actor string
 	// MaxAttempts is the workers' limit of runs for tasks without their
 	// own (shown on a task's page); 0: task.DefaultMaxAttempts.
