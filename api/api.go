@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/internal/httpguard"
+	"github.com/ingest-worker/ingest/internal/opsmetrics"
 	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -52,7 +53,8 @@ type Config struct {
 	MaxBatchSize int
 	// ReadyTimeout bounds the readiness checks of one /readyz request.
 	ReadyTimeout time.Duration
-	// Actor is recorded as the worker of redrive and cancel transitions.
+	// Actor is recorded as the worker of redrive, cancel and run-now audit
+	// rows, and logged with each deletion.
 	Actor string
 	// Logger receives server-side failures (5xx); nil discards them.
 	Logger *slog.Logger
@@ -64,6 +66,9 @@ type Config struct {
 	// does; nil or "": none (Kafka mode, or no DLQ).
 	DLQClient redis.UniversalClient
 	DLQKey    string
+	// Registerer, when set, receives the counter of deleted tasks
+	// (ingest_task_deleted_total, via="api").
+	Registerer prometheus.Registerer
 }
 
 // Check reports whether one dependency is usable: nil when it is.
@@ -83,6 +88,8 @@ type Server struct {
 	routes   []string // the mux's patterns (Routes)
 	log      *slog.Logger
 	token    [sha256.Size]byte
+
+	deleted prometheus.Counter // ingest_task_deleted_total{via="api"}
 
 	checkMu   sync.Mutex
 	checkLast map[string]string // each readiness check's last error ("": ok)
@@ -125,6 +132,11 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.token = sha256.Sum256([]byte(cfg.Token))
+	deleted, err := opsmetrics.Deleted(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("api: register metrics: %w", err)
+	}
+	s.deleted = deleted.WithLabelValues("api")
 
 	routes := []route{
 		{"GET /healthz", http.HandlerFunc(s.healthz)},
@@ -133,6 +145,8 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 		{"POST /v1/tasks:batch", s.auth(s.createBatch)},
 		{"GET /v1/tasks", s.auth(s.listTasks)},
 		{"GET /v1/tasks/{id}", s.auth(s.getTask)},
+		{"DELETE /v1/tasks/{id}", s.auth(s.deleteTask)},
+		{"POST /v1/tasks/{id}/run", s.auth(s.runTaskNow)},
 		{"POST /v1/tasks/redrive", s.auth(s.bulkRedrive)},
 		{"POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask)},
 		{"POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask)},

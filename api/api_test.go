@@ -42,6 +42,7 @@ type options struct {
 	gatherer   prometheus.Gatherer
 	periodic   func(time.Time) []maintenance.Slot
 	dlq        bool // a real Redis and a DLQ key for bulk redrive
+	registerer prometheus.Registerer
 }
 
 func setup(t *testing.T, o options) *bundle {
@@ -52,7 +53,7 @@ func setup(t *testing.T, o options) *bundle {
 		t.Fatal(err)
 	}
 	b := &bundle{store: store, token: o.token}
-	cfg := api.Config{Token: o.token, Periodic: o.periodic}
+	cfg := api.Config{Token: o.token, Periodic: o.periodic, Registerer: o.registerer}
 	if o.dlq {
 		b.rdb = testenv.Client(t, testenv.RedisURL(t))
 		_, b.dlq = testenv.Keys(t)

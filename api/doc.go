@@ -13,6 +13,10 @@
 //	GET  /v1/tasks                 list newest first: ?status=&kind=&limit=&cursor=
 //	GET  /v1/tasks/{id}            a task with its transitions
 //	POST /v1/tasks/{id}/redrive    DEAD → QUEUED
+//	DELETE /v1/tasks/{id}          delete a SUCCEEDED, DEAD or CANCELLED task with its
+//	                               audit rows, outbox rows and DLQ entry: 204; live 409
+//	POST /v1/tasks/{id}/run        a QUEUED or RETRYING task due later is due now: 200;
+//	                               already due, parked, running or finished 409
 //
 // With Config.Token set, the /v1/ routes require "Authorization: Bearer
 // <token>" (compared in constant time); probes and metrics stay open.
@@ -21,7 +25,10 @@
 // offending input (a body field such as "kind" or "[3].payload" for a batch,
 // a query parameter, the path's "id") when there is one. Malformed input gets
 // 400, an oversized body or payload 413, a missing or wrong token 401, an
-// unknown id 404, a redrive of a task that is not DEAD 409. When PostgreSQL
+// unknown id 404, a redrive of a task that is not DEAD, a delete of a live
+// task or a run-now of a task not waiting for a later time 409. A delete
+// is logged with the actor and counted (ingest_task_deleted_total,
+// via="api", on Config.Registerer). When PostgreSQL
 // or Redis cannot be reached (httpguard.Unavailable) the answer is 503 with
 // Retry-After (httpguard.RetryAfter) and "database unavailable: ...", any
 // other failure 500 "internal error": neither carries the error's text,

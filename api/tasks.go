@@ -409,6 +409,66 @@ func (s *Server) cancelTask(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// deleteTask answers DELETE /v1/tasks/{id}: 204 once a terminal task
+// (SUCCEEDED, DEAD or CANCELLED) is deleted with its audit rows, its
+// outbox rows and its DLQ entries; 409 for a live task, 404 for an unknown
+// one. Each deletion is logged with the actor and counted
+// (ingest_task_deleted_total).
+func (s *Server) deleteTask(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	res, err := s.store.Delete(r.Context(), id)
+	if err != nil {
+		s.storeError(w, r, err, "id")
+		return
+	}
+	if !res.Deleted {
+		writeError(w, http.StatusConflict, res.Refusal(), "id")
+		return
+	}
+	s.deleted.Inc()
+	removed, err := dlq.RemoveTasks(r.Context(), s.cfg.DLQClient, s.dlqKey(), []uuid.UUID{id})
+	if err != nil {
+		// The task is gone; only its DLQ entry stayed (dlq discard
+		// removes it).
+		s.log.WarnContext(r.Context(), "delete: DLQ entry not removed", "task_id", id, "err", err)
+	}
+	s.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res.Status, "actor", s.cfg.Actor, "dlq_removed", removed)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// RunNowResponse answers POST /v1/tasks/{id}/run.
+type RunNowResponse struct {
+	ID     uuid.UUID  `json:"id"`
+	Status task.State `json:"status"`
+	// WasDueAt is when the task was due before the call.
+	WasDueAt *time.Time `json:"was_due_at,omitempty"`
+}
+
+// runTaskNow answers POST /v1/tasks/{id}/run: 200 once a QUEUED or
+// RETRYING task that waited for a future time is due now (and on its way
+// to a worker); 409 for any other task (running, finished, already due,
+// or parked by its kind's pause or limits, which run-now does not
+// override); 404 for an unknown one.
+func (s *Server) runTaskNow(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	res, err := s.store.RunNow(r.Context(), s.cfg.Actor, id)
+	if err != nil {
+		s.storeError(w, r, err, "id")
+		return
+	}
+	if msg := res.Refusal(id); msg != "" {
+		writeError(w, http.StatusConflict, msg, "id")
+		return
+	}
+	writeJSON(w, http.StatusOK, RunNowResponse{ID: id, Status: res.Status, WasDueAt: res.NextRetryAt})
+}
+
 func pathID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	v := r.PathValue("id")
 	id, err := uuid.Parse(v)

@@ -35,14 +35,17 @@ func AuditWindowStart(ctx context.Context, db DB, window time.Duration) (int64, 
 // $3 seconds, kind, state reached and creation, with the
 // creation-to-success latency of the SUCCEEDED rows. The task's kind and
 // created_at come by primary key (a LATERAL probe: a join could be
-// planned as a scan of the task table).
+// planned as a scan of the task table). The row of a run-now (a waiting
+// state to itself, Store.RunNow) is no transition: it is read, so that the
+// window moves past it, but not counted (a RETRYING one would count as a
+// failure).
 var auditSamplesSQL = `
 WITH n AS (
     SELECT id, task_id, from_status, to_status, created_at FROM ingest_task_transition
     WHERE id > $1 AND created_at >= $4 ORDER BY id LIMIT $2
 )
 SELECT max(n.id), max(n.created_at), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, n.to_status, n.from_status IS NULL,
-       count(*),
+       count(*) FILTER (WHERE n.from_status IS DISTINCT FROM n.to_status OR n.to_status NOT IN ` + waitingSQL + `),
        coalesce(sum(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = '` + string(Succeeded) + `'), 0)::float8,
        coalesce(max(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = '` + string(Succeeded) + `'), 0)::float8
 FROM n CROSS JOIN LATERAL (SELECT kind, created_at FROM ingest_task WHERE id = n.task_id LIMIT 1) t

@@ -309,6 +309,14 @@ func TestBrowser(t *testing.T) {
 		t.Fatal("the cancel did not reach the database")
 	}
 
+	// Delete the cancelled task: the confirmation box first.
+	run("delete", chromedp.Navigate(u+"tasks/"+later.Task.ID.String()), chromedp.WaitVisible(chromedp.CSS("#delete")),
+		chromedp.Click(chromedp.CSS(`form[action$="/delete"] input[name="confirm"]`)),
+		chromedp.Click(chromedp.CSS("#delete")), flash("deleted with its history"))
+	if n := count(`SELECT count(*) FROM ingest_task WHERE id = $1`, later.Task.ID); n != 0 {
+		t.Fatal("the delete did not reach the database")
+	}
+
 	// A dead task's page, then its redrive.
 	run("task", chromedp.Navigate(u+"tasks/"+dead), chromedp.WaitVisible(chromedp.CSS("#redrive")), shot.take("task"))
 	run("redrive", chromedp.Click(chromedp.CSS("#redrive")), flash("Task redriven"))

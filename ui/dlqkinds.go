@@ -226,6 +226,34 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// discard removes one DLQ entry and leaves its task as it is (dlq.Discard).
+func (h *Handler) discard(w http.ResponseWriter, r *http.Request) {
+	entry := strings.TrimSpace(r.PostFormValue("entry"))
+	back := Prefix + "dlq"
+	switch {
+	case h.cfg.DLQKey == "":
+		h.done(w, r, back, true, "No DLQ stream is configured.")
+		return
+	case entry == "":
+		h.done(w, r, back, true, "No DLQ entry given.")
+		return
+	case !confirmed(r):
+		h.done(w, r, back, true, "Not discarded: tick the confirmation box first.")
+		return
+	}
+	res, err := dlq.Discard(r.Context(), h.cfg.Redis, h.cfg.DLQKey, entry)
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	if d := res[0]; d.Removed {
+		h.log.InfoContext(r.Context(), "DLQ entry discarded", "entry_id", d.EntryID, "task_id", d.TaskID, "actor", h.cfg.Actor)
+		h.done(w, r, back, false, "Entry %s discarded; its task stays as it is.", d.EntryID)
+		return
+	}
+	h.done(w, r, back, true, "Entry %s not found.", entry)
+}
+
 // kindsView is the kinds page.
 type kindsView struct {
 	Kinds    []task.KindInfo

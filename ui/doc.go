@@ -1,7 +1,7 @@
 // Package ui owns the web dashboard of an ingest-worker process: the HTML
 // pages under /ui/ (overview, tasks, one task, DLQ, kinds), their actions
-// (cancel, redrive, bulk redrive with a dry run, pause, resume, kind
-// limits), the login and CSRF protection in front of them, the SVG charts,
+// (cancel, redrive, bulk redrive with a dry run, run now, delete, DLQ
+// discard, pause, resume, kind limits), the login and CSRF protection in front of them, the SVG charts,
 // and the static assets, all embedded in the binary (no CDN).
 //
 // Pages are Go html/template, rendered on the server (auto-escaped: task
@@ -23,9 +23,12 @@
 //	GET  /ui/tasks/{id}                one task: row, audit timeline, outbox rows, PEL entry, DLQ entries
 //	POST /ui/tasks/{id}/cancel         cancel it
 //	POST /ui/tasks/{id}/redrive        redrive it (DEAD or CANCELLED) and remove its DLQ entries
+//	POST /ui/tasks/{id}/delete         delete it (SUCCEEDED, DEAD or CANCELLED) with its history and DLQ entries
+//	POST /ui/tasks/{id}/run            make it due now (QUEUED or RETRYING, due later, not parked)
 //	GET  /ui/dlq                       DLQ entries (?kind=&error=); ?preview=1 dry-runs a bulk redrive
 //	POST /ui/dlq/redrive               bulk redrive by filter (dlq.RedriveMatching)
 //	POST /ui/dlq/replay                redrive one DLQ entry (dlq.Replay)
+//	POST /ui/dlq/discard               remove one DLQ entry, its task left DEAD (dlq.Discard)
 //	GET  /ui/kinds                     kinds with settings, counts and next periodic slots
 //	POST /ui/kinds/{kind}              pause, resume, concurrency and rate limits (task.Store.SetKind)
 //	GET  /ui/login, POST /ui/login     the token form (only with a token configured)
@@ -39,7 +42,11 @@
 // PostgreSQL (ingest_ui_session, session.go) as well: a logout deletes it,
 // so its cookie is refused from then on by every process on the database. Every POST needs the CSRF token
 // of the page (a hidden field equal to an HttpOnly cookie, compared in
-// constant time). Every request but GET, HEAD and OPTIONS that a browser
+// constant time). Delete, run now and discard also need their form's
+// confirmation box ticked (confirm=yes; the box is required in the form,
+// and the handler refuses without it): the page's CSP allows no inline
+// script for a confirm() dialog. A delete is logged with the actor and
+// counted (ingest_task_deleted_total, via="ui", on Config.Registerer). Every request but GET, HEAD and OPTIONS that a browser
 // sent on behalf of another site (Sec-Fetch-Site, Origin:
 // httpguard.CrossSite) is refused with 403 before routing, login included.
 // A request that needs PostgreSQL or Redis while it cannot be reached

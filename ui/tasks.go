@@ -187,6 +187,17 @@ type taskView struct {
 	HasRedis    bool
 }
 
+// CanRunNow tells whether the task waits for a later time (QUEUED or
+// RETRYING, due in the future, not parked): the "Run now" button.
+func (v *taskView) CanRunNow() bool {
+	t := v.Task
+	return (t.Status == task.Queued || t.Status == task.Retrying) && !t.Parked() &&
+		t.NextRetryAt != nil && t.NextRetryAt.After(time.Now())
+}
+
+// CanDelete tells whether the task is terminal: the "Delete task" button.
+func (v *taskView) CanDelete() bool { return v.Task.Status.Terminal() }
+
 // dlqScan bounds the DLQ entries a task's page searches, newest first.
 const dlqScan = 5000
 
@@ -320,4 +331,75 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.done(w, r, back, true, "The task is %s; only DEAD and CANCELLED tasks can be redriven.", rr.Status)
 	}
+}
+
+// confirmed tells whether the form's confirmation box was ticked: the
+// dashboard's destructive and forcing actions (delete, run now, discard)
+// need it, so that a stray click does nothing. The box is required in the
+// form; this check covers a browser that submits without it.
+func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "yes" }
+
+// deleteTask deletes a terminal task with its audit rows, outbox rows and
+// DLQ entries (task.DeleteTerminal), logged with the actor and counted.
+func (h *Handler) deleteTask(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "not a task id")
+		return
+	}
+	back := Prefix + "tasks/" + id.String()
+	if !confirmed(r) {
+		h.done(w, r, back, true, "Not deleted: tick the confirmation box first.")
+		return
+	}
+	res, err := h.cfg.Store.Delete(r.Context(), id)
+	if errors.Is(err, task.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	if !res.Deleted {
+		h.done(w, r, back, true, "The task is %s; only SUCCEEDED, DEAD and CANCELLED tasks can be deleted.", res.Status)
+		return
+	}
+	h.deleted.Inc()
+	n, err := dlq.RemoveTasks(context.WithoutCancel(r.Context()), h.cfg.Redis, h.cfg.DLQKey, []uuid.UUID{id})
+	h.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res.Status, "actor", h.cfg.Actor, "dlq_removed", n)
+	if err != nil {
+		h.log.ErrorContext(r.Context(), "ui delete: DLQ entry not removed", "task_id", id, "err", err)
+		h.done(w, r, Prefix+"tasks", true, "Task %s deleted, but its DLQ entry was not removed (see the server's log); discard it from the DLQ page.", id)
+		return
+	}
+	h.done(w, r, Prefix+"tasks", false, "Task %s deleted with its history; %d DLQ entries removed.", id, n)
+}
+
+// runNow makes a task that waits for a later time due now (task.RunNow).
+func (h *Handler) runNow(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "not a task id")
+		return
+	}
+	back := Prefix + "tasks/" + id.String()
+	if !confirmed(r) {
+		h.done(w, r, back, true, "Not run: tick the confirmation box first.")
+		return
+	}
+	res, err := h.cfg.Store.RunNow(r.Context(), h.cfg.Actor, id)
+	if errors.Is(err, task.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+		return
+	}
+	if err != nil {
+		h.internal(w, r, err)
+		return
+	}
+	if msg := res.Refusal(id); msg != "" {
+		h.done(w, r, back, true, "%s", msg)
+		return
+	}
+	h.done(w, r, back, false, "Task due now: it is published at once and the next free worker runs it.")
 }

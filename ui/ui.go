@@ -20,9 +20,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/internal/httpguard"
+	"github.com/ingest-worker/ingest/internal/opsmetrics"
 	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -79,8 +81,9 @@ type Config struct {
 	// ReadOnly hides every action and refuses action POSTs with 403
 	// (INGEST_UI_READONLY).
 	ReadOnly bool
-	// Actor is recorded as the worker of cancels, redrives and kind
-	// changes; default DefaultActor.
+	// Actor is recorded as the worker of cancels, redrives, run-nows and
+	// kind changes, and logged with deletions and discards; default
+	// DefaultActor.
 	Actor string
 	// MaxAttempts is the workers' limit of runs for tasks without their
 	// own (shown on a task's page); 0: task.DefaultMaxAttempts.
@@ -89,6 +92,9 @@ type Config struct {
 	Periodic func(now time.Time) []maintenance.Slot
 	// Logger receives failures; nil discards them.
 	Logger *slog.Logger
+	// Registerer, when set, receives the counter of deleted tasks
+	// (ingest_task_deleted_total, via="ui").
+	Registerer prometheus.Registerer
 }
 
 // Handler serves the dashboard under Prefix.
@@ -101,6 +107,8 @@ type Handler struct {
 	log    *slog.Logger
 	stats  *overviewCache
 	samp   *sampler
+
+	deleted prometheus.Counter // ingest_task_deleted_total{via="ui"}
 }
 
 // New returns the dashboard's handler.
@@ -121,6 +129,11 @@ func New(cfg Config) (*Handler, error) {
 	h.key = mac[:]
 	h.stats = &overviewCache{}
 	h.samp = newSampler(cfg.DB)
+	deleted, err := opsmetrics.Deleted(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("ui: register metrics: %w", err)
+	}
+	h.deleted = deleted.WithLabelValues("ui")
 	if err := h.parseTemplates(); err != nil {
 		return nil, err
 	}
@@ -141,9 +154,12 @@ func New(cfg Config) (*Handler, error) {
 		{"GET /ui/tasks/{id}", h.page(h.taskPage)},
 		{"POST /ui/tasks/{id}/cancel", h.action(h.cancel)},
 		{"POST /ui/tasks/{id}/redrive", h.action(h.redrive)},
+		{"POST /ui/tasks/{id}/delete", h.action(h.deleteTask)},
+		{"POST /ui/tasks/{id}/run", h.action(h.runNow)},
 		{"GET /ui/dlq", h.page(h.dlqPage)},
 		{"POST /ui/dlq/redrive", h.action(h.bulkRedrive)},
 		{"POST /ui/dlq/replay", h.action(h.replay)},
+		{"POST /ui/dlq/discard", h.action(h.discard)},
 		{"GET /ui/kinds", h.page(h.kinds)},
 		{"POST /ui/kinds/{kind}", h.action(h.setKind)},
 	}

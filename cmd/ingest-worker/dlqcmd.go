@@ -24,7 +24,7 @@ Replaying an entry redrives its task in PostgreSQL (DEAD → QUEUED, attempts
 reset, history kept, a new outbox event in the same transaction) and then
 removes the entry.`,
 	}
-	cmd.AddCommand(a.dlqListCommand(), a.dlqReplayCommand())
+	cmd.AddCommand(a.dlqListCommand(), a.dlqReplayCommand(), a.dlqDiscardCommand())
 	return cmd
 }
 

@@ -123,7 +123,7 @@ func (a *app) newKafkaStack(ctx context.Context, pool *pgxpool.Pool, opts ...kgo
 		return nil
 	}
 	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
-		Periodic: s.svc.Maintainer().NextSlots}, s.store, checks, s.reg)
+		Periodic: s.svc.Maintainer().NextSlots, Registerer: s.reg}, s.store, checks, s.reg)
 	if err != nil {
 		return nil, usageErr(err)
 	}

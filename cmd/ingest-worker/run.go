@@ -194,7 +194,7 @@ func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.Univer
 	}
 	s.store, s.worker = s.svc.Store(), s.svc.Worker()
 	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
-		Periodic: s.svc.Maintainer().NextSlots, DLQClient: rdb, DLQKey: c.DLQStreamKey}, s.store, s.checks(), s.reg)
+		Periodic: s.svc.Maintainer().NextSlots, DLQClient: rdb, DLQKey: c.DLQStreamKey, Registerer: s.reg}, s.store, s.checks(), s.reg)
 	if err != nil {
 		return nil, usageErr(err)
 	}

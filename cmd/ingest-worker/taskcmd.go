@@ -29,7 +29,8 @@ func (a *app) taskCommand() *cobra.Command {
 'task cancel ID' cancels one; 'task redrive' redrives DEAD or CANCELLED tasks
 by filter.`,
 	}
-	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand(), a.taskCancelCommand(), a.taskRedriveCommand())
+	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand(), a.taskCancelCommand(), a.taskRedriveCommand(),
+		a.taskDeleteCommand(), a.taskRunNowCommand())
 	return cmd
 }
 
@@ -42,7 +43,7 @@ func (a *app) taskRedriveCommand() *cobra.Command {
 		rate         float64
 	)
 	cmd := &cobra.Command{
-		Use:   "redrive --status DEAD|CANCELLED [filters]",
+		Use:   "redrive (ID... | --status DEAD|CANCELLED [filters])",
 		Short: "Redrive the DEAD or CANCELLED tasks that a filter selects",
 		Long: `Send DEAD or CANCELLED tasks back to QUEUED (attempts reset, a new outbox
 event each), selected by status, kind, a substring of last_error (case-
@@ -52,13 +53,24 @@ and changes nothing: run it first. The redrive goes in transactions of 500
 tasks, at most --rate tasks per second, so a large backlog does not flood the
 queue; each task's audit row names this invocation (cli:<host>-<pid>). The
 DLQ entries of the redriven tasks are removed, as 'dlq replay' does. Prints
-the ids, then "matched N, redriven N" on standard error (--json: one object).`,
+the ids, then "matched N, redriven N" on standard error (--json: one object).
+Given task ids instead of filters, it redrives exactly those tasks (and
+removes their DLQ entries), printing a line per id; the exit status is 1
+when an id was not redriven.`,
 		Example: `  ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --dry-run
-  ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --since 2026-11-24T09:00:00Z --limit 100000`,
-		Args: cobra.NoArgs,
+  ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --since 2026-11-24T09:00:00Z --limit 100000
+  ingest-worker task redrive 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
 				return err
+			}
+			if len(args) > 0 {
+				for _, name := range []string{"status", "kind", "error-contains", "since", "until", "limit", "dry-run", "rate"} {
+					if cmd.Flags().Changed(name) {
+						return usagef("give task ids or --%s and the other filters, not both", name)
+					}
+				}
+				return a.redriveIDs(cmd.Context(), args)
 			}
 			f.Status = task.State(strings.ToUpper(status))
 			for _, t := range []struct {

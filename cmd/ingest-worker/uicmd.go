@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
@@ -20,10 +21,10 @@ import (
 )
 
 // newUI returns the web dashboard on store; rdb nil: no Redis view
-// (Kafka mode).
-func (a *app) newUI(store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient) (*ui.Handler, error) {
+// (Kafka mode); reg nil: its counters are not exported (no /metrics).
+func (a *app) newUI(store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, reg prometheus.Registerer) (*ui.Handler, error) {
 	c := a.cfg
-	cfg := ui.Config{Store: store, DB: pool, Token: c.APIToken, ReadOnly: c.UIReadOnly,
+	cfg := ui.Config{Store: store, DB: pool, Token: c.APIToken, ReadOnly: c.UIReadOnly, Registerer: reg,
 		Actor: "ui:" + c.ConsumerName, MaxAttempts: c.MaxAttempts, Logger: a.log.With("component", "ui"),
 		Periodic: func(now time.Time) []maintenance.Slot { return maintenance.NextSlots(c.periodic(), now) }}
 	if rdb != nil {
@@ -64,7 +65,7 @@ func withUI(dash *ui.Handler, next http.Handler) http.Handler {
 // handler is what a worker's HTTP server serves: the API and probes, and
 // the dashboard under /ui/.
 func (s *stack) handler() (http.Handler, error) {
-	dash, err := s.a.newUI(s.store, s.pool, s.rdb)
+	dash, err := s.a.newUI(s.store, s.pool, s.rdb, s.reg)
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +132,7 @@ func (a *app) uiCommand() *cobra.Command {
 			if err != nil {
 				return usageErr(err)
 			}
-			dash, err := a.newUI(store, pool, rdb)
+			dash, err := a.newUI(store, pool, rdb, nil)
 			if err != nil {
 				return err
 			}
