@@ -737,6 +737,12 @@ func TestRoughEdges(t *testing.T) {
 	if strings.Contains(p.body, `badge ok">running`) {
 		t.Fatal("the kinds page calls a kind that is not paused running")
 	}
+	later := b.create(t, task.NewTask{Kind: "edge", Delay: time.Hour})
+	p = c.get("/ui/tasks/" + later.ID.String())
+	want(t, p, 200, "<dt>Next run</dt>")
+	if strings.Contains(p.body, "Next retry") {
+		t.Fatal("a delayed task that never ran shows a next retry")
+	}
 	want(t, c.get("/ui/dlq"), 200, ": 1 entry</h2>")
 	want(t, c.get("/ui/dlq?preview=1&kind=edge"), 200, "dead task matches")
 }

@@ -528,7 +528,7 @@ func testEndToEnd(t *testing.T, bin string) {
 	}
 	// kind set: limits, shown by kind list; a bad rate is a usage error
 	// naming it.
-	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--concurrency", "2", "--rate", "300/m"); !strings.Contains(out, "concurrency 2, rate 300/m") {
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--force", "--concurrency", "2", "--rate", "300/m"); !strings.Contains(out, "concurrency 2, rate 300/m") {
 		t.Fatalf("kind set: %q", out)
 	}
 	if out := mustRun(t, bin, env, "", "kind", "list"); !strings.Contains(out, "e2e.limited") || !strings.Contains(out, "300/m") {
@@ -559,7 +559,7 @@ func testEndToEnd(t *testing.T, bin string) {
 	// store parks the task, so that the test does not race that read: it
 	// is created an hour ahead, so that no worker reads it first, and made
 	// due by SQL.)
-	mustRun(t, bin, env, "", "kind", "pause", "e2e.parked")
+	mustRun(t, bin, env, "", "kind", "pause", "e2e.parked", "--force")
 	parkedID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.parked", "--payload", "{}", "--delay", "1h")))
 	store, err := task.NewStore(task.Config{}, db.Pool)
 	if err != nil {
@@ -577,7 +577,7 @@ func testEndToEnd(t *testing.T, bin string) {
 			t.Fatalf("%v of a parked task:\n%s", args, out)
 		}
 	}
-	if out := mustRun(t, bin, env, "", "kind", "resume", "e2e.parked"); !strings.Contains(out, "1 parked tasks published again") {
+	if out := mustRun(t, bin, env, "", "kind", "resume", "e2e.parked"); !strings.Contains(out, "1 parked task published again") {
 		t.Fatalf("kind resume e2e.parked: %q", out)
 	}
 	testenv.Eventually(t, 20*time.Second, "the released task to run", func() bool { return rc.count(parkedID) == 1 })

@@ -331,7 +331,7 @@ func (a *app) printTask(d taskDetail) {
 		{"attempts", fmt.Sprintf("%d failed of %s", t.AttemptCount, a.allowed(t))},
 	}
 	if t.NextRetryAt != nil {
-		kv = append(kv, []string{"next retry", fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
+		kv = append(kv, []string{nextRunLabel(t), fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
 	}
 	if note := t.ParkedNote(); note != "" {
 		kv = append(kv, []string{"parked", fmt.Sprintf("%s, since %s (%s)", note, timeOrEmpty(t.ParkedAt), relative(*t.ParkedAt))})
@@ -421,6 +421,15 @@ func (a *app) printTask(d taskDetail) {
 
 // statusText is a task's status for a table, with why it waits when it
 // is parked: "QUEUED, parked (kind paused)", "QUEUED, waiting for a slot".
+// nextRunLabel names a task's next_retry_at: "next run" for a delayed
+// task that has not failed yet, "next retry" after a failed attempt.
+func nextRunLabel(t task.Task) string {
+	if t.AttemptCount == 0 {
+		return "next run"
+	}
+	return "next retry"
+}
+
 func statusText(t task.Task) string {
 	if note := t.ParkedNote(); note != "" {
 		return string(t.Status) + ", " + note
@@ -445,6 +454,16 @@ func (a *app) taskListCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List tasks, newest first",
+		Long: `List tasks, newest first. Columns:
+  STATUS      the task's state; a parked one says why ("kind paused",
+              "waiting for a slot")
+  FAILED/MAX  failed attempts so far / runs allowed: "3/5" when the task sets
+              its own max_attempts, "3/10w" (w: the workers' setting) when it
+              sets none and INGEST_REDIS_MAX_ATTEMPTS of the worker that
+              records a failure applies (shown as this invocation's value)
+  CREATED     how long ago the task was created
+  UPDATED     how long ago its row last changed
+  LAST ERROR  the error of its last failed attempt, clipped`,
 		Example: `  ingest-worker task list
   ingest-worker task list --status DEAD --kind email --limit 20
   ingest-worker task list --json | jq -r '.tasks[].id'`,
