@@ -110,3 +110,50 @@ func TestNextRunAndColumnHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestABadSettingStopsOnlyItsCommands: a malformed INGEST_PERIODIC (a
+// worker setting) stops the commands that use it (periodic; config shows
+// the table and exits 2) and no other: task list, task show and dlq list
+// warn that they ignore it and work. A bad worker setting that task
+// commands do use (INGEST_REDIS_MAX_ATTEMPTS, shown in FAILED/MAX) still
+// stops them, and a bad global one stops everything.
+func TestABadSettingStopsOnlyItsCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewDatabase(t)
+	stream, dlqKey := testenv.Keys(t)
+	store, err := task.NewStore(task.Config{Stream: stream}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := store.Create(ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(extra ...string) map[string]string {
+		m := map[string]string{"INGEST_DATABASE_URL": db.URL, "INGEST_REDIS_URL": testenv.RedisURL(t),
+			"INGEST_REDIS_STREAM_KEY": stream, "INGEST_REDIS_DLQ_STREAM_KEY": dlqKey, "INGEST_PERIODIC": "{not json"}
+		for i := 0; i+1 < len(extra); i += 2 {
+			m[extra[i]] = extra[i+1]
+		}
+		return m
+	}
+	for _, args := range [][]string{{"task", "list"}, {"task", "show", r.Task.ID.String()}, {"dlq", "list"}} {
+		code, stdout, stderr := runCLI(t, env(), args...)
+		if code != 0 || !strings.Contains(stderr, "warning: ignoring INGEST_PERIODIC") {
+			t.Errorf("%q with a bad INGEST_PERIODIC: exit %d, stdout %q, stderr %q; want it to work and warn", args, code, stdout, stderr)
+		}
+	}
+	if code, _, stderr := runCLI(t, env(), "periodic"); code != exitUsage || !strings.Contains(stderr, "INGEST_PERIODIC") {
+		t.Errorf("periodic with a bad INGEST_PERIODIC: exit %d, stderr %q; want a usage error naming it", code, stderr)
+	}
+	if code, stdout, stderr := runCLI(t, env(), "config"); code != exitUsage || !strings.Contains(stderr, "INGEST_PERIODIC") || !strings.Contains(stdout, "INGEST_LOG_LEVEL") {
+		t.Errorf("config with a bad INGEST_PERIODIC: exit %d, stdout %q, stderr %q; want the table and a usage error naming it", code, stdout, stderr)
+	}
+	if code, _, stderr := runCLI(t, env("INGEST_REDIS_MAX_ATTEMPTS", "0"), "task", "list"); code != exitUsage || !strings.Contains(stderr, "INGEST_REDIS_MAX_ATTEMPTS") {
+		t.Errorf("task list with INGEST_REDIS_MAX_ATTEMPTS=0: exit %d, stderr %q; want a usage error naming it", code, stderr)
+	}
+	if code, _, stderr := runCLI(t, env("INGEST_LOG_LEVEL", "loud"), "task", "list"); code != exitUsage || !strings.Contains(stderr, "INGEST_LOG_LEVEL") {
+		t.Errorf("task list with INGEST_LOG_LEVEL=loud: exit %d, stderr %q; want a usage error naming it", code, stderr)
+	}
+}
