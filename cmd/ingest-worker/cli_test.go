@@ -19,7 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
 )
@@ -742,6 +744,18 @@ func testDemo(t *testing.T, bin string, withDatabase bool) {
 	}
 	if len(sum.Commands) == 0 || !strings.Contains(strings.Join(sum.Commands, "\n"), "redis-cli -p ") {
 		t.Errorf("demo commands %q lack redis-cli", sum.Commands)
+	}
+	// The dashboard's address is printed, and the inspection commands
+	// show data: not XRANGE of the task stream, which retention empties
+	// once every entry is acknowledged, but XINFO STREAM and the DLQ.
+	if sum.HTTPAddr == "" || !strings.Contains(r.stderr, "dashboard:  http://"+sum.HTTPAddr+"/ui/") ||
+		!strings.Contains(strings.Join(sum.Commands, "\n"), "http://"+sum.HTTPAddr+"/ui/") {
+		t.Errorf("demo does not print the dashboard's URL (http addr %q)\nstderr:\n%s\ncommands: %q", sum.HTTPAddr, r.stderr, sum.Commands)
+	}
+	joined := strings.Join(sum.Commands, "\n")
+	if strings.Contains(joined, "XRANGE "+stream.DefaultStream+" ") || !strings.Contains(joined, "XINFO STREAM "+stream.DefaultStream) ||
+		!strings.Contains(joined, "XRANGE "+dlq.DefaultStream+" ") {
+		t.Errorf("demo commands %q: want XINFO STREAM of the task stream and XRANGE of the DLQ, not XRANGE of the (trimmed) task stream", sum.Commands)
 	}
 	if !withDatabase {
 		return
