@@ -14,15 +14,21 @@ import (
 // TestDLQReplayOfATaskID: a task id given to dlq replay is refused as a
 // usage error that says it is a task id and names the commands that take
 // one, not Redis's "ERR Invalid stream ID"; any other non-entry argument
-// says what an entry id looks like. Neither needs a server.
+// says what an entry id looks like; likewise a DLQ entry id given to a
+// task command. None needs a server.
 func TestDLQReplayOfATaskID(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"INGEST_REDIS_URL": "redis://127.0.0.1:1/0", "INGEST_DATABASE_URL": "postgres://nobody@127.0.0.1:1/none?connect_timeout=1"}
-	for arg, want := range map[string][]string{
-		"0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f": {"ENTRY_ID", "is a task id", "task redrive ID", "dlq discard --task"},
-		"oops":                                 {"ENTRY_ID", `"oops"`, "not a DLQ entry id", "1718000000000-0"},
+	for args, want := range map[[3]string][]string{
+		{"dlq", "replay", "0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f"}: {"ENTRY_ID", "is a task id", "task redrive ID", "dlq discard --task"},
+		{"dlq", "replay", "oops"}:                                 {"ENTRY_ID", `"oops"`, "not a DLQ entry id", "1718000000000-0"},
+		// The siblings: a task command given a DLQ entry id or garbage.
+		{"task", "show", "1718000000000-0"}:   {"ID", "is a DLQ entry id", "dlq replay ENTRY_ID"},
+		{"task", "cancel", "1718000000000-0"}: {"ID", "is a DLQ entry id", "dlq replay ENTRY_ID"},
+		{"task", "show", "oops"}:              {"ID", `"oops"`, "not a task id", "UUID"},
 	} {
-		code, stdout, stderr := runCLI(t, env, "dlq", "replay", arg)
+		arg := args[2]
+		code, stdout, stderr := runCLI(t, env, args[:]...)
 		if code != exitUsage {
 			t.Errorf("dlq replay %s: exit %d, want %d\nstdout: %s\nstderr: %s", arg, code, exitUsage, stdout, stderr)
 		}

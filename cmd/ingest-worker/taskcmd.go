@@ -156,9 +156,9 @@ POST /v1/tasks/{id}/redrive.`,
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			id, err := uuid.Parse(args[0])
+			id, err := parseTaskID(args[0])
 			if err != nil {
-				return usagef("%q is not a task id (a UUID)", args[0])
+				return err
 			}
 			if len(reason) > task.MaxCancelReasonBytes {
 				return usagef("--reason is %d bytes, the limit is %d", len(reason), task.MaxCancelReasonBytes)
@@ -235,9 +235,9 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			id, err := uuid.Parse(args[0])
+			id, err := parseTaskID(args[0])
 			if err != nil {
-				return usagef("%q is not a task id (a UUID)", args[0])
+				return err
 			}
 			ctx := cmd.Context()
 			store, pool, err := a.openStore(ctx)
@@ -421,6 +421,19 @@ func (a *app) printTask(d taskDetail) {
 
 // statusText is a task's status for a table, with why it waits when it
 // is parked: "QUEUED, parked (kind paused)", "QUEUED, waiting for a slot".
+// parseTaskID parses the ID argument of a task command; a DLQ entry id
+// given instead is named as such, with the command that takes it.
+func parseTaskID(arg string) (uuid.UUID, error) {
+	id, err := uuid.Parse(arg)
+	if err == nil {
+		return id, nil
+	}
+	if dlq.ValidEntryID(arg) {
+		return uuid.Nil, usagef("ID %q is a DLQ entry id, not a task id (a UUID, as 'task list' shows it): replay a DLQ entry with 'dlq replay ENTRY_ID'", arg)
+	}
+	return uuid.Nil, usagef("ID %q is not a task id: expected a UUID like 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f, as 'task list' shows it", arg)
+}
+
 // nextRunLabel names a task's next_retry_at: "next run" for a delayed
 // task that has not failed yet, "next retry" after a failed attempt.
 func nextRunLabel(t task.Task) string {
