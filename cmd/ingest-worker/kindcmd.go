@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -202,7 +203,10 @@ func (a *app) changeKind(ctx context.Context, kind string, u task.KindUpdate, fo
 	}
 	defer pool.Close()
 	if !force {
-		if ferr := task.CheckName("KIND", kind, task.MaxKindLength); ferr != nil {
+		if strings.TrimSpace(kind) == "" {
+			return task.KindInfo{}, 0, usagef("kind is empty")
+		}
+		if ferr := task.CheckName("kind", kind, task.MaxKindLength); ferr != nil {
 			return task.KindInfo{}, 0, usagef("%s", ferr.Msg)
 		}
 		if _, known, err := store.Kind(ctx, kind); err != nil {
