@@ -190,7 +190,7 @@ func (h *Handler) bulkRedrive(w http.ResponseWriter, r *http.Request) {
 			h.problem(r.Context(), "PostgreSQL or Redis", err))
 		return
 	}
-	h.done(w, r, back, false, "Matched %d tasks, redrove %d, removed %d DLQ entries.", res.Matched, res.Redriven, res.DLQRemoved)
+	h.done(w, r, back, false, "Matched %s, redrove %d, removed %s.", count1(res.Matched, "task", "tasks"), res.Redriven, count1(res.DLQRemoved, "DLQ entry", "DLQ entries"))
 }
 
 // replay redrives the task of one DLQ entry and removes the entry

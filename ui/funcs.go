@@ -24,6 +24,7 @@ var funcs = template.FuncMap{
 	"clip":     clip,
 	"pretty":   pretty,
 	"num":      num,
+	"count1":   count1,
 	"lower":    strings.ToLower,
 	"states":   func() []task.State { return task.States },
 	"waiting":  func(s task.State) bool { return s == task.Queued || s == task.Retrying || s == task.Running },
@@ -84,6 +85,22 @@ func pretty(raw json.RawMessage) string {
 }
 
 // num writes an integer with thin separators: 1 234 567.
+// count1 is n (as num writes it) and the noun of one or of many: "1
+// entry", "2 entries", "0 tasks".
+func count1(n any, one, many string) string {
+	var v int64
+	switch x := n.(type) {
+	case int:
+		v = int64(x)
+	case int64:
+		v = x
+	}
+	if v == 1 {
+		return num(v) + " " + one
+	}
+	return num(v) + " " + many
+}
+
 func num(n int64) string {
 	s := fmt.Sprint(n)
 	neg := strings.HasPrefix(s, "-")

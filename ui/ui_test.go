@@ -258,7 +258,7 @@ func TestPages(t *testing.T) {
 	want(t, c.get("/ui/tasks/"+uuid.NewString()), 404, "no task")
 	want(t, c.get("/ui/tasks/nope"), 400, "not a task id")
 
-	want(t, c.get("/ui/dlq"), 200, "1 entries", f.dead.ID.String()[:8], "upstream 503")
+	want(t, c.get("/ui/dlq"), 200, "1 entry", f.dead.ID.String()[:8], "upstream 503")
 	want(t, c.get("/ui/dlq?kind=email"), 200, "No entries match")
 	want(t, c.get("/ui/dlq?preview=1&kind=embed"), 200, "Dry run", "<strong>1</strong>", f.dead.ID.String(), `id="redrive-all"`)
 	want(t, c.get("/ui/dlq?preview=1&status=CANCELLED"), 200, f.cancelled.ID.String())
@@ -716,4 +716,33 @@ func TestRedriveActsOnTheDryRun(t *testing.T) {
 	}
 	// A single task's button says so.
 	want(t, c.get("/ui/dlq?preview=1&kind=preview&limit=1"), 200, "Redrive this task")
+}
+
+// TestRoughEdges: a failed task's page shows its error once, under one
+// name; a kind that is not paused is "active" as in the CLI; counts take
+// the noun of their number.
+func TestRoughEdges(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	dead := b.create(t, task.NewTask{Kind: "edge"})
+	b.kill(t, dead.ID, "upstream said no")
+	c := b.client(t)
+	p := c.get("/ui/tasks/" + dead.ID.String())
+	want(t, p, 200, `id="last-error">upstream said no</pre>`)
+	if strings.Contains(p.body, "Error message") || strings.Count(p.body, `<pre class="err"`) != 1 {
+		t.Fatalf("the task's error is shown more than once:\n%s", clip(p.body))
+	}
+	p = c.get("/ui/kinds")
+	want(t, p, 200, `<span class="badge ok">active</span>`)
+	if strings.Contains(p.body, `badge ok">running`) {
+		t.Fatal("the kinds page calls a kind that is not paused running")
+	}
+	later := b.create(t, task.NewTask{Kind: "edge", Delay: time.Hour})
+	p = c.get("/ui/tasks/" + later.ID.String())
+	want(t, p, 200, "<dt>Next run</dt>")
+	if strings.Contains(p.body, "Next retry") {
+		t.Fatal("a delayed task that never ran shows a next retry")
+	}
+	want(t, c.get("/ui/dlq"), 200, ": 1 entry</h2>")
+	want(t, c.get("/ui/dlq?preview=1&kind=edge"), 200, "dead task matches")
 }

@@ -19,7 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
 )
@@ -528,7 +530,7 @@ func testEndToEnd(t *testing.T, bin string) {
 	}
 	// kind set: limits, shown by kind list; a bad rate is a usage error
 	// naming it.
-	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--concurrency", "2", "--rate", "300/m"); !strings.Contains(out, "concurrency 2, rate 300/m") {
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--force", "--concurrency", "2", "--rate", "300/m"); !strings.Contains(out, "concurrency 2, rate 300/m") {
 		t.Fatalf("kind set: %q", out)
 	}
 	if out := mustRun(t, bin, env, "", "kind", "list"); !strings.Contains(out, "e2e.limited") || !strings.Contains(out, "300/m") {
@@ -559,7 +561,7 @@ func testEndToEnd(t *testing.T, bin string) {
 	// store parks the task, so that the test does not race that read: it
 	// is created an hour ahead, so that no worker reads it first, and made
 	// due by SQL.)
-	mustRun(t, bin, env, "", "kind", "pause", "e2e.parked")
+	mustRun(t, bin, env, "", "kind", "pause", "e2e.parked", "--force")
 	parkedID := uuid.MustParse(strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.parked", "--payload", "{}", "--delay", "1h")))
 	store, err := task.NewStore(task.Config{}, db.Pool)
 	if err != nil {
@@ -577,7 +579,7 @@ func testEndToEnd(t *testing.T, bin string) {
 			t.Fatalf("%v of a parked task:\n%s", args, out)
 		}
 	}
-	if out := mustRun(t, bin, env, "", "kind", "resume", "e2e.parked"); !strings.Contains(out, "1 parked tasks published again") {
+	if out := mustRun(t, bin, env, "", "kind", "resume", "e2e.parked"); !strings.Contains(out, "1 parked task published again") {
 		t.Fatalf("kind resume e2e.parked: %q", out)
 	}
 	testenv.Eventually(t, 20*time.Second, "the released task to run", func() bool { return rc.count(parkedID) == 1 })
@@ -742,6 +744,18 @@ func testDemo(t *testing.T, bin string, withDatabase bool) {
 	}
 	if len(sum.Commands) == 0 || !strings.Contains(strings.Join(sum.Commands, "\n"), "redis-cli -p ") {
 		t.Errorf("demo commands %q lack redis-cli", sum.Commands)
+	}
+	// The dashboard's address is printed, and the inspection commands
+	// show data: not XRANGE of the task stream, which retention empties
+	// once every entry is acknowledged, but XINFO STREAM and the DLQ.
+	if sum.HTTPAddr == "" || !strings.Contains(r.stderr, "dashboard:  http://"+sum.HTTPAddr+"/ui/") ||
+		!strings.Contains(strings.Join(sum.Commands, "\n"), "http://"+sum.HTTPAddr+"/ui/") {
+		t.Errorf("demo does not print the dashboard's URL (http addr %q)\nstderr:\n%s\ncommands: %q", sum.HTTPAddr, r.stderr, sum.Commands)
+	}
+	joined := strings.Join(sum.Commands, "\n")
+	if strings.Contains(joined, "XRANGE "+stream.DefaultStream+" ") || !strings.Contains(joined, "XINFO STREAM "+stream.DefaultStream) ||
+		!strings.Contains(joined, "XRANGE "+dlq.DefaultStream+" ") {
+		t.Errorf("demo commands %q: want XINFO STREAM of the task stream and XRANGE of the DLQ, not XRANGE of the (trimmed) task stream", sum.Commands)
 	}
 	if !withDatabase {
 		return

@@ -91,16 +91,41 @@ type Config struct {
 	DatabaseListenURL string // INGEST_DATABASE_LISTEN_URL
 }
 
-// scope says which commands carry a setting's flag. Every setting is read
-// from the environment by every command.
+// scope says which commands carry a setting's flag and which commands an
+// invalid value of it stops. Every setting is read from the environment by
+// every command.
 type scope int
 
 const (
-	// scopeGlobal: a persistent flag of the root command.
+	// scopeGlobal: a persistent flag of the root command; every command
+	// uses it, and an invalid value stops every command.
 	scopeGlobal scope = iota
 	// scopeWorker: a flag of the commands that run a worker (run, demo).
+	// An invalid value stops the workerCommands and the commands of the
+	// setting's alsoFor; any other command does not use it, warns and goes
+	// on with the default, so that a bad INGEST_PERIODIC does not stop
+	// 'task list'.
 	scopeWorker
 )
+
+// workerCommands use every setting: they run a worker or the HTTP server
+// (run, demo, ui), read the periodic schedules (periodic), or show and
+// check every setting (config).
+var workerCommands = map[string]bool{"run": true, "demo": true, "ui": true, "periodic": true, "config": true}
+
+// usedBy reports whether the command at path ("task list"; "" when no
+// command is known) uses s, so that an invalid value of s must stop it.
+func (s setting) usedBy(path string) bool {
+	if s.scope == scopeGlobal || path == "" || workerCommands[path] {
+		return true
+	}
+	for _, p := range s.alsoFor {
+		if p == path || strings.HasPrefix(path, p+" ") {
+			return true
+		}
+	}
+	return false
+}
 
 // setting is one configuration variable with its flag.
 type setting struct {
@@ -109,6 +134,9 @@ type setting struct {
 	typ   string // the value's type as shown in --help
 	usage string
 	scope scope
+	// alsoFor lists the commands ("task show", or "task" for all its
+	// subcommands) that use this worker setting besides workerCommands.
+	alsoFor []string
 	// emptyMeansEmpty: an empty value is a value (not "use the default").
 	emptyMeansEmpty bool
 	// secret: the value is a secret or may contain one (a URL with a
@@ -155,7 +183,7 @@ var settings = []setting{
 	{env: "INGEST_REDIS_DLQ_STREAM_KEY", def: dlq.DefaultStream, typ: "key", scope: scopeGlobal, emptyMeansEmpty: true,
 		usage: "dead-letter stream key (empty: no DLQ stream, DEAD state only)",
 		set:   func(c *Config, v string) error { c.DLQStreamKey = v; return checkName(v) }},
-	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
+	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker, alsoFor: []string{"task"},
 		usage: "runs a task gets before it is DEAD (tasks created without max_attempts)",
 		set:   setInt(func(c *Config) *int { return &c.MaxAttempts }, 1, task.MaxAttemptsLimit)},
 	{env: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
@@ -216,10 +244,10 @@ var settings = []setting{
 	{env: "INGEST_SHUTDOWN_TIMEOUT_MS", def: ms(ingest.DefaultShutdownTimeout), typ: "ms", scope: scopeWorker,
 		usage: "grace period for running tasks on SIGTERM/SIGINT; later ones are handed back",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, 1)},
-	{env: "INGEST_MAX_PAYLOAD_BYTES", def: itoa(task.DefaultMaxPayloadBytes), typ: "bytes", scope: scopeWorker,
+	{env: "INGEST_MAX_PAYLOAD_BYTES", def: itoa(task.DefaultMaxPayloadBytes), typ: "bytes", scope: scopeWorker, alsoFor: []string{"enqueue", "bench"},
 		usage: "largest task payload accepted",
 		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, task.PayloadBytesRange.Min, task.PayloadBytesRange.Max)},
-	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true,
+	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true, alsoFor: []string{"healthcheck"},
 		usage: "HTTP listen address: /metrics, /healthz, /readyz, task API (empty: no HTTP server)",
 		set: func(c *Config, v string) error {
 			c.HTTPAddr = v
@@ -290,7 +318,7 @@ var settings = []setting{
 	{env: "INGEST_KAFKA_DLQ_TOPIC", def: kafka.DefaultDLQTopic, typ: "topic", scope: scopeGlobal, emptyMeansEmpty: true,
 		usage: "dead-letter topic (empty: no DLQ topic, DEAD state only; INGEST_QUEUE=kafka)",
 		set:   func(c *Config, v string) error { c.KafkaDLQTopic = v; return checkName(v) }},
-	{env: "INGEST_KAFKA_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker,
+	{env: "INGEST_KAFKA_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker, alsoFor: []string{"task"},
 		usage: "runs a task gets before it is DEAD (INGEST_QUEUE=kafka; tasks created without max_attempts)",
 		set:   setInt(func(c *Config) *int { return &c.KafkaMaxAttempts }, 1, task.MaxAttemptsLimit)},
 	{env: "INGEST_KAFKA_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
@@ -570,6 +598,9 @@ type resolved struct {
 	setting
 	value string
 	from  source
+	// ignored is why value is invalid when the command does not use the
+	// setting and goes on with its default.
+	ignored error
 }
 
 // loadConfig resolves every setting for cmd (flag, then environment, then
@@ -580,6 +611,10 @@ func loadConfig(cmd *cobra.Command, lookup func(string) (string, bool), override
 	c := &Config{}
 	var all []resolved
 	var errs []error
+	path := ""
+	if cmd != nil && cmd.HasParent() {
+		path = strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+	}
 	for _, s := range settings {
 		r := resolved{setting: s, value: s.def, from: fromDefault}
 		if d, ok := overrides[s.env]; ok {
@@ -593,18 +628,40 @@ func loadConfig(cmd *cobra.Command, lookup func(string) (string, bool), override
 				r.value, r.from = f.Value.String(), fromFlag
 			}
 		}
-		all = append(all, r)
 		if err := s.set(c, r.value); err != nil {
-			errs = append(errs, &configError{env: s.env, flag: s.flagName(), err: err})
+			if s.usedBy(path) {
+				errs = append(errs, &configError{env: s.env, flag: s.flagName(), err: err})
+			} else if derr := s.set(c, s.def); derr == nil {
+				r.ignored = err
+			} else {
+				errs = append(errs, &configError{env: s.env, flag: s.flagName(), err: err})
+			}
 		}
+		all = append(all, r)
 	}
 	if len(errs) == 0 {
-		errs = append(errs, c.validate()...)
+		for _, err := range c.validate() {
+			if ce := (*configError)(nil); errors.As(err, &ce) && !settingOf(ce.env).usedBy(path) {
+				continue
+			}
+			errs = append(errs, err)
+		}
 	}
 	if len(errs) > 0 {
 		return nil, all, errors.Join(errs...)
 	}
 	return c, all, nil
+}
+
+// settingOf returns the setting of variable env (a global one when there
+// is none).
+func settingOf(env string) setting {
+	for _, s := range settings {
+		if s.env == env {
+			return s
+		}
+	}
+	return setting{env: env}
 }
 
 // taskBackoff is the retry policy of failed task runs

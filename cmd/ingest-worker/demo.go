@@ -231,6 +231,7 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 	httpAddr := ""
 	if ln != nil {
 		httpAddr = ln.Addr().String()
+		say("dashboard:  %s (while the demo runs; --keep keeps it)\n", dashboardURL(httpAddr))
 	}
 
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -531,10 +532,13 @@ func (a *app) demoCommands(redisCLI, httpAddr string, ids []uuid.UUID, sum *demo
 		cmds = append(cmds,
 			fmt.Sprintf("%s XPENDING %s %s", redisCLI, s, g),
 			fmt.Sprintf("%s XINFO GROUPS %s", redisCLI, s),
-			fmt.Sprintf("%s XRANGE %s - + COUNT 5", redisCLI, s),
+			// Not XRANGE of the task stream: retention trims the entries
+			// every group has acknowledged, so after the demo it is empty.
+			// XINFO STREAM counts every entry ever added.
+			fmt.Sprintf("%s XINFO STREAM %s", redisCLI, s),
 		)
-		if d != "" {
-			cmds = append(cmds, fmt.Sprintf("%s XRANGE %s - +", redisCLI, d))
+		if d != "" && len(sum.DLQ) > 0 {
+			cmds = append(cmds, fmt.Sprintf("%s XRANGE %s - + COUNT 5", redisCLI, d))
 		}
 	}
 	cmds = append(cmds,
@@ -552,10 +556,14 @@ func (a *app) demoCommands(redisCLI, httpAddr string, ids []uuid.UUID, sum *demo
 		env+" ingest-worker pending",
 	)
 	if httpAddr != "" {
-		cmds = append(cmds, fmt.Sprintf("curl -s 'http://%s/v1/tasks?status=DEAD'", httpAddr))
+		cmds = append(cmds, fmt.Sprintf("curl -s 'http://%s/v1/tasks?status=DEAD'", httpAddr),
+			"open "+dashboardURL(httpAddr)+"   # the dashboard")
 	}
 	return cmds
 }
+
+// dashboardURL is the address of the dashboard served on addr.
+func dashboardURL(addr string) string { return "http://" + addr + "/ui/" }
 
 func (a *app) printDemoSummary(sum *demoSummary, keep bool) {
 	a.printf("\nSUMMARY: %d tasks in %.1fs, %d failed attempts along the way\n\n", sum.Tasks, float64(sum.ElapsedMS)/1000, sum.FailedAttempts)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
@@ -121,6 +122,13 @@ kept and reported.`,
 				return usagef("give entry ids or --all, not both")
 			case !all && len(args) == 0:
 				return usagef("give the DLQ entry ids to replay, or --all")
+			}
+			for _, arg := range args {
+				if err := replayArg(arg); err != nil {
+					return err
+				}
+			}
+			switch {
 			case a.cfg.DLQStreamKey == "":
 				return usagef("no DLQ stream is configured (INGEST_REDIS_DLQ_STREAM_KEY is empty); redrive DEAD tasks with POST /v1/tasks/{id}/redrive")
 			}
@@ -166,6 +174,19 @@ kept and reported.`,
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "replay every entry of the DLQ")
 	return cmd
+}
+
+// replayArg checks that arg is a DLQ entry id, so that a task id or a
+// typo is refused with what the argument must be (Redis would answer "ERR
+// Invalid stream ID").
+func replayArg(arg string) error {
+	if dlq.ValidEntryID(arg) {
+		return nil
+	}
+	if _, err := uuid.Parse(arg); err == nil {
+		return usagef("ENTRY_ID %q is a task id, not a DLQ entry id (like 1718000000000-0, as 'dlq list' shows it): redrive a task by its id with 'task redrive ID', or drop its DLQ entries with 'dlq discard --task ID'", arg)
+	}
+	return usagef("ENTRY_ID %q is not a DLQ entry id: expected MILLISECONDS-SEQUENCE like 1718000000000-0, as 'dlq list' shows it (a task is redriven by its id with 'task redrive ID')", arg)
 }
 
 // replayAll replays the DLQ from its oldest entry, in chunks.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -33,7 +34,15 @@ func (a *app) kindListCommand() *cobra.Command {
 	return &cobra.Command{
 		Use:   "list",
 		Short: "Every kind: paused, limits, tasks by status, running, parked, start rate",
-		Args:  cobra.NoArgs,
+		Long: `Every kind that has tasks or settings. Columns:
+  STATE        active (its tasks start) or paused ('kind pause')
+  CONCURRENCY  most tasks of the kind RUNNING at once across all workers
+               ('kind set --concurrency'; -: no limit)
+  RATE         most starts per period ('kind set --rate'; -: no limit)
+  QUEUED .. CANCELLED  tasks of the kind in each state
+  PARKED       waiting tasks held in PostgreSQL by a pause or a limit
+  STARTS/S     starts per second of the kind over the last 10 seconds`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := a.load(cmd, nil); err != nil {
 				return err
@@ -80,15 +89,20 @@ func (a *app) kindPauseCommand(pause bool) *cobra.Command {
 	if pause {
 		use, short = "pause KIND", "Pause a kind: its tasks start nowhere until resumed"
 	}
-	return &cobra.Command{
+	var force bool
+	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
-		Args:  cobra.ExactArgs(1),
+		Long: short + `.
+A kind that has no tasks and no settings yet is refused (a typo would
+otherwise succeed and change nothing that exists); --force sets it anyway,
+for a kind whose tasks are still to come.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			_, released, err := a.changeKind(cmd.Context(), args[0], task.KindUpdate{Paused: &pause})
+			_, released, err := a.changeKind(cmd.Context(), args[0], task.KindUpdate{Paused: &pause}, force)
 			if err != nil {
 				return err
 			}
@@ -98,16 +112,23 @@ func (a *app) kindPauseCommand(pause bool) *cobra.Command {
 			if pause {
 				a.printf("kind %s paused: its tasks start nowhere from within a second; running ones finish\n", args[0])
 			} else {
-				a.printf("kind %s resumed: %d parked tasks published again\n", args[0], released)
+				noun := "tasks"
+				if released == 1 {
+					noun = "task"
+				}
+				a.printf("kind %s resumed: %d parked %s published again\n", args[0], released, noun)
 			}
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&force, "force", false, "change a kind that has no tasks and no settings yet")
+	return cmd
 }
 
 func (a *app) kindSetCommand() *cobra.Command {
 	var concurrency int
 	var rate string
+	var force bool
 	cmd := &cobra.Command{
 		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD]",
 		Short: "Limit a kind across all workers: concurrency and start rate (0: no limit)",
@@ -116,7 +137,10 @@ func (a *app) kindSetCommand() *cobra.Command {
 a crashed worker comes back when its lease expires); --rate 5/s, 300/m,
 10/500ms: at most that many starts in any window of that length. 0 removes a
 limit. Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
-consumer slot) and start as slots and starts free.`,
+consumer slot) and start as slots and starts free. A kind that has no tasks
+and no settings yet is refused (a typo would otherwise succeed and change
+nothing that exists); --force sets it anyway, for a kind whose tasks are
+still to come.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
@@ -136,7 +160,7 @@ consumer slot) and start as slots and starts free.`,
 			if u.Concurrency == nil && u.Rate == nil {
 				return usagef("kind set needs --concurrency or --rate (0 removes a limit)")
 			}
-			k, released, err := a.changeKind(cmd.Context(), args[0], u)
+			k, released, err := a.changeKind(cmd.Context(), args[0], u, force)
 			if err != nil {
 				return err
 			}
@@ -149,6 +173,7 @@ consumer slot) and start as slots and starts free.`,
 	}
 	rangeFlag(cmd.Flags(), &concurrency, "concurrency", "", task.ConcurrencyRange, 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&rate, "rate", "", "most starts per period across all workers: 5/s, 300/m, 10/500ms (0: no limit)")
+	cmd.Flags().BoolVar(&force, "force", false, "change a kind that has no tasks and no settings yet")
 	return cmd
 }
 
@@ -171,12 +196,25 @@ func fieldMsg(err error) string {
 // changeKind changes kind's settings as this invocation and returns the
 // kind after the change and how many parked tasks it released; a bad
 // setting is a usage error.
-func (a *app) changeKind(ctx context.Context, kind string, u task.KindUpdate) (task.KindInfo, int, error) {
+func (a *app) changeKind(ctx context.Context, kind string, u task.KindUpdate, force bool) (task.KindInfo, int, error) {
 	store, pool, err := a.openStore(ctx)
 	if err != nil {
 		return task.KindInfo{}, 0, err
 	}
 	defer pool.Close()
+	if !force {
+		if strings.TrimSpace(kind) == "" {
+			return task.KindInfo{}, 0, usagef("kind is empty")
+		}
+		if ferr := task.CheckName("kind", kind, task.MaxKindLength); ferr != nil {
+			return task.KindInfo{}, 0, usagef("%s", ferr.Msg)
+		}
+		if _, known, err := store.Kind(ctx, kind); err != nil {
+			return task.KindInfo{}, 0, err
+		} else if !known {
+			return task.KindInfo{}, 0, usagef("kind %q has no tasks and no settings: check the name ('ingest-worker kind list' shows the kinds), or give --force to set it before its first task", kind)
+		}
+	}
 	released, err := store.SetKind(ctx, a.actor(), kind, u)
 	if ferr := (*task.FieldError)(nil); errors.As(err, &ferr) {
 		return task.KindInfo{}, 0, usagef("%s", ferr.Msg)

@@ -187,6 +187,11 @@ func (a *app) load(cmd *cobra.Command, overrides map[string]string) error {
 		return usageErr(fmt.Errorf("invalid configuration:\n%w", err))
 	}
 	a.cfg = cfg
+	for _, r := range all {
+		if r.ignored != nil {
+			a.notef("warning: ignoring %s (--%s): %v; this command does not use it (the default applies)\n", r.env, r.flagName(), a.scrub.String(r.ignored.Error()))
+		}
+	}
 	a.log = newLogger(a.stderr, cfg.LogLevel, cfg.LogFormat, a.scrub)
 	if ownsProcess {
 		// go-redis logs through the process's logger (its format, its

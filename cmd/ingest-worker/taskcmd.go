@@ -168,9 +168,9 @@ POST /v1/tasks/{id}/redrive.`,
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			id, err := uuid.Parse(args[0])
+			id, err := parseTaskID(args[0])
 			if err != nil {
-				return usagef("%q is not a task id (a UUID)", args[0])
+				return err
 			}
 			if len(reason) > task.MaxCancelReasonBytes {
 				return usagef("--reason is %d bytes, the limit is %d", len(reason), task.MaxCancelReasonBytes)
@@ -247,9 +247,9 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			id, err := uuid.Parse(args[0])
+			id, err := parseTaskID(args[0])
 			if err != nil {
-				return usagef("%q is not a task id (a UUID)", args[0])
+				return err
 			}
 			ctx := cmd.Context()
 			store, pool, err := a.openStore(ctx)
@@ -343,7 +343,7 @@ func (a *app) printTask(d taskDetail) {
 		{"attempts", fmt.Sprintf("%d failed of %s", t.AttemptCount, a.allowed(t))},
 	}
 	if t.NextRetryAt != nil {
-		kv = append(kv, []string{"next retry", fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
+		kv = append(kv, []string{nextRunLabel(t), fmt.Sprintf("%s (%s)", timeOrEmpty(t.NextRetryAt), relative(*t.NextRetryAt))})
 	}
 	if note := t.ParkedNote(); note != "" {
 		kv = append(kv, []string{"parked", fmt.Sprintf("%s, since %s (%s)", note, timeOrEmpty(t.ParkedAt), relative(*t.ParkedAt))})
@@ -433,6 +433,28 @@ func (a *app) printTask(d taskDetail) {
 
 // statusText is a task's status for a table, with why it waits when it
 // is parked: "QUEUED, parked (kind paused)", "QUEUED, waiting for a slot".
+// parseTaskID parses the ID argument of a task command; a DLQ entry id
+// given instead is named as such, with the command that takes it.
+func parseTaskID(arg string) (uuid.UUID, error) {
+	id, err := uuid.Parse(arg)
+	if err == nil {
+		return id, nil
+	}
+	if dlq.ValidEntryID(arg) {
+		return uuid.Nil, usagef("ID %q is a DLQ entry id, not a task id (a UUID, as 'task list' shows it): replay a DLQ entry with 'dlq replay ENTRY_ID'", arg)
+	}
+	return uuid.Nil, usagef("ID %q is not a task id: expected a UUID like 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f, as 'task list' shows it", arg)
+}
+
+// nextRunLabel names a task's next_retry_at: "next run" for a delayed
+// task that has not failed yet, "next retry" after a failed attempt.
+func nextRunLabel(t task.Task) string {
+	if t.AttemptCount == 0 {
+		return "next run"
+	}
+	return "next retry"
+}
+
 func statusText(t task.Task) string {
 	if note := t.ParkedNote(); note != "" {
 		return string(t.Status) + ", " + note
@@ -457,6 +479,16 @@ func (a *app) taskListCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List tasks, newest first",
+		Long: `List tasks, newest first. Columns:
+  STATUS      the task's state; a parked one says why ("kind paused",
+              "waiting for a slot")
+  FAILED/MAX  failed attempts so far / runs allowed: "3/5" when the task sets
+              its own max_attempts, "3/10w" (w: the workers' setting) when it
+              sets none and INGEST_REDIS_MAX_ATTEMPTS of the worker that
+              records a failure applies (shown as this invocation's value)
+  CREATED     how long ago the task was created
+  UPDATED     how long ago its row last changed
+  LAST ERROR  the error of its last failed attempt, clipped`,
 		Example: `  ingest-worker task list
   ingest-worker task list --status DEAD --kind email --limit 20
   ingest-worker task list --json | jq -r '.tasks[].id'`,

@@ -44,6 +44,10 @@ func TestBinaryDashboard(t *testing.T) {
 	if code, _, h := get("http://" + addr + "/ui"); code != http.StatusMovedPermanently || h.Get("Location") != "/ui/" {
 		t.Fatalf("run's /ui: %d %q", code, h.Get("Location"))
 	}
+	// / redirects to the dashboard wherever it is served (run, demo, ui).
+	if code, _, h := get("http://" + addr + "/"); code != http.StatusFound || h.Get("Location") != "/ui/" {
+		t.Fatalf("run's /: %d %q", code, h.Get("Location"))
+	}
 	if code, body, _ := get("http://" + addr + "/v1/tasks"); code != 200 || !strings.Contains(body, `"tasks"`) {
 		t.Fatalf("run's API next to the dashboard: %d %s", code, body)
 	}

@@ -51,11 +51,14 @@ func readOnly(next http.Handler) http.Handler {
 	})
 }
 
-// withUI serves the dashboard under /ui/ and next everything else.
+// withUI serves the dashboard under /ui/ and next everything else; / (the
+// address a browser is pointed at) redirects to the dashboard wherever it
+// is served (run, demo, ui).
 func withUI(dash *ui.Handler, next http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(ui.Prefix, dash)
 	mux.Handle("GET /ui", http.RedirectHandler(ui.Prefix, http.StatusMovedPermanently))
+	mux.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
 	if next != nil {
 		mux.Handle("/", next)
 	}
@@ -78,8 +81,8 @@ latency over the last 15 minutes, the stream, pending entries, DLQ depth,
 outbox backlog, consumers, the leader), tasks with filters, one task in
 depth (row, audit trail, outbox rows, PEL entry, DLQ entry) with cancel and
 redrive, the DLQ with redrive of one entry or by filter after a dry run, and
-kinds with pause, resume and limits. 'run' serves the same dashboard next to
-its API. Pages update themselves every 2 seconds.
+kinds with pause, resume and limits. 'run' and 'demo' serve the same dashboard next to
+their API (and / redirects to /ui/ there too). Pages update themselves every 2 seconds.
 
 With INGEST_API_TOKEN set the dashboard asks for the token once and keeps a
 session cookie; with INGEST_UI_READONLY=true it shows no action buttons and
@@ -144,7 +147,6 @@ func (a *app) uiCommand() *cobra.Command {
 				return usageErr(err)
 			}
 			rest := http.NewServeMux()
-			rest.Handle("GET /{$}", http.RedirectHandler(ui.Prefix, http.StatusFound))
 			rest.Handle("/", readOnly(apiSrv))
 			ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 			if err != nil {
