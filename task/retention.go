@@ -158,7 +158,24 @@ func DeleteExpired(ctx context.Context, db DB, w Windows, limit int) ([]Deleted,
 	if least < 0 || limit < 1 {
 		return nil, nil
 	}
-	out, err := collectDeleted(db.Query(ctx, expiredSQL, s, c, d, limit, least))
+	// RescuePlanSQL first, in the batch's implicit transaction: the
+	// planner cannot tell how many ids lie below the cutoff (a bound
+	// computed from now()) and, guessing a third of the table, would read
+	// it and the audit and outbox tables whole; with those settings it
+	// reads the primary key in id order, stopping after limit tasks, and
+	// the audit and outbox rows by task.
+	batch := &pgx.Batch{}
+	batch.Queue(RescuePlanSQL)
+	batch.Queue(expiredSQL, s, c, d, limit, least)
+	br := db.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	var out []Deleted
+	if err == nil {
+		out, err = collectDeleted(br.Query())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return out, fmt.Errorf("delete expired tasks: %w", err)
 	}
