@@ -271,7 +271,8 @@ type RetentionConfig struct {
 	// BatchSize is how many rows (tasks, or SENT outbox rows) one DELETE
 	// removes; each is its own short transaction.
 	BatchSize int
-	// BatchesPerRun bounds the DELETEs of one pass.
+	// BatchesPerRun bounds the DELETEs of SENT rows of one pass (tasks
+	// are deleted until a batch is short).
 	BatchesPerRun int
 	// Streams are the task streams to trim (default: the default stream).
 	Streams []string

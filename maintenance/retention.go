@@ -31,7 +31,8 @@ type retentionResult struct {
 //
 // A finished task is deleted once its state's window (Tasks) has passed
 // since finished_at, with its audit and outbox rows, in batches of
-// BatchSize tasks, one statement each (task.DeleteExpired): a task a
+// BatchSize tasks, one statement each (task.DeleteExpired), until a batch
+// is short: a task a
 // worker or an operator holds locked is skipped until a later pass, and
 // a task that is not finished is never deleted. The DLQ entries of the
 // deleted DEAD tasks are removed after the batches have committed
@@ -105,7 +106,12 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, [
 	byState := map[task.State]int{}
 	var dead []uuid.UUID
 	var errs []error
-	for range r.cfg.BatchesPerRun {
+	// Unlike SENT rows (BatchesPerRun), tasks are deleted until a batch
+	// is short: a deployment that finishes more tasks in an Interval than
+	// BatchesPerRun batches hold would otherwise never catch up. Each
+	// batch is its own short statement; the loop stops with ctx (the
+	// leader stepping down).
+	for ctx.Err() == nil {
 		out, err := task.DeleteExpired(ctx, r.pool, r.cfg.Tasks, r.cfg.BatchSize)
 		for _, d := range out {
 			byState[d.Status]++
