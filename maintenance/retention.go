@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -111,7 +112,13 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, [
 	// BatchesPerRun batches hold would otherwise never catch up. Each
 	// batch is its own short statement; the loop stops with ctx (the
 	// leader stepping down).
+	//
+	// After a full batch the loop rests as long as the batch took, so
+	// that retention uses at most half of one database backend's time and
+	// the workers sharing the database keep their throughput while a large
+	// backlog of expired tasks is deleted.
 	for ctx.Err() == nil {
+		begun := time.Now()
 		out, err := task.DeleteExpired(ctx, r.pool, r.cfg.Tasks, r.cfg.BatchSize)
 		for _, d := range out {
 			byState[d.Status]++
@@ -127,6 +134,12 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, [
 		if len(out) < r.cfg.BatchSize {
 			break
 		}
+		rest := time.NewTimer(time.Since(begun))
+		select {
+		case <-ctx.Done():
+		case <-rest.C:
+		}
+		rest.Stop()
 	}
 	removed := 0
 	if r.cfg.DLQ != "" && len(dead) > 0 {
