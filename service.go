@@ -89,6 +89,7 @@ func (c ServiceConfig) WithDefaults() ServiceConfig {
 	if len(m.Retention.Streams) == 0 {
 		m.Retention.Streams = []string{w.Stream}
 	}
+	m.Retention.DLQ = cmp.Or(m.Retention.DLQ, w.DLQ) // entries of deleted DEAD tasks
 	m.Consumers.Stream = cmp.Or(m.Consumers.Stream, w.Stream)
 	m.Consumers.Group = cmp.Or(m.Consumers.Group, w.Group)
 	m.Consumers.Consumer = cmp.Or(m.Consumers.Consumer, w.Consumer)

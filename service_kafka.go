@@ -80,6 +80,7 @@ func NewKafkaService(cfg ServiceConfig, kcfg kafka.Config, pool *pgxpool.Pool, l
 	}
 	mc.Elector.ID = cmp.Or(mc.Elector.ID, consumer)
 	mc.Retention.Streams, mc.Retention.DisableTrim = []string{kcfg.Topic}, true
+	mc.Retention.DLQ = "" // the DLQ is a topic: its records stay to Kafka's retention
 	if svc.maintainer, err = maintenance.New(mc, pool, nil, logger, reg, maintenance.CreateWith(svc.store)); err != nil {
 		svc.close()
 		return nil, err

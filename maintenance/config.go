@@ -9,6 +9,7 @@ import (
 
 	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/stream"
+	"github.com/ingest-worker/ingest/task"
 )
 
 // ErrConfig is wrapped by every configuration error of this package; the
@@ -244,19 +245,34 @@ const (
 	DefaultRetentionInterval      = time.Minute
 	DefaultRetentionBatchSize     = 1000
 	DefaultRetentionBatchesPerRun = 10
+
+	// Finished tasks are kept this long after finished_at, by state.
+	DefaultRetentionSucceeded = 24 * time.Hour
+	DefaultRetentionCancelled = 24 * time.Hour
+	DefaultRetentionDead      = 168 * time.Hour
 )
 
-// RetentionConfig configures outbox retention and stream trimming. Zero
-// fields take the Default* values.
+// RetentionConfig configures the retention of finished tasks, of SENT
+// outbox rows and stream trimming. Zero fields take the Default* values.
 type RetentionConfig struct {
+	// Tasks are how long finished tasks are kept after finished_at, by
+	// state (zero: DefaultRetentionSucceeded, DefaultRetentionCancelled,
+	// DefaultRetentionDead; task.KeepForever: never deleted). An expired
+	// task goes with its audit rows and outbox rows, a DEAD one with its
+	// entry in the DLQ stream.
+	Tasks task.Windows
+	// DLQ is the dead-letter stream the entries of deleted DEAD tasks are
+	// removed from ("": none, as with the DLQ in Kafka).
+	DLQ string
 	// Age: SENT outbox rows whose sent_at is older are deleted.
 	Age time.Duration
 	// Interval is the period of the passes.
 	Interval time.Duration
-	// BatchSize is how many rows one DELETE removes; each is its own
-	// short transaction.
+	// BatchSize is how many rows (tasks, or SENT outbox rows) one DELETE
+	// removes; each is its own short transaction.
 	BatchSize int
-	// BatchesPerRun bounds the DELETEs of one pass.
+	// BatchesPerRun bounds the DELETEs of SENT rows of one pass (tasks
+	// are deleted until a batch is short).
 	BatchesPerRun int
 	// Streams are the task streams to trim (default: the default stream).
 	Streams []string
@@ -267,6 +283,9 @@ type RetentionConfig struct {
 // WithDefaults returns the configuration with every zero field set to
 // its default.
 func (c RetentionConfig) WithDefaults() RetentionConfig {
+	c.Tasks.Succeeded = cmp.Or(c.Tasks.Succeeded, DefaultRetentionSucceeded)
+	c.Tasks.Cancelled = cmp.Or(c.Tasks.Cancelled, DefaultRetentionCancelled)
+	c.Tasks.Dead = cmp.Or(c.Tasks.Dead, DefaultRetentionDead)
 	c.Age = cmp.Or(c.Age, DefaultRetentionAge)
 	c.Interval = cmp.Or(c.Interval, DefaultRetentionInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultRetentionBatchSize)
@@ -279,6 +298,12 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 
 func (c RetentionConfig) validate() error {
 	switch {
+	case c.Tasks.Succeeded < 0 && c.Tasks.Succeeded != task.KeepForever:
+		return configErr("Retention.Tasks.Succeeded", "must be > 0 or task.KeepForever, got %s", c.Tasks.Succeeded)
+	case c.Tasks.Cancelled < 0 && c.Tasks.Cancelled != task.KeepForever:
+		return configErr("Retention.Tasks.Cancelled", "must be > 0 or task.KeepForever, got %s", c.Tasks.Cancelled)
+	case c.Tasks.Dead < 0 && c.Tasks.Dead != task.KeepForever:
+		return configErr("Retention.Tasks.Dead", "must be > 0 or task.KeepForever, got %s", c.Tasks.Dead)
 	case c.Age < time.Millisecond:
 		return configErr("Retention.Age", "must be >= 1ms, got %s", c.Age)
 	case c.Interval < time.Millisecond:

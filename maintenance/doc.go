@@ -9,7 +9,10 @@
 //     expired, whose latest entry is gone or was delivered and is no longer
 //     pending. Which task is a candidate is task state, so that SQL lives in
 //     package task (task.RescueCandidates, task.Rescue);
-//   - retention deletes old SENT outbox rows (never the latest row of an
+//   - retention deletes the finished tasks whose state's window
+//     (RetentionConfig.Tasks) has passed since finished_at, with their
+//     audit and outbox rows and a DEAD task's DLQ entry (task.DeleteExpired,
+//     then dlq.RemoveTasks), and old SENT outbox rows (never the latest row of an
 //     unfinished task, which the rescuer reads; DEAD rows stay for
 //     forensics) and trims the task streams, never past an entry that is
 //     pending or not yet delivered to any consumer group;
@@ -49,7 +52,8 @@
 // RetryInterval (3 s + 1 s by default).
 //
 // Metrics: ingest_leader{name} (1 while this process leads);
-// outbox_rescued_total, outbox_retention_deleted_total,
+// outbox_rescued_total, ingest_task_retention_deleted_total{status},
+// outbox_retention_deleted_total,
 // outbox_stream_trimmed_total{stream} and
 // outbox_maintenance_errors_total{component} (rescuer, retention); the
 // idle-consumer cleanup counts failures on

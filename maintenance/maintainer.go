@@ -86,12 +86,12 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	usesRedis := !cfg.RescuerDisabled || !cfg.ConsumersDisabled || (!cfg.RetentionDisabled && !cfg.Retention.DisableTrim)
+	usesRedis := !cfg.RescuerDisabled || !cfg.ConsumersDisabled || (!cfg.RetentionDisabled && (!cfg.Retention.DisableTrim || cfg.Retention.DLQ != ""))
 	switch {
 	case pool == nil:
 		return nil, configErr("pool", "is required (a Postgres pool)")
 	case rdb == nil && usesRedis:
-		return nil, configErr("rdb", "is required (a Redis client) unless the rescuer, the idle-consumer cleanup and stream trimming are disabled")
+		return nil, configErr("rdb", "is required (a Redis client) unless the rescuer, the idle-consumer cleanup, stream trimming and the DLQ removal of retention are disabled")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

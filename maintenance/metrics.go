@@ -5,6 +5,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/promreg"
 	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/task"
 )
 
 // Components, the {component} label of outbox_maintenance_errors_total.
@@ -20,6 +21,7 @@ const (
 type metrics struct {
 	rescued        prometheus.Counter     // outbox_rescued_total
 	deleted        prometheus.Counter     // outbox_retention_deleted_total
+	tasksDeleted   *prometheus.CounterVec // ingest_task_retention_deleted_total{status}
 	trimmed        *prometheus.CounterVec // outbox_stream_trimmed_total{stream}
 	failures       *prometheus.CounterVec // outbox_maintenance_errors_total{component}
 	consumerErrors prometheus.Counter     // ingest_stream_reclaim_total{result="error"}
@@ -39,6 +41,10 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 			Name: "outbox_retention_deleted_total",
 			Help: "SENT outbox rows deleted by retention.",
 		}),
+		tasksDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ingest_task_retention_deleted_total",
+			Help: "Finished tasks deleted by retention (with their audit and outbox rows) after their state's retention window, by state.",
+		}, []string{"status"}),
 		trimmed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_stream_trimmed_total",
 			Help: "Entries trimmed from a task stream by retention (XTRIM MINID).",
@@ -58,6 +64,12 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 	}
 	if m.deleted, err = promreg.Register(reg, m.deleted); err != nil {
 		return nil, err
+	}
+	if m.tasksDeleted, err = promreg.Register(reg, m.tasksDeleted); err != nil {
+		return nil, err
+	}
+	for _, s := range []task.State{task.Succeeded, task.Cancelled, task.Dead} {
+		m.tasksDeleted.WithLabelValues(string(s)) // export zeros from the start
 	}
 	if m.trimmed, err = promreg.Register(reg, m.trimmed); err != nil {
 		return nil, err

@@ -5,22 +5,40 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/task"
 )
 
 // retentionResult counts what one retention pass did.
 type retentionResult struct {
+	// Tasks deleted (with their audit and outbox rows), by state.
+	Tasks map[task.State]int
+	// DLQ entries of deleted DEAD tasks removed.
+	DLQRemoved int
 	// Deleted SENT outbox rows.
 	Deleted int
 	// Trimmed stream entries, over all streams.
 	Trimmed int64
 }
 
-// retention deletes old SENT outbox rows and trims the task streams.
+// retention deletes expired finished tasks, old SENT outbox rows and
+// trims the task streams.
+//
+// A finished task is deleted once its state's window (Tasks) has passed
+// since finished_at, with its audit and outbox rows, in batches of
+// BatchSize tasks, one statement each (task.DeleteExpired), until a batch
+// is short: a task a
+// worker or an operator holds locked is skipped until a later pass, and
+// a task that is not finished is never deleted. The DLQ entries of the
+// deleted DEAD tasks are removed after the batches have committed
+// (dlq.RemoveTasks); an entry whose removal failed stays in the DLQ
+// stream, where a redrive of it finds no task.
 //
 // A SENT row is deleted once older than Age, unless it is the latest
 // outbox row of a task that is not finished: the rescuer needs that row's
@@ -51,10 +69,14 @@ func (r *retention) service() *service {
 		level:    slog.LevelDebug,
 		pass: func(ctx context.Context) ([]any, error) {
 			res, err := r.runOnce(ctx)
-			if res.Deleted == 0 && res.Trimmed == 0 {
+			tasks := 0
+			for _, n := range res.Tasks {
+				tasks += n
+			}
+			if tasks == 0 && res.Deleted == 0 && res.Trimmed == 0 {
 				return nil, err
 			}
-			return []any{"deleted", res.Deleted, "trimmed", res.Trimmed}, err
+			return []any{"tasks_deleted", tasks, "dlq_removed", res.DLQRemoved, "deleted", res.Deleted, "trimmed", res.Trimmed}, err
 		},
 		failed: func() { r.metrics.failures.WithLabelValues(componentRetention).Inc() },
 	}
@@ -65,6 +87,7 @@ func (r *retention) service() *service {
 func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 	var res retentionResult
 	var errs []error
+	res.Tasks, res.DLQRemoved, errs = r.deleteTasks(ctx)
 	n, err := r.deleteSent(ctx)
 	res.Deleted = n
 	errs = append(errs, err)
@@ -76,6 +99,57 @@ func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 		}
 	}
 	return res, errors.Join(errs...)
+}
+
+// deleteTasks deletes the expired finished tasks, then removes the DLQ
+// entries of the DEAD ones it deleted.
+func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, []error) {
+	byState := map[task.State]int{}
+	var dead []uuid.UUID
+	var errs []error
+	// Unlike SENT rows (BatchesPerRun), tasks are deleted until a batch
+	// is short: a deployment that finishes more tasks in an Interval than
+	// BatchesPerRun batches hold would otherwise never catch up. Each
+	// batch is its own short statement; the loop stops with ctx (the
+	// leader stepping down).
+	//
+	// After a full batch the loop rests as long as the batch took, so
+	// that retention uses at most half of one database backend's time and
+	// the workers sharing the database keep their throughput while a large
+	// backlog of expired tasks is deleted.
+	for ctx.Err() == nil {
+		begun := time.Now()
+		out, err := task.DeleteExpired(ctx, r.pool, r.cfg.Tasks, r.cfg.BatchSize)
+		for _, d := range out {
+			byState[d.Status]++
+			r.metrics.tasksDeleted.WithLabelValues(string(d.Status)).Inc()
+			if d.Status == task.Dead {
+				dead = append(dead, d.ID)
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+			break
+		}
+		if len(out) < r.cfg.BatchSize {
+			break
+		}
+		rest := time.NewTimer(time.Since(begun))
+		select {
+		case <-ctx.Done():
+		case <-rest.C:
+		}
+		rest.Stop()
+	}
+	removed := 0
+	if r.cfg.DLQ != "" && len(dead) > 0 {
+		n, err := dlq.RemoveTasks(ctx, r.rdb, r.cfg.DLQ, dead)
+		removed = n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove the dlq entries of %d deleted dead tasks: %w", len(dead), err))
+		}
+	}
+	return byState, removed, errs
 }
 
 func (r *retention) deleteSent(ctx context.Context) (int, error) {

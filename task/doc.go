@@ -36,8 +36,9 @@
 // statements other components need that select tasks by state live here as
 // functions on a DB (a pool or a transaction): the rescuer's
 // (RescueCandidates, Rescue), the reclaimer's republishing of deleted
-// stream entries (RepublishDeleted) and outbox retention
-// (DeleteSentOutbox). Their guards (a task is due, startable, terminal)
+// stream entries (RepublishDeleted), outbox retention
+// (DeleteSentOutbox) and the deletion of finished tasks with their audit
+// and outbox rows (DeleteExpired, DeleteFinished). Their guards (a task is due, startable, terminal)
 // are SQL fragments written once (guards.go), shared with Start.
 //
 // The store also owns the rules of its input (fields.go), which the HTTP

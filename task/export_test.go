@@ -36,3 +36,12 @@ func ParkedStatements() map[string][2]string {
 		"unpark":     {unparkSQL, `'plan', 1000`},
 	}
 }
+
+// RetentionStatements are the statements that delete finished tasks,
+// each with example arguments as SQL literals (for the plan test).
+func RetentionStatements() map[string][2]string {
+	return map[string][2]string{
+		"expired":  {expiredSQL, `86400000, 86400000, 604800000, 1000, 86400000`},
+		"finished": {deleteFinishedSQL, `'{00000000-0000-7000-8000-000000000001}'`},
+	}
+}

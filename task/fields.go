@@ -42,7 +42,15 @@ var (
 	// (INGEST_MAX_PAYLOAD_BYTES): from the smallest JSON value with
 	// content ("{}") to the largest jsonb value PostgreSQL stores.
 	PayloadBytesRange = Range{Field: "max_payload_bytes", Min: 2, Max: MaxPayloadBytesLimit}
+	// RetentionRange bounds a retention window of finished tasks in
+	// milliseconds (INGEST_RETENTION_SUCCEEDED, _CANCELLED, _DEAD; 0:
+	// kept forever).
+	RetentionRange = Range{Field: "retention", Min: 0, Max: MaxRetention.Milliseconds()}
 )
+
+// MaxRetention is the longest retention window of finished tasks: ten
+// years (longer is forever, a window of 0).
+const MaxRetention = 10 * 365 * 24 * time.Hour
 
 // MaxAttemptsLimit is the largest max_attempts: far beyond any useful
 // number of runs (a million retries at a one-hour backoff take a century),

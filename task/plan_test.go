@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -127,6 +129,58 @@ SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 3, CASE WHEN g % 1000 = 0 
 		}
 		if parkedScans != 1 {
 			t.Errorf("%s reads ingest_task_parked_idx %d times, want once:\n%s", name, parkedScans, plan)
+		}
+	}
+}
+
+// TestRetentionReadsByKey checks that the deletion of finished tasks
+// reaches every table by key: the candidates on the primary key (a range
+// of ids below the UUIDv7 of the cutoff), their audit rows on the audit
+// table's primary key and their outbox rows on outbox_event_task_idx.
+// Reading any of them sequentially would make a batch O(table), holding
+// its locks that long.
+func TestRetentionReadsByKey(t *testing.T) {
+	b := setup(t, task.Config{})
+	for _, q := range []string{
+		`INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts, status, finished_at)
+		 SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 3,
+		        CASE WHEN g % 10 = 0 THEN 'QUEUED' ELSE 'SUCCEEDED' END, CASE WHEN g % 10 = 0 THEN NULL ELSE now() END
+		 FROM generate_series(1, 20000) g`,
+		`INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count)
+		 SELECT id, NULL, 'QUEUED', 0 FROM ingest_task`,
+		`INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at)
+		 SELECT id, 's', 'SENT', '1-1', now() FROM ingest_task`,
+		`ANALYZE`,
+	} {
+		if _, err := b.db.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The settings of task.RescuePlanSQL, which DeleteExpired sends first.
+	cfg := b.db.Config()
+	cfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+	cfg.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
+	db, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	want := map[string]string{"ingest_task": "ingest_task_pkey", "ingest_task_transition": "ingest_task_transition_pkey", "outbox_event": "outbox_event_task_idx"}
+	for name, st := range task.RetentionStatements() {
+		nodes, plan := testenv.GenericPlan(t, db, st[0], st[1])
+		seen := map[string]bool{}
+		for _, p := range nodes {
+			idx, ok := want[p.Relation]
+			if !ok {
+				continue
+			}
+			seen[p.Relation] = true
+			if p.NodeType != "ModifyTable" && p.Index != idx {
+				t.Errorf("%s reads %s by %s %s, not %s:\n%s", name, p.Relation, p.NodeType, p.Index, idx, plan)
+			}
+		}
+		if len(seen) != len(want) {
+			t.Errorf("%s: plan reads %v of %v:\n%s", name, seen, want, plan)
 		}
 	}
 }

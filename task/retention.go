@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 )
 
 // deleteSentSQL deletes up to $2 SENT outbox rows sent more than $1 ms
@@ -53,4 +56,139 @@ func DeleteKind(ctx context.Context, db DB, kind string) (int, error) {
 		return 0, fmt.Errorf("delete the tasks of kind %q: %w", kind, err)
 	}
 	return n, nil
+}
+
+// Windows are how long the finished tasks of each terminal state are kept
+// after finished_at: Retention deletes a task once its window has passed.
+// A negative window keeps the tasks of that state forever (KeepForever).
+type Windows struct {
+	Succeeded time.Duration
+	Cancelled time.Duration
+	Dead      time.Duration
+}
+
+// KeepForever is the window of a state whose tasks are never deleted.
+const KeepForever time.Duration = -1
+
+// ms is the window in milliseconds as the SQL takes it: -1 keeps forever.
+func (w Windows) ms() (succeeded, cancelled, dead int64) {
+	f := func(d time.Duration) int64 {
+		if d < 0 {
+			return -1
+		}
+		return d.Milliseconds()
+	}
+	return f(w.Succeeded), f(w.Cancelled), f(w.Dead)
+}
+
+// Deleted is a task deleted with its audit and outbox rows.
+type Deleted struct {
+	ID     uuid.UUID
+	Status State
+}
+
+// deleteFinishedTail deletes the tasks of the CTE pick (a column id) that
+// are finished, with their audit and outbox rows (no foreign key cascades
+// them: package task writes them with the task and deletes them with it),
+// and returns the id and state of each task deleted. A task that is not
+// finished is never deleted, whatever pick holds.
+const deleteFinishedTail = `
+t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + "%s" + `
+      RETURNING id, status),
+a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
+o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t))
+SELECT id, status FROM t`
+
+// deleteFinishedSQL deletes the finished tasks among the ids $1.
+var deleteFinishedSQL = `
+WITH pick AS (SELECT unnest($1::uuid[]) AS id),` + fmt.Sprintf(deleteFinishedTail, terminalSQL)
+
+// expiredSQL deletes up to $4 finished tasks whose state's window has
+// passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms;
+// -1 keeps forever), oldest id first. The candidates are read on the
+// primary key below the UUIDv7 of now() minus the shortest window ($5
+// ms): a task finished before its cutoff was created before it, and a
+// task's id is a UUIDv7 of its creation time. FOR UPDATE SKIP LOCKED: a
+// task a worker or an operator holds is skipped (taken by a later pass),
+// never waited on, and a worker waits on a picked row for one statement
+// at most.
+var expiredSQL = `
+WITH pick AS (
+    SELECT id FROM ingest_task
+    WHERE id < (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint - $5::bigint), 12, '0') || '00000000000000000000')::uuid
+      AND finished_at IS NOT NULL
+      AND CASE status WHEN 'SUCCEEDED' THEN $1::bigint >= 0 AND finished_at < now() - $1::bigint * interval '1 millisecond'
+                      WHEN 'CANCELLED' THEN $2::bigint >= 0 AND finished_at < now() - $2::bigint * interval '1 millisecond'
+                      WHEN 'DEAD' THEN $3::bigint >= 0 AND finished_at < now() - $3::bigint * interval '1 millisecond'
+                      ELSE false END
+    ORDER BY id
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED),` + fmt.Sprintf(deleteFinishedTail, terminalSQL)
+
+// DeleteFinished deletes the tasks ids that are finished (SUCCEEDED, DEAD
+// or CANCELLED), each with its audit and outbox rows, in one statement,
+// and returns those it deleted. A task that is not finished, or not
+// found, is left out. Removing the DLQ entries of the DEAD ones is the
+// caller's (dlq.RemoveTasks, after the commit).
+func DeleteFinished(ctx context.Context, db DB, ids []uuid.UUID) ([]Deleted, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	out, err := collectDeleted(db.Query(ctx, deleteFinishedSQL, ids))
+	if err != nil {
+		return out, fmt.Errorf("delete finished tasks: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteExpired deletes up to limit finished tasks whose window (by
+// state, from finished_at) has passed, each with its audit and outbox
+// rows, in one statement, and returns those it deleted. Tasks locked by
+// another transaction are skipped. Removing the DLQ entries of the DEAD
+// ones is the caller's (dlq.RemoveTasks, after the commit). With every
+// window negative it deletes nothing.
+func DeleteExpired(ctx context.Context, db DB, w Windows, limit int) ([]Deleted, error) {
+	s, c, d := w.ms()
+	least := int64(-1)
+	for _, v := range []int64{s, c, d} {
+		if v >= 0 && (least < 0 || v < least) {
+			least = v
+		}
+	}
+	if least < 0 || limit < 1 {
+		return nil, nil
+	}
+	// RescuePlanSQL first, in the batch's implicit transaction: the
+	// planner cannot tell how many ids lie below the cutoff (a bound
+	// computed from now()) and, guessing a third of the table, would read
+	// it and the audit and outbox tables whole; with those settings it
+	// reads the primary key in id order, stopping after limit tasks, and
+	// the audit and outbox rows by task.
+	batch := &pgx.Batch{}
+	batch.Queue(RescuePlanSQL)
+	batch.Queue(expiredSQL, s, c, d, limit, least)
+	br := db.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	var out []Deleted
+	if err == nil {
+		out, err = collectDeleted(br.Query())
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return out, fmt.Errorf("delete expired tasks: %w", err)
+	}
+	return out, nil
+}
+
+func collectDeleted(rows pgx.Rows, err error) ([]Deleted, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Deleted, error) {
+		var d Deleted
+		err := r.Scan(&d.ID, &d.Status)
+		return d, err
+	})
 }

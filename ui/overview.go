@@ -96,9 +96,33 @@ type overviewData struct {
 	BacklogC   bool  // capped
 	OldestDue  time.Duration
 	Leaders    []leaderRow
+	Retention  []retentionRow // the retention windows (Config.Retention); nil: unknown
 	Series     series
 	Took       time.Duration
 	Errors     []string
+}
+
+// retentionRow is a terminal state's retention window; Forever: kept
+// forever.
+type retentionRow struct {
+	State   task.State
+	Window  time.Duration
+	Forever bool
+}
+
+// retentionRows lists the windows of w; nil when w is unset.
+func retentionRows(w task.Windows) []retentionRow {
+	if w == (task.Windows{}) {
+		return nil
+	}
+	var rows []retentionRow
+	for _, r := range []struct {
+		st task.State
+		d  time.Duration
+	}{{task.Succeeded, w.Succeeded}, {task.Cancelled, w.Cancelled}, {task.Dead, w.Dead}} {
+		rows = append(rows, retentionRow{State: r.st, Window: r.d, Forever: r.d <= 0})
+	}
+	return rows
 }
 
 // overviewCache keeps the last overview for overviewTTL.
@@ -157,7 +181,7 @@ WHERE paused OR concurrency > 0 OR rate_count > 0 ORDER BY kind`
 
 func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 	begun := time.Now()
-	d := &overviewData{At: begun}
+	d := &overviewData{At: begun, Retention: retentionRows(h.cfg.Retention)}
 	var mu sync.Mutex
 	softErr := func(what string, err error) {
 		mu.Lock()

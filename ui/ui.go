@@ -88,6 +88,10 @@ type Config struct {
 	// MaxAttempts is the workers' limit of runs for tasks without their
 	// own (shown on a task's page); 0: task.DefaultMaxAttempts.
 	MaxAttempts int
+	// Retention is the leader's retention windows of finished tasks, shown
+	// on the overview (task.KeepForever: kept forever; all zero: not
+	// shown, as for a dashboard that does not know them).
+	Retention task.Windows
 	// Periodic returns the next slot of each periodic schedule; nil: none.
 	Periodic func(now time.Time) []maintenance.Slot
 	// Logger receives failures; nil discards them.

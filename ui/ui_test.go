@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -55,6 +56,7 @@ func setup(t *testing.T, o options) *bundle {
 	b.stream, b.dlqKey = testenv.Keys(t)
 	b.h, err = ui.New(ui.Config{Store: store, DB: db.Pool, Redis: b.rdb, Stream: b.stream, Group: "ingest-workers",
 		DLQKey: b.dlqKey, Token: o.token, ReadOnly: o.readOnly, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Retention: task.Windows{Succeeded: 24 * time.Hour, Cancelled: task.KeepForever, Dead: 168 * time.Hour},
 		Periodic: func(now time.Time) []maintenance.Slot {
 			return []maintenance.Slot{{Name: "nightly", Kind: "report", At: now.Add(time.Hour).Truncate(time.Hour), IdempotencyKey: "periodic:nightly"}}
 		}})
@@ -590,6 +592,8 @@ func TestOverviewCounts(t *testing.T) {
     <span class="l">QUEUED</span>`} {
 		want(t, p, 200, s)
 	}
+	// The retention windows the leader deletes finished tasks after.
+	want(t, p, 200, "<dt>Retention</dt><dd>SUCCEEDED "+humantime.Duration(24*time.Hour)+", CANCELLED kept forever, DEAD "+humantime.Duration(168*time.Hour)+" after finishing</dd>")
 }
 
 // TestWithoutRedis: in Kafka mode there is no Redis to show; the pages

@@ -53,23 +53,28 @@ type Config struct {
 	ReclaimIdle      time.Duration
 	ReclaimBatchSize int
 
-	OutboxMaxAttempts       int
-	OutboxRetryBaseBackoff  time.Duration
-	OutboxRetryMaxBackoff   time.Duration
-	OutboxPublishBatchSize  int
-	OutboxPublishInterval   time.Duration
-	WorkerConcurrency       int
-	ConsumerName            string
-	TaskLease               time.Duration
-	TaskTimeout             time.Duration
-	ShutdownTimeout         time.Duration
-	HTTPAddr                string // "": no HTTP server
-	HTTPAllowedHosts        string // INGEST_HTTP_ALLOWED_HOSTS: names besides httpguard.DefaultHosts of HTTPAddr
-	APIToken                string
-	UIReadOnly              bool // INGEST_UI_READONLY
-	WebhookURL              string
-	WebhookTimeout          time.Duration
-	Periodic                string // INGEST_PERIODIC, validated JSON (see periodic)
+	OutboxMaxAttempts      int
+	OutboxRetryBaseBackoff time.Duration
+	OutboxRetryMaxBackoff  time.Duration
+	OutboxPublishBatchSize int
+	OutboxPublishInterval  time.Duration
+	WorkerConcurrency      int
+	ConsumerName           string
+	TaskLease              time.Duration
+	TaskTimeout            time.Duration
+	ShutdownTimeout        time.Duration
+	HTTPAddr               string // "": no HTTP server
+	HTTPAllowedHosts       string // INGEST_HTTP_ALLOWED_HOSTS: names besides httpguard.DefaultHosts of HTTPAddr
+	APIToken               string
+	UIReadOnly             bool // INGEST_UI_READONLY
+	WebhookURL             string
+	WebhookTimeout         time.Duration
+	Periodic               string // INGEST_PERIODIC, validated JSON (see periodic)
+	// Retention windows of finished tasks by state (INGEST_RETENTION_*;
+	// 0: kept forever).
+	RetentionSucceeded      time.Duration
+	RetentionCancelled      time.Duration
+	RetentionDead           time.Duration
 	LogLevel                slog.Level
 	LogFormat               string // text or json
 	consumerNameFromDefault bool
@@ -342,6 +347,15 @@ var settings = []setting{
 			c.Periodic = v
 			return nil
 		}},
+	{env: "INGEST_RETENTION_SUCCEEDED", def: goDuration(maintenance.DefaultRetentionSucceeded), typ: "duration", scope: scopeWorker,
+		usage: "SUCCEEDED tasks are deleted (with their audit and outbox rows) this long after they finished (Go duration: 24h, 720h; 0: kept forever)",
+		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionSucceeded })},
+	{env: "INGEST_RETENTION_CANCELLED", def: goDuration(maintenance.DefaultRetentionCancelled), typ: "duration", scope: scopeWorker,
+		usage: "CANCELLED tasks are deleted (with their audit and outbox rows) this long after they were cancelled (Go duration; 0: kept forever)",
+		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionCancelled })},
+	{env: "INGEST_RETENTION_DEAD", def: goDuration(maintenance.DefaultRetentionDead), typ: "duration", scope: scopeWorker,
+		usage: "DEAD tasks are deleted (with their audit and outbox rows and DLQ entry) this long after they died (Go duration; 0: kept forever)",
+		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionDead })},
 	{env: "INGEST_LOG_LEVEL", def: "info", typ: "level", scope: scopeGlobal,
 		usage: "debug, info, warn or error",
 		set: func(c *Config, v string) error {
@@ -440,6 +454,51 @@ func setMillis(field func(*Config) *time.Duration, least int64) func(*Config, st
 		*field(c) = time.Duration(n) * time.Millisecond
 		return nil
 	}
+}
+
+// goDuration writes d as a Go duration without zero units: 24h, 90m.
+func goDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// setRetention reads a retention window: a Go duration of whole
+// milliseconds in task.RetentionRange, 0 keeping forever.
+func setRetention(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%q is not a Go duration (24h, 90m; 0: kept forever)", v)
+		}
+		r := task.RetentionRange
+		if d < 0 || d > task.MaxRetention || d%time.Millisecond != 0 {
+			return fmt.Errorf("must be 0 (kept forever) or a duration of whole milliseconds up to %s, got %s", goDuration(time.Duration(r.Max)*time.Millisecond), v)
+		}
+		if _, ferr := r.Millis(d.Milliseconds()); ferr != nil {
+			return ferr
+		}
+		*field(c) = d
+		return nil
+	}
+}
+
+// retention is the task retention of the maintainer: a window of 0 keeps
+// the tasks of its state forever.
+func (c *Config) retention() maintenance.RetentionConfig {
+	w := func(d time.Duration) time.Duration {
+		if d == 0 {
+			return task.KeepForever
+		}
+		return d
+	}
+	return maintenance.RetentionConfig{Tasks: task.Windows{
+		Succeeded: w(c.RetentionSucceeded), Cancelled: w(c.RetentionCancelled), Dead: w(c.RetentionDead)}}
 }
 
 func setBool(field func(*Config) *bool) func(*Config, string) error {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
 )
 
 // envOf returns a lookup function over env.
@@ -50,6 +51,7 @@ func TestConfigDefaults(t *testing.T) {
 		Queue: "redis", KafkaBrokers: "127.0.0.1:9092", KafkaTopic: "ingest.tasks", KafkaGroup: "ingest-workers",
 		KafkaDLQTopic: "ingest.tasks.dlq", KafkaMaxAttempts: 10, KafkaRetryBaseBackoff: time.Second,
 		KafkaRetryMaxBackoff: 600 * time.Second, KafkaPublishBatchSize: 20, KafkaPublishInterval: time.Second,
+		RetentionSucceeded: 24 * time.Hour, RetentionCancelled: 24 * time.Hour, RetentionDead: 168 * time.Hour,
 	}
 	if *c != want {
 		t.Fatalf("defaults:\n got %+v\nwant %+v", *c, want)
@@ -77,6 +79,12 @@ func TestConfigSources(t *testing.T) {
 		{"EmptyDLQMeansNone", map[string]string{"INGEST_REDIS_DLQ_STREAM_KEY": ""}, nil, func(c *Config) bool { return c.DLQStreamKey == "" }},
 		{"EmptyNumberMeansDefault", map[string]string{"INGEST_WORKER_CONCURRENCY": ""}, nil, func(c *Config) bool { return c.WorkerConcurrency == 16 }},
 		{"EmptyHTTPAddrDisables", map[string]string{"INGEST_HTTP_ADDR": ""}, nil, func(c *Config) bool { return c.HTTPAddr == "" }},
+		{"RetentionWindows", map[string]string{"INGEST_RETENTION_SUCCEEDED": "720h", "INGEST_RETENTION_CANCELLED": "0", "INGEST_RETENTION_DEAD": "90m"}, nil,
+			func(c *Config) bool {
+				w := c.retention().Tasks
+				return c.RetentionSucceeded == 720*time.Hour && w.Succeeded == 720*time.Hour &&
+					c.RetentionCancelled == 0 && w.Cancelled == task.KeepForever && w.Dead == 90*time.Minute
+			}},
 		{"ConsumerName", map[string]string{"INGEST_CONSUMER_NAME": "worker-a"}, nil, func(c *Config) bool { return c.ConsumerName == "worker-a" }},
 		{"KeyValueDSN", map[string]string{"INGEST_DATABASE_URL": "host=db user=app password=x dbname=ingest"}, nil, func(c *Config) bool { return strings.HasPrefix(c.DatabaseURL, "host=db") }},
 		{"HashTaggedKeys", map[string]string{"INGEST_REDIS_STREAM_KEY": "{ingest}:tasks", "INGEST_REDIS_DLQ_STREAM_KEY": "{ingest}:tasks:dlq"}, nil,
@@ -161,6 +169,10 @@ func TestConfigErrors(t *testing.T) {
 		{"FractionalMillis", map[string]string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS": "1.5"}, []string{"INGEST_OUTBOX_PUBLISH_INTERVAL_MS", "milliseconds"}},
 		{"DurationSyntax", map[string]string{"INGEST_SHUTDOWN_TIMEOUT_MS": "30s"}, []string{"INGEST_SHUTDOWN_TIMEOUT_MS"}},
 		{"HugeMillis", map[string]string{"INGEST_TASK_TIMEOUT_MS": "99999999999999"}, []string{"INGEST_TASK_TIMEOUT_MS", "at most a year"}},
+		{"RetentionNotDuration", map[string]string{"INGEST_RETENTION_SUCCEEDED": "30 days"}, []string{"INGEST_RETENTION_SUCCEEDED", "--retention-succeeded", "Go duration"}},
+		{"RetentionNegative", map[string]string{"INGEST_RETENTION_DEAD": "-1h"}, []string{"INGEST_RETENTION_DEAD", "kept forever", "87600h"}},
+		{"RetentionTooLong", map[string]string{"INGEST_RETENTION_CANCELLED": "100000h"}, []string{"INGEST_RETENTION_CANCELLED", "87600h"}},
+		{"RetentionSubMillisecond", map[string]string{"INGEST_RETENTION_SUCCEEDED": "500us"}, []string{"INGEST_RETENTION_SUCCEEDED", "whole milliseconds"}},
 		{"PeriodicNotJSON", map[string]string{"INGEST_PERIODIC": "sync every 30s"}, []string{"INGEST_PERIODIC", "--periodic", "JSON array"}},
 		{"PeriodicBadEntry", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"1m"},{"kind":"b","cron":"0 25 * * *"}]`}, []string{"INGEST_PERIODIC", "[1].cron"}},
 		{"PeriodicTooOften", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"100ms"}]`}, []string{"INGEST_PERIODIC", "[0].every", ">= 1s"}},

@@ -104,7 +104,7 @@ func (a *app) newKafkaStack(ctx context.Context, pool *pgxpool.Pool, opts ...kgo
 			TaskTimeout:     c.TaskTimeout,
 			ShutdownTimeout: c.ShutdownTimeout,
 		},
-		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}},
+		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}, Retention: c.retention()},
 		Relay: outbox.RelayConfig{
 			BatchSize: c.KafkaPublishBatchSize, PublishInterval: c.KafkaPublishInterval,
 			MaxAttempts: c.KafkaMaxAttempts, Backoff: c.kafkaBackoff(),

@@ -187,7 +187,7 @@ func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.Univer
 			BatchSize: c.OutboxPublishBatchSize, PublishInterval: c.OutboxPublishInterval,
 			MaxAttempts: c.OutboxMaxAttempts, Backoff: c.outboxBackoff(),
 		},
-		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}},
+		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}, Retention: c.retention()},
 	}, pool, rdb, a.log, s.reg)
 	if err != nil {
 		return nil, usageErr(err)

@@ -26,7 +26,8 @@ func (a *app) newUI(store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalCl
 	c := a.cfg
 	cfg := ui.Config{Store: store, DB: pool, Token: c.APIToken, ReadOnly: c.UIReadOnly, Registerer: reg,
 		Actor: "ui:" + c.ConsumerName, MaxAttempts: c.MaxAttempts, Logger: a.log.With("component", "ui"),
-		Periodic: func(now time.Time) []maintenance.Slot { return maintenance.NextSlots(c.periodic(), now) }}
+		Retention: c.retention().Tasks,
+		Periodic:  func(now time.Time) []maintenance.Slot { return maintenance.NextSlots(c.periodic(), now) }}
 	if rdb != nil {
 		cfg.Redis, cfg.Stream, cfg.Group, cfg.DLQKey = rdb, c.StreamKey, c.Group, c.DLQStreamKey
 	}
