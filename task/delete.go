@@ -20,20 +20,11 @@ type DeleteResult struct {
 
 // deleteTerminalSQL deletes those tasks of $1 that are terminal
 // (SUCCEEDED, DEAD or CANCELLED) with their audit and outbox rows, in one
-// statement (no foreign key cascades them: package task writes them with
-// the task and deletes them with it). The guard is on the DELETE itself,
-// so a task redriven concurrently is re-checked on its new version and
-// kept. It returns a row per deleted task and one per task of $1 that
-// exists but was kept (live), with its state; an unknown id has none.
+// statement (deleteFinishedCTEs). It returns a row per deleted task and
+// one per task of $1 that exists but was kept (live), with its state; an
+// unknown id has none.
 var deleteTerminalSQL = `
-WITH t AS (
-    DELETE FROM ingest_task WHERE id = ANY($1::uuid[]) AND status IN ` + terminalSQL + `
-    RETURNING id, status
-), a AS (
-    DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)
-), o AS (
-    DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t)
-)
+WITH pick AS (SELECT unnest($1::uuid[]) AS id),` + deleteFinishedCTEs + `
 SELECT id, status, true FROM t
 UNION ALL
 SELECT id, status, false FROM ingest_task WHERE id = ANY($1::uuid[]) AND id NOT IN (SELECT id FROM t)`

@@ -38,7 +38,7 @@
 // (RescueCandidates, Rescue), the reclaimer's republishing of deleted
 // stream entries (RepublishDeleted), outbox retention
 // (DeleteSentOutbox) and the deletion of finished tasks with their audit
-// and outbox rows (DeleteExpired, DeleteFinished). Their guards (a task is due, startable, terminal)
+// and outbox rows (DeleteExpired, DeleteTerminal). Their guards (a task is due, startable, terminal)
 // are SQL fragments written once (guards.go), shared with Start.
 //
 // The store also owns the rules of its input (fields.go), which the HTTP

@@ -42,6 +42,6 @@ func ParkedStatements() map[string][2]string {
 func RetentionStatements() map[string][2]string {
 	return map[string][2]string{
 		"expired":  {expiredSQL, `86400000, 86400000, 604800000, 1000, 86400000`},
-		"finished": {deleteFinishedSQL, `'{00000000-0000-7000-8000-000000000001}'`},
+		"terminal": {deleteTerminalSQL, `'{00000000-0000-7000-8000-000000000001}'`},
 	}
 }

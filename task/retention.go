@@ -87,21 +87,19 @@ type Deleted struct {
 	Status State
 }
 
-// deleteFinishedTail deletes the tasks of the CTE pick (a column id) that
+// deleteFinishedCTEs deletes the tasks of the CTE pick (a column id) that
 // are finished, with their audit and outbox rows (no foreign key cascades
-// them: package task writes them with the task and deletes them with it),
-// and returns the id and state of each task deleted. A task that is not
-// finished is never deleted, whatever pick holds.
-const deleteFinishedTail = `
-t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + "%s" + `
+// them: package task writes them with the task and deletes them with it);
+// the CTE t holds the id and state of each task deleted. A task that is
+// not finished is never deleted, whatever pick holds: the guard is on the
+// DELETE itself, so a task redriven concurrently is re-checked on its new
+// version and kept. The one deletion of tasks: retention's batches
+// (expiredSQL) and an operator's delete by id (deleteTerminalSQL).
+var deleteFinishedCTEs = `
+t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + terminalSQL + `
       RETURNING id, status),
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
-o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t))
-SELECT id, status FROM t`
-
-// deleteFinishedSQL deletes the finished tasks among the ids $1.
-var deleteFinishedSQL = `
-WITH pick AS (SELECT unnest($1::uuid[]) AS id),` + fmt.Sprintf(deleteFinishedTail, terminalSQL)
+o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t))`
 
 // expiredSQL deletes up to $4 finished tasks whose state's window has
 // passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms;
@@ -123,23 +121,8 @@ WITH pick AS (
                       ELSE false END
     ORDER BY id
     LIMIT $4
-    FOR UPDATE SKIP LOCKED),` + fmt.Sprintf(deleteFinishedTail, terminalSQL)
-
-// DeleteFinished deletes the tasks ids that are finished (SUCCEEDED, DEAD
-// or CANCELLED), each with its audit and outbox rows, in one statement,
-// and returns those it deleted. A task that is not finished, or not
-// found, is left out. Removing the DLQ entries of the DEAD ones is the
-// caller's (dlq.RemoveTasks, after the commit).
-func DeleteFinished(ctx context.Context, db DB, ids []uuid.UUID) ([]Deleted, error) {
-	if len(ids) == 0 {
-		return nil, nil
-	}
-	out, err := collectDeleted(db.Query(ctx, deleteFinishedSQL, ids))
-	if err != nil {
-		return out, fmt.Errorf("delete finished tasks: %w", err)
-	}
-	return out, nil
-}
+    FOR UPDATE SKIP LOCKED),` + deleteFinishedCTEs + `
+SELECT id, status FROM t`
 
 // DeleteExpired deletes up to limit finished tasks whose window (by
 // state, from finished_at) has passed, each with its audit and outbox

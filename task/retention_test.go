@@ -3,6 +3,7 @@ package task_test
 import (
 	"context"
 	"encoding/binary"
+	"slices"
 	"testing"
 	"time"
 
@@ -156,14 +157,15 @@ func TestDeleteExpiredSkipsALockedTask(t *testing.T) {
 	}
 }
 
-func TestDeleteFinishedLeavesUnfinishedTasks(t *testing.T) {
+func TestDeleteTerminalLeavesUnfinishedTasks(t *testing.T) {
 	t.Parallel()
 	b := setup(t, task.Config{})
 	done := b.aged(t, "ret", task.Dead, time.Minute)
 	live := b.aged(t, "ret", task.Running, time.Minute)
-	out, err := task.DeleteFinished(b.ctx, b.db, []uuid.UUID{done, live, uuid.New()})
-	if err != nil || len(out) != 1 || out[0] != (task.Deleted{ID: done, Status: task.Dead}) {
-		t.Fatalf("deleted %v, %v; want the DEAD task only", out, err)
+	out, err := task.DeleteTerminal(b.ctx, b.db, []uuid.UUID{done, live, uuid.New()})
+	want := []task.DeleteResult{{ID: done, Status: task.Dead, Deleted: true}, {ID: live, Status: task.Running}}
+	if err != nil || !slices.Equal(out, want) {
+		t.Fatalf("deleted %v, %v; want the DEAD task deleted, the RUNNING one kept", out, err)
 	}
 	if b.taskRows(t, done) != [3]int{} || b.taskRows(t, live) != [3]int{1, 1, 1} {
 		t.Fatalf("rows: done %v, live %v", b.taskRows(t, done), b.taskRows(t, live))
