@@ -3,9 +3,12 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -37,16 +40,45 @@ func StartRedis(args ...string) (*RedisServer, error) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return nil, fmt.Errorf("no redis-server on PATH: install it (Debian: apt-get install redis-server) or set INGEST_TEST_REDIS_URL")
 	}
-	dir, err := os.MkdirTemp("", "ingest-redis-")
-	if err != nil {
-		return nil, err
+	// A cluster node also listens on its port + 10000 (the cluster bus).
+	// A free port is only free when it is asked for: another process may
+	// take it (or its bus port) before the server binds it, so a server
+	// that finds its address in use is started again on another port.
+	cluster := slices.Contains(args, "--cluster-enabled")
+	for attempt := 1; ; attempt++ {
+		port, err := freeRedisPort(cluster)
+		if err != nil {
+			return nil, err
+		}
+		dir, err := os.MkdirTemp("", "ingest-redis-")
+		if err != nil {
+			return nil, err
+		}
+		s := &RedisServer{Port: port, Dir: dir, args: args}
+		err = s.Start()
+		if err == nil || attempt == 5 || !strings.Contains(err.Error(), "Address already in use") {
+			return s, err
+		}
+		_ = os.RemoveAll(dir)
 	}
-	port, err := freePort()
-	if err != nil {
-		return nil, err
+}
+
+// freeRedisPort returns a free port of 127.0.0.1; for a cluster node, one
+// whose cluster bus port (+10000) is free too.
+func freeRedisPort(cluster bool) (int, error) {
+	for {
+		port, err := freePort()
+		if err != nil || !cluster {
+			return port, err
+		}
+		if port+10000 > 65535 {
+			continue
+		}
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000)); err == nil {
+			l.Close()
+			return port, nil
+		}
 	}
-	s := &RedisServer{Port: port, Dir: dir, args: args}
-	return s, s.Start()
 }
 
 // Start starts the server (again, empty) on its port.
@@ -60,9 +92,16 @@ func (s *RedisServer) Start() error {
 		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.cmd = cmd
-	go func() { _ = cmd.Wait() }()
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
+		select {
+		case <-exited: // it will not answer: say why at once
+			log, _ := os.ReadFile(s.Dir + "/redis.log")
+			return fmt.Errorf("redis-server on port %d exited; log:\n%s", s.Port, log)
+		default:
+		}
 		c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 		err := c.Ping(context.Background()).Err()
 		c.Close()
