@@ -419,23 +419,26 @@ func (s *Server) deleteTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, err := s.store.Delete(r.Context(), id)
-	if err != nil {
+	res, removed, err := dlq.Delete(r.Context(), s.cfg.DLQClient, s.dlqKey(), s.store, id)
+	rerr := (*dlq.RemoveError)(nil)
+	switch {
+	case err != nil && !errors.As(err, &rerr):
 		s.storeError(w, r, err, "id")
 		return
-	}
-	if !res.Deleted {
-		writeError(w, http.StatusConflict, res.Refusal(), "id")
+	case len(res) == 0:
+		s.storeError(w, r, fmt.Errorf("delete task %s: %w", id, task.ErrNotFound), "id")
+		return
+	case !res[0].Deleted:
+		writeError(w, http.StatusConflict, res[0].Refusal(), "id")
 		return
 	}
 	s.deleted.Inc()
-	removed, err := dlq.RemoveTasks(r.Context(), s.cfg.DLQClient, s.dlqKey(), []uuid.UUID{id})
-	if err != nil {
+	if rerr != nil {
 		// The task is gone; only its DLQ entry stayed (dlq discard
 		// removes it).
 		s.log.WarnContext(r.Context(), "delete: DLQ entry not removed", "task_id", id, "err", err)
 	}
-	s.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res.Status, "actor", s.cfg.Actor, "dlq_removed", removed)
+	s.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res[0].Status, "actor", s.cfg.Actor, "dlq_removed", removed)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -15,6 +15,9 @@
 // DLQ entry fields (contract): task_id, kind, attempt_count, last_error,
 // source_id (the task-stream entry id), dead_at (RFC 3339).
 //
+// Every operator's delete of tasks goes through Delete too, which removes
+// the deleted tasks' entries after the commit.
+//
 // Every redrive goes through this package, so that a redriven task never
 // keeps the entry of its old death and the DLQ's depth stays the number of
 // DEAD tasks with an entry: Redrive (task ids), RedriveMatching (a filter,

@@ -29,21 +29,54 @@ func Redrive(ctx context.Context, rdb redis.UniversalClient, key string, store R
 	}
 	n, err := RemoveTasks(context.WithoutCancel(ctx), rdb, key, task.Redriven(res))
 	if err != nil {
-		return res, n, &RemoveError{Redriven: len(task.Redriven(res)), Err: err}
+		return res, n, &RemoveError{Op: "redriven", Tasks: len(task.Redriven(res)), Err: err}
 	}
 	return res, n, nil
 }
 
-// RemoveError is Redrive's error when the tasks were redriven but their
-// DLQ entries could not be removed.
+// RemoveError is the error of Redrive and Delete when the tasks were
+// redriven or deleted but their DLQ entries could not be removed.
 type RemoveError struct {
-	// Redriven counts the tasks redriven.
-	Redriven int
-	Err      error
+	// Op is what was done to the tasks: "redriven" or "deleted".
+	Op string
+	// Tasks counts the tasks redriven or deleted.
+	Tasks int
+	Err   error
 }
 
 func (e *RemoveError) Error() string {
-	return fmt.Sprintf("%d tasks redriven, but their DLQ entries were not removed: %v", e.Redriven, e.Err)
+	return fmt.Sprintf("%d tasks %s, but their DLQ entries were not removed: %v", e.Tasks, e.Op, e.Err)
 }
 
 func (e *RemoveError) Unwrap() error { return e.Err }
+
+// Deleter is what Delete needs of the task store (*task.Store).
+type Deleter interface {
+	DeleteTerminal(ctx context.Context, ids ...uuid.UUID) ([]task.DeleteResult, error)
+}
+
+// Delete deletes the finished tasks ids (SUCCEEDED, DEAD or CANCELLED)
+// with their audit and outbox rows (task.DeleteTerminal: one statement, a
+// live task kept) and then removes the DLQ entries of the tasks it deleted
+// from the stream key ("": no DLQ). It is the one path by which an
+// operator deletes tasks (the API's DELETE /v1/tasks/{id}, task delete,
+// the dashboard), as Redrive is for redriving them. It returns a result
+// per id that exists and the number of entries removed; when their
+// removal fails the tasks stay deleted and the error is a *RemoveError.
+func Delete(ctx context.Context, rdb redis.UniversalClient, key string, store Deleter, ids ...uuid.UUID) ([]task.DeleteResult, int, error) {
+	res, err := store.DeleteTerminal(ctx, ids...)
+	if err != nil {
+		return nil, 0, err
+	}
+	var deleted []uuid.UUID
+	for _, r := range res {
+		if r.Deleted {
+			deleted = append(deleted, r.ID)
+		}
+	}
+	n, err := RemoveTasks(context.WithoutCancel(ctx), rdb, key, deleted)
+	if err != nil {
+		return res, n, &RemoveError{Op: "deleted", Tasks: len(deleted), Err: err}
+	}
+	return res, n, nil
+}

@@ -56,6 +56,11 @@ func DeleteTerminal(ctx context.Context, db DB, ids []uuid.UUID) ([]DeleteResult
 	return res, nil
 }
 
+// DeleteTerminal is DeleteTerminal on the store's pool.
+func (s *Store) DeleteTerminal(ctx context.Context, ids ...uuid.UUID) ([]DeleteResult, error) {
+	return DeleteTerminal(ctx, s.db, ids)
+}
+
 // Delete deletes task id if it is terminal (DeleteTerminal). It returns
 // ErrNotFound for an unknown id, and a result with Deleted false and the
 // live state for a task that is not terminal.

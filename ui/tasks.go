@@ -340,7 +340,7 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "yes" }
 
 // deleteTask deletes a terminal task with its audit rows, outbox rows and
-// DLQ entries (task.DeleteTerminal), logged with the actor and counted.
+// DLQ entries (dlq.Delete), logged with the actor and counted.
 func (h *Handler) deleteTask(w http.ResponseWriter, r *http.Request) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
@@ -352,23 +352,22 @@ func (h *Handler) deleteTask(w http.ResponseWriter, r *http.Request) {
 		h.done(w, r, back, true, "Not deleted: tick the confirmation box first.")
 		return
 	}
-	res, err := h.cfg.Store.Delete(r.Context(), id)
-	if errors.Is(err, task.ErrNotFound) {
-		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
-		return
-	}
-	if err != nil {
+	res, n, err := dlq.Delete(r.Context(), h.cfg.Redis, h.cfg.DLQKey, h.cfg.Store, id)
+	rerr := (*dlq.RemoveError)(nil)
+	switch {
+	case err != nil && !errors.As(err, &rerr):
 		h.internal(w, r, err)
 		return
-	}
-	if !res.Deleted {
-		h.done(w, r, back, true, "The task is %s; only SUCCEEDED, DEAD and CANCELLED tasks can be deleted.", res.Status)
+	case len(res) == 0:
+		h.fail(w, r, http.StatusNotFound, "no task "+id.String())
+		return
+	case !res[0].Deleted:
+		h.done(w, r, back, true, "The task is %s; only SUCCEEDED, DEAD and CANCELLED tasks can be deleted.", res[0].Status)
 		return
 	}
 	h.deleted.Inc()
-	n, err := dlq.RemoveTasks(context.WithoutCancel(r.Context()), h.cfg.Redis, h.cfg.DLQKey, []uuid.UUID{id})
-	h.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res.Status, "actor", h.cfg.Actor, "dlq_removed", n)
-	if err != nil {
+	h.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res[0].Status, "actor", h.cfg.Actor, "dlq_removed", n)
+	if rerr != nil {
 		h.log.ErrorContext(r.Context(), "ui delete: DLQ entry not removed", "task_id", id, "err", err)
 		h.done(w, r, Prefix+"tasks", true, "Task %s deleted, but its DLQ entry was not removed (see the server's log); discard it from the DLQ page.", id)
 		return

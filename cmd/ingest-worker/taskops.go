@@ -78,14 +78,14 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 				return err
 			}
 			ctx := cmd.Context()
-			_, pool, rdb, key, closeAll, err := a.openWithDLQ(ctx)
+			store, _, rdb, key, closeAll, err := a.openWithDLQ(ctx)
 			if err != nil {
 				return err
 			}
 			defer closeAll()
-			res, err := task.DeleteTerminal(ctx, pool, ids)
-			if err != nil {
-				return err
+			res, removed, rerr := dlq.Delete(ctx, rdb, key, store, ids...)
+			if rerr != nil && !errors.As(rerr, new(*dlq.RemoveError)) {
+				return rerr
 			}
 			byID := make(map[uuid.UUID]task.DeleteResult, len(res))
 			var deleted []uuid.UUID
@@ -96,9 +96,8 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 					a.log.Info("task deleted", "task_id", r.ID, "status", r.Status, "actor", a.actor())
 				}
 			}
-			removed, rerr := dlq.RemoveTasks(context.WithoutCancel(ctx), rdb, key, deleted)
 			if rerr != nil {
-				rerr = fmt.Errorf("%d tasks deleted, but their DLQ entries were not removed (dlq discard --task removes them): %w", len(deleted), rerr)
+				rerr = fmt.Errorf("%w (dlq discard --task removes them)", rerr)
 			}
 			out := make([]deleteOutcome, 0, len(ids))
 			failed := 0
