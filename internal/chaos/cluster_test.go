@@ -31,6 +31,20 @@ var longFlag = flag.Bool("long", false, "run the long form of the reliability su
 // long reports whether the long form runs.
 func long() bool { return *longFlag || os.Getenv("INGEST_CHAOS_LONG") == "1" }
 
+// timingBound reports a missed timing bound (a latency percentile, a
+// throughput ratio): a failure in the long form, which runs on a machine
+// set aside for it; in the short form, which CI runs beside other work on
+// a loaded machine, it is logged, and the scenario's row still shows the
+// figure. Lost, stuck and duplicated tasks fail both forms.
+func timingBound(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if long() {
+		t.Errorf(format, args...)
+		return
+	}
+	t.Logf("timing bound missed (enforced in the long form only): "+format, args...)
+}
+
 // size returns short or long by the form that runs.
 func size(short, lng int) int {
 	if long() {

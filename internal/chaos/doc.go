@@ -18,5 +18,8 @@
 //	go test -race -tags reliability -count=1 ./internal/chaos/                     # short form (CI)
 //	INGEST_CHAOS_LONG=1 go test -tags reliability -count=1 -timeout 60m ./internal/chaos/   # long form
 //
+// Timing bounds (a throughput ratio, a latency percentile) fail the long
+// form only; the short form logs a missed one (timingBound).
+//
 // INGEST_CHAOS_REPORT=path writes the results table as Markdown.
 package chaos
