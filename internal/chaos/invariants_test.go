@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/task"
 )
@@ -254,6 +255,7 @@ func (c *cluster) verify(r *row, e expect) {
 	// poison entries.
 	if p := c.pending(); p != 0 {
 		failed("XPENDING %s: %d entries pending, want 0", c.stream, p)
+		c.logPending(ctx)
 	}
 	entries, err := c.admin.XRange(ctx, c.dlq, "-", "+").Result()
 	if err != nil {
@@ -412,4 +414,25 @@ func (c *cluster) story(id string) string {
 		}
 	}
 	return b.String()
+}
+
+// logPending logs the pending entries left after a scenario: their
+// consumer, idle time and deliveries, and the state of their task, to tell
+// what held them.
+func (c *cluster) logPending(ctx context.Context) {
+	ps, err := c.admin.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: c.stream, Group: "ingest-workers", Start: "-", End: "+", Count: 20}).Result()
+	if err != nil {
+		c.t.Logf("XPENDING %s: %v", c.stream, err)
+		return
+	}
+	for _, p := range ps {
+		state := "no entry"
+		if ms, err := c.admin.XRangeN(ctx, c.stream, p.ID, p.ID, 1).Result(); err == nil && len(ms) == 1 {
+			id, _ := ms[0].Values["task_id"].(string)
+			var status string
+			_ = c.db.Pool.QueryRow(ctx, `SELECT status FROM ingest_task WHERE id::text = $1`, id).Scan(&status)
+			state = "task " + id + " " + status
+		}
+		c.t.Logf("pending %s: consumer %s, idle %s, delivered %d times; %s", p.ID, p.Consumer, p.Idle, p.RetryCount, state)
+	}
 }
