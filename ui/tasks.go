@@ -273,12 +273,10 @@ func (h *Handler) redisStateOf(ctx context.Context, tv *taskView) error {
 
 // cancel cancels a task (task.Store.Cancel).
 func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "not a task id")
+	id, back, ok := h.actionTarget(w, r)
+	if !ok {
 		return
 	}
-	back := Prefix + "tasks/" + id.String()
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
 	res, err := h.cfg.Store.Cancel(r.Context(), h.cfg.Actor, reason, id)
 	if errors.Is(err, task.ErrNotFound) {
@@ -307,12 +305,10 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 // redrive redrives a DEAD or CANCELLED task and removes its DLQ entries,
 // as dlq replay does.
 func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "not a task id")
+	id, back, ok := h.actionTarget(w, r)
+	if !ok {
 		return
 	}
-	back := Prefix + "tasks/" + id.String()
 	res, n, err := dlq.Redrive(r.Context(), h.cfg.Redis, h.cfg.DLQKey, h.cfg.Store, h.cfg.Actor, id)
 	if rerr := (*dlq.RemoveError)(nil); errors.As(err, &rerr) {
 		h.log.ErrorContext(r.Context(), "ui redrive: DLQ entry not removed", "task_id", id, "err", err)
@@ -342,12 +338,10 @@ func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "yes
 // deleteTask deletes a terminal task with its audit rows, outbox rows and
 // DLQ entries (dlq.Delete), logged with the actor and counted.
 func (h *Handler) deleteTask(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "not a task id")
+	id, back, ok := h.actionTarget(w, r)
+	if !ok {
 		return
 	}
-	back := Prefix + "tasks/" + id.String()
 	if !confirmed(r) {
 		h.done(w, r, back, true, "Not deleted: tick the confirmation box first.")
 		return
@@ -377,12 +371,10 @@ func (h *Handler) deleteTask(w http.ResponseWriter, r *http.Request) {
 
 // runNow makes a task that waits for a later time due now (task.RunNow).
 func (h *Handler) runNow(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(r.PathValue("id"))
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, "not a task id")
+	id, back, ok := h.actionTarget(w, r)
+	if !ok {
 		return
 	}
-	back := Prefix + "tasks/" + id.String()
 	if !confirmed(r) {
 		h.done(w, r, back, true, "Not run: tick the confirmation box first.")
 		return
@@ -401,4 +393,16 @@ func (h *Handler) runNow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h.done(w, r, back, false, "Task due now: it is published at once and the next free worker runs it.")
+}
+
+// actionTarget reads the task id of an action on a task's page
+// (POST /ui/tasks/{id}/...) and the page to go back to; a path that holds
+// no task id answers 400 and ok false.
+func (h *Handler) actionTarget(w http.ResponseWriter, r *http.Request) (id uuid.UUID, back string, ok bool) {
+	id, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, "not a task id")
+		return uuid.Nil, "", false
+	}
+	return id, Prefix + "tasks/" + id.String(), true
 }
