@@ -26,10 +26,26 @@ func DSN(s string) string {
 	// then removes any other copy of it from the value (a second, broken
 	// "user:password" further on, say).
 	scrub := NewScrubber(Secrets(s)...)
-	if m := bareUserinfoRe.FindStringSubmatch(s); m != nil && !schemeRe.MatchString(s) {
-		scrub.Add(strings.TrimSuffix(strings.TrimPrefix(m[0], m[1]), "@"))
-	}
+	scrub.Add(maskedParts(s)...)
 	return scrub.String(mask(s))
+}
+
+// maskedParts returns every piece of s that one of mask's user-info
+// patterns takes for a password, wherever it matches: a value mask does
+// not parse as a URL ("/:pw@://pw") must not show another copy of what it
+// masked.
+func maskedParts(s string) []string {
+	res := []*regexp.Regexp{userinfoRe, looseUserinfoRe}
+	if !schemeRe.MatchString(s) {
+		res = append(res, bareUserinfoRe)
+	}
+	var out []string
+	for _, re := range res {
+		for _, m := range re.FindAllStringSubmatch(s, -1) {
+			out = append(out, strings.TrimSuffix(strings.TrimPrefix(m[0], m[1]), "@"))
+		}
+	}
+	return out
 }
 
 // mask masks the password of s where a DSN puts it: the user info of a

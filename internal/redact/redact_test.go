@@ -100,8 +100,13 @@ func TestSecretsAndScrubber(t *testing.T) {
 	if strings.Contains(got, "SECRET") {
 		t.Fatalf("a piece of the password is left: %q", got)
 	}
-	if got := DSN("/:s3cr3t-pw@://"); strings.Contains(got, "s3cr3t") {
-		t.Fatalf("DSN of a value no parser takes for a URL shows its password: %q", got)
+	for _, v := range []string{"/:s3cr3t-pw@://", "/:s3cr3t-pw@://s3cr3t-pw", "u:s3cr3t-pw@h/s3cr3t-pw"} {
+		if got := DSN(v); strings.Contains(got, "s3cr3t") {
+			t.Fatalf("DSN(%q) shows the password it masked (a second copy): %q", v, got)
+		}
+	}
+	if got := DSN("postgres://u:s3cr3t-pw@db:5432/ingest"); got != "postgres://u:xxxxx@db:5432/ingest" {
+		t.Fatalf("DSN masks more than the password of a plain URL: %q", got)
 	}
 	if got := DSN("postgres://u:p@ssSECRET@db/%zz"); strings.Contains(got, "SECRET") {
 		t.Fatalf("DSN of an unparsable URL shows a piece of its password: %q", got)
