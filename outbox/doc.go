@@ -29,9 +29,10 @@
 // retry time this way).
 //
 // Writer is the one place that decides how the tasks a transaction makes
-// due now reach the stream; package task writes every such task's outbox
-// row through it. The zero Writer writes NEW rows (Insert), which relays
-// find on the NOTIFY. A Writer built on a relay (NewWriter) uses direct
+// due now reach the stream; package task writes the rows of the tasks it
+// creates, and of the parked tasks it releases, through it (redrive,
+// rescue and republish call Insert). The zero Writer writes NEW rows
+// (Insert), which relays find on the NOTIFY. A Writer built on a relay (NewWriter) uses direct
 // publishing while that relay runs and has room, which skips the NOTIFY
 // and the claim: in Mode PublishClaimed it writes the rows already claimed
 // by that relay and hands them over on commit; they are ordinary claimed
@@ -43,7 +44,7 @@
 // before (Stage: released parked tasks) get claimed rows in either mode. A
 // relay that is not running, or has DirectBacklog claims in flight, is
 // not used: the rows are written NEW (see direct.go and writer.go).
-
+//
 // Keeping Postgres and Redis consistent beyond the relay is the work of the
 // leader-run services of package maintenance: the rescuer republishes tasks
 // that should be in Redis but are not (trimmed, deleted, or lost with Redis
