@@ -172,8 +172,8 @@ type Service struct {
 // NewService validates the configuration and builds every enabled
 // component; errors name the component and the field. With the relay
 // enabled, the store publishes the tasks it creates through it (see
-// task.PublishAfterCommit, or task.PublishThrough when the rescuer is
-// disabled).
+// task.PublishWith: outbox.PublishAfterCommit, or outbox.PublishClaimed
+// when the rescuer is disabled).
 func NewService(cfg ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Service, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -192,11 +192,11 @@ func NewService(cfg ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient
 		// With a rescuer to republish what a crash between a commit
 		// and its XADD leaves, created tasks' outbox rows are written
 		// once, SENT, after their XADD.
+		mode := outbox.PublishAfterCommit
 		if cfg.Maintenance.RescuerDisabled {
-			opts = append(opts, task.PublishThrough(svc.relay))
-		} else {
-			opts = append(opts, task.PublishAfterCommit(svc.relay))
+			mode = outbox.PublishClaimed
 		}
+		opts = append(opts, task.PublishWith(outbox.NewWriter(svc.relay, mode)))
 	}
 	if svc.store, err = task.NewStore(cfg.Store, pool, opts...); err != nil {
 		return nil, fmt.Errorf("task store config: %w", err)

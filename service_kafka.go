@@ -58,7 +58,7 @@ func NewKafkaService(cfg ServiceConfig, kcfg kafka.Config, pool *pgxpool.Pool, l
 			return nil, err
 		}
 		svc.closers = append(svc.closers, cl.Close)
-		storeOpts = append(storeOpts, task.PublishThrough(svc.relay))
+		storeOpts = append(storeOpts, task.PublishWith(outbox.NewWriter(svc.relay, outbox.PublishClaimed)))
 	}
 	var err error
 	if svc.store, err = task.NewStore(cfg.Store, pool, storeOpts...); err != nil {

@@ -230,7 +230,7 @@ func TestRescuerPagesAcrossPasses(t *testing.T) {
 }
 
 // TestRescuerRepublishesTaskLeftWithoutOutboxRow: a process publishing
-// after commit (task.PublishAfterCommit) that dies between its commit and
+// after commit (outbox.PublishAfterCommit) that dies between its commit and
 // its XADD leaves a QUEUED task with no outbox row and no entry. The
 // rescuer leaves it alone within the grace (its publisher may still be at
 // work) and gives it a row once the grace has passed.

@@ -23,7 +23,7 @@ func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
 	r := b.relay(t, outbox.RelayConfig{ID: "delay-relay"})
 	run(t, r.Run)
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
-	store, err := task.NewStore(b.store.Config(), b.db, task.PublishThrough(r))
+	store, err := task.NewStore(b.store.Config(), b.db, task.PublishWith(outbox.NewWriter(r, outbox.PublishClaimed)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,55 +14,57 @@ import (
 //
 // The usual way from a commit to the stream takes a NOTIFY, a relay's claim
 // statement and its XADD: at light load, most of the time from commit to
-// handler start. A writer that owns its transaction can skip the first two:
-// InsertClaimed writes the outbox rows already claimed by a running relay,
-// under that relay's lease, and once the transaction has committed
-// Claim.Publish hands them to the relay, which XADDs and marks them at
-// once. Nothing else changes: the rows are ordinary claimed rows, so if
-// the process dies before they are published any relay publishes them when
-// the lease expires, and a failed XADD is retried by the relays with
-// backoff like any other.
+// handler start. A writer that owns its transaction can skip the first two
+// (Writer decides when): insertClaimed writes the outbox rows already
+// claimed by a running relay, under that relay's lease, and once the
+// transaction has committed Claim.Publish hands them to the relay, which
+// XADDs and marks them at once. Nothing else changes: the rows are
+// ordinary claimed rows, so if the process dies before they are published
+// any relay publishes them when the lease expires, and a failed XADD is
+// retried by the relays with backoff like any other.
 //
 // A relay takes at most DirectBacklog claims at a time; beyond that, and
-// while it is not running, InsertClaimed writes unclaimed rows, which go the
-// usual way.
+// while it is not running, insertClaimed writes unclaimed rows, which go
+// the usual way.
 //
-// Publishing after commit (Reserve) goes one step further: the transaction
-// writes no outbox row at all. Once it has committed, Claim.Publish hands
-// the tasks to the relay, which XADDs them and then writes each task's row
-// once, already SENT with its entry id (or RETRYING with the error, for the
-// relays to retry like any failed row). A row inserted and later updated
-// to SENT writes every index of outbox_event twice, the claim index once
-// more; written once, SENT, it costs half. The price is the window
-// between the commit and the XADD: a process that dies in it leaves tasks
-// with no outbox row and no entry, which only the rescuer (package
-// maintenance) finds, once its grace has passed; the relay's lease does
-// not cover them. So Reserve is for a process whose deployment runs the
-// rescuer (Redis mode); InsertClaimed needs nothing but relays.
+// Publishing after commit (reserve, Writer's PublishAfterCommit) goes one
+// step further: the transaction writes no outbox row at all. Once it has
+// committed, Claim.Publish hands the tasks to the relay, which XADDs them
+// and then writes each task's row once, already SENT with its entry id (or
+// RETRYING with the error, for the relays to retry like any failed row). A
+// row inserted and later updated to SENT writes every index of
+// outbox_event twice, the claim index once more; written once, SENT, it
+// costs half. The price is the window between the commit and the XADD: a
+// process that dies in it leaves tasks with no outbox row and no entry,
+// which only the rescuer (package maintenance) finds, once its grace has
+// passed; the relay's lease does not cover them. So it is for tasks just
+// created (no row of their own yet), in a process whose deployment runs
+// the rescuer (Redis mode); claimed rows need nothing but relays.
 
-// Querier is what InsertClaimed needs: a pgx.Tx, usually.
+// Querier is what Writer needs of a transaction: a pgx.Tx, usually.
 type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Execer
 }
 
 // Claim is a batch of outbox rows written claimed by a relay (see
-// InsertClaimed), or of tasks whose rows the relay writes once they are
-// published (see Reserve). The zero Claim holds nothing. Call exactly one
-// of Publish (the transaction committed) and Discard (it did not).
+// insertClaimed), or of tasks whose rows the relay writes once they are
+// published (see reserve): what a Writer staged for after the commit. The
+// zero Claim holds nothing. Call exactly one of Publish (the transaction
+// committed) and Discard (it did not).
 type Claim struct {
 	relay *Relay
 	c     claimed
 }
 
-// Reserve takes room in r for msgs, tasks that the caller's transaction is
+// reserve takes room in r for msgs, tasks that the caller's transaction is
 // creating, and writes nothing: once the transaction has committed,
 // Claim.Publish hands them to r, which publishes them and writes each
-// task's outbox row once, SENT (see the package's note on direct
-// publishing for what a crash before the XADD leaves). ok is false when r
-// is not running or has no room (see DirectBacklog): the caller then
-// writes the rows the usual way (Insert).
-func (r *Relay) Reserve(msgs []Message) (c Claim, ok bool) {
+// task's outbox row once, SENT (see the note on direct publishing above
+// for what a crash before the XADD leaves). ok is false when r is not
+// running or has no room (see DirectBacklog): the caller then writes the
+// rows the usual way (Insert).
+func (r *Relay) reserve(msgs []Message) (c Claim, ok bool) {
 	if len(msgs) == 0 || !r.takeSlot() {
 		return Claim{}, false
 	}
@@ -88,57 +90,61 @@ func (r *Relay) takeSlot() bool {
 	}
 }
 
-// insertClaimedSQL also reads each task's traceparent (the tasks were
-// written earlier in the same transaction).
+// insertClaimedSQL writes one row per task $1 (to streams $2) claimed by
+// relay $3 for $4 ms.
 const insertClaimedSQL = `
-WITH ins AS (
-    INSERT INTO outbox_event (task_id, stream, claimed_by, claimed_until)
-    SELECT id, $2, $3, now() + $4 * interval '1 millisecond' FROM unnest($1::uuid[]) AS t(id)
-    RETURNING id, task_id, created_at, claimed_until
-)
-SELECT ins.id, ins.task_id, ins.created_at, ins.claimed_until, coalesce(t.traceparent, '')
-FROM ins LEFT JOIN ingest_task t ON t.id = ins.task_id`
+INSERT INTO outbox_event (task_id, stream, claimed_by, claimed_until)
+SELECT id, s, $3, now() + $4 * interval '1 millisecond' FROM unnest($1::uuid[], $2::text[]) AS t(id, s)
+RETURNING id, task_id, created_at, claimed_until`
 
-// InsertClaimed writes one outbox row per task (taskIDs[i] of kind
-// kinds[i]) to stream in db's transaction, like Insert, but claimed by r
-// when r is running and has room (see DirectBacklog); the returned Claim
-// then holds the rows, for Publish once the transaction has committed.
-// Otherwise the rows are written unclaimed and the Claim is zero.
-func (r *Relay) InsertClaimed(ctx context.Context, db Querier, stream string, taskIDs []uuid.UUID, kinds []string) (Claim, error) {
-	if len(taskIDs) == 0 {
+// insertClaimed writes one outbox row per message in db's transaction,
+// like Insert, but claimed by r when r is running and has room (see
+// DirectBacklog); the returned Claim then holds the rows, for Publish once
+// the transaction has committed. Otherwise the rows are written unclaimed
+// and the Claim is zero.
+func (r *Relay) insertClaimed(ctx context.Context, db Querier, msgs []Message) (Claim, error) {
+	if len(msgs) == 0 {
 		return Claim{}, nil
 	}
-	if len(kinds) != len(taskIDs) {
-		return Claim{}, fmt.Errorf("insert claimed outbox events: %d task ids but %d kinds", len(taskIDs), len(kinds))
-	}
 	if !r.takeSlot() {
-		return Claim{}, Insert(ctx, db, stream, taskIDs...)
+		return Claim{}, insertMessages(ctx, db, msgs)
 	}
-	kindOf := make(map[uuid.UUID]string, len(taskIDs))
-	for i, id := range taskIDs {
-		kindOf[id] = kinds[i]
+	byTask := make(map[uuid.UUID]Message, len(msgs))
+	streams := make([]string, len(msgs))
+	for i, m := range msgs {
+		byTask[m.TaskID], streams[i] = m, m.Stream
 	}
-	c := claimed{rows: make([]row, 0, len(taskIDs))}
-	rows, err := db.Query(ctx, insertClaimedSQL, taskIDs, stream, r.cfg.ID, r.cfg.Lease.Milliseconds())
+	c := claimed{rows: make([]row, 0, len(msgs))}
+	rows, err := db.Query(ctx, insertClaimedSQL, taskIDs(msgs), streams, r.cfg.ID, r.cfg.Lease.Milliseconds())
 	if err == nil {
 		var rw row
-		_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.createdAt, &c.until, &rw.traceparent}, func() error {
-			rw.stream, rw.kind = stream, kindOf[rw.taskID]
+		_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.createdAt, &c.until}, func() error {
+			m := byTask[rw.taskID]
+			rw.stream, rw.kind, rw.traceparent = m.Stream, m.Kind, m.Traceparent
 			c.rows = append(c.rows, rw)
 			return nil
 		})
 	}
 	if err != nil {
 		<-r.directSlots
-		return Claim{}, fmt.Errorf("insert %d claimed outbox events: %w", len(taskIDs), err)
+		return Claim{}, fmt.Errorf("insert %d claimed outbox events: %w", len(msgs), err)
 	}
 	return Claim{relay: r, c: c}, nil
+}
+
+// taskIDs returns the task ids of msgs.
+func taskIDs(msgs []Message) []uuid.UUID {
+	ids := make([]uuid.UUID, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.TaskID
+	}
+	return ids
 }
 
 // Publish hands the claim, whose transaction has committed, to its relay,
 // which publishes the rows at once. It does not wait. A claim handed over
 // after the relay's Run has returned (a shutdown racing the commit) is
-// published by a relay once its lease expires, or, for a Reserve, by the
+// published by a relay once its lease expires, or, for a reserve, by the
 // rescuer once its grace has passed (the tasks have no row).
 func (c Claim) Publish() {
 	if c.relay != nil {

@@ -3,7 +3,6 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"testing"
 	"time"
 
@@ -62,14 +61,25 @@ func (b *bundle) taskTx(t *testing.T, n int, kind string, commit bool, f func(tx
 	return ids
 }
 
-// insertClaimed writes n tasks and their outbox rows through r in one
-// transaction, committed or rolled back, and returns the ids and the claim.
+// messages returns the messages of tasks ids of kind, to b's stream.
+func (b *bundle) messages(ids []uuid.UUID, kind string) []outbox.Message {
+	msgs := make([]outbox.Message, len(ids))
+	for i, id := range ids {
+		msgs[i] = outbox.Message{Stream: b.stream, TaskID: id, Kind: kind}
+	}
+	return msgs
+}
+
+// insertClaimed writes n tasks and their outbox rows through a writer of r
+// with claimed rows, in one transaction, committed or rolled back, and
+// returns the ids and the claim.
 func (b *bundle) insertClaimed(t *testing.T, r *outbox.Relay, n int, commit bool) ([]uuid.UUID, outbox.Claim) {
 	t.Helper()
 	var claim outbox.Claim
+	w := outbox.NewWriter(r, outbox.PublishClaimed)
 	ids := b.taskTx(t, n, "direct", commit, func(tx pgx.Tx, ids []uuid.UUID) {
 		var err error
-		if claim, err = r.InsertClaimed(context.Background(), tx, b.stream, ids, slices.Repeat([]string{"direct"}, n)); err != nil {
+		if claim, err = w.StageCreated(context.Background(), tx, b.messages(ids, "direct")); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -125,7 +135,7 @@ func TestDirectPublishing(t *testing.T) {
 }
 
 // TestDirectPublishingFallsBack: when the relay is not running, or its
-// backlog of claims is full, InsertClaimed writes ordinary unclaimed rows,
+// backlog of claims is full, the writer writes ordinary unclaimed rows,
 // which a relay pass publishes.
 func TestDirectPublishingFallsBack(t *testing.T) {
 	b := setup(t)
@@ -145,7 +155,7 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 	testenv.Eventually(t, 5*time.Second, "the unclaimed rows published by a pass", func() bool { return b.unsent(t) == 0 })
 
 	// A relay pass woken by the NOTIFY may claim unclaimed rows at any
-	// moment, so the claims are told apart by what InsertClaimed returned.
+	// moment, so the claims are told apart by what the writer returned.
 	_, first := b.insertClaimed(t, r, 1, true) // takes the only slot
 	_, over := b.insertClaimed(t, r, 1, true)
 	if outbox.ClaimLen(first) != 1 || outbox.ClaimLen(over) != 0 {
@@ -212,7 +222,7 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	r := b.relay(t, outbox.RelayConfig{ID: "store-relay", PublishInterval: 20 * time.Millisecond})
 	run(t, r.Run)
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
-	store, err := task.NewStore(b.store.Config(), b.db, task.PublishThrough(r))
+	store, err := task.NewStore(b.store.Config(), b.db, task.PublishWith(outbox.NewWriter(r, outbox.PublishClaimed)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,19 +262,20 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	b.checkPublishedOnce(t, 3)
 }
 
-// createReserved creates n tasks in one transaction through r.Reserve,
-// committed or rolled back, and returns their ids and the claim (ok:
-// whether r took them).
+// createReserved creates n tasks in one transaction through a writer of r
+// publishing after commit, committed or rolled back, and returns their ids
+// and the claim (ok: whether r took them; when it did not, the writer
+// wrote NEW rows in the transaction).
 func (b *bundle) createReserved(t *testing.T, r *outbox.Relay, n int, commit bool) (ids []uuid.UUID, claim outbox.Claim, ok bool) {
 	t.Helper()
-	ids = b.taskTx(t, n, "reserved", commit, func(_ pgx.Tx, ids []uuid.UUID) {
-		msgs := make([]outbox.Message, n)
-		for i, id := range ids {
-			msgs[i] = outbox.Message{Stream: b.stream, TaskID: id, Kind: "reserved"}
+	w := outbox.NewWriter(r, outbox.PublishAfterCommit)
+	ids = b.taskTx(t, n, "reserved", commit, func(tx pgx.Tx, ids []uuid.UUID) {
+		var err error
+		if claim, err = w.StageCreated(context.Background(), tx, b.messages(ids, "reserved")); err != nil {
+			t.Fatal(err)
 		}
-		claim, ok = r.Reserve(msgs)
 	})
-	return ids, claim, ok
+	return ids, claim, outbox.ClaimLen(claim) > 0
 }
 
 // TestReservePublishesAfterCommit: tasks reserved with a running relay
@@ -385,7 +396,7 @@ func TestReserveFailedPublishWritesRetryingRows(t *testing.T) {
 	}
 }
 
-// TestStorePublishesAfterCommit: a store with PublishAfterCommit creates
+// TestStorePublishesAfterCommit: a store publishing after commit creates
 // tasks whose only outbox row is the SENT one its relay writes after the
 // XADD; a delayed task, and a task created in the caller's transaction,
 // still get their NEW row in the transaction.
@@ -394,7 +405,7 @@ func TestStorePublishesAfterCommit(t *testing.T) {
 	r := b.relay(t, outbox.RelayConfig{ID: "store-relay", PublishInterval: 20 * time.Millisecond})
 	run(t, r.Run)
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
-	store, err := task.NewStore(b.store.Config(), b.db, task.PublishAfterCommit(r))
+	store, err := task.NewStore(b.store.Config(), b.db, task.PublishWith(outbox.NewWriter(r, outbox.PublishAfterCommit)))
 	if err != nil {
 		t.Fatal(err)
 	}

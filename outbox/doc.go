@@ -28,14 +28,22 @@
 // InsertDue writes an event due later (a delayed task; Kafka mode brings a task back at its
 // retry time this way).
 //
-// Direct publishing skips the NOTIFY and the claim for the tasks a process
-// creates while its relay runs. InsertClaimed writes their rows already
-// claimed by that relay and hands them over on commit; they are ordinary
-// claimed rows, so any relay publishes them once the claim expires if that
-// process dies first. Reserve writes no row in the transaction: the relay
-// XADDs the tasks after the commit and then writes each one's row once,
-// SENT (half the writes); a crash before the XADD leaves the tasks to the
-// rescuer (see direct.go).
+// Writer is the one place that decides how the tasks a transaction makes
+// due now reach the stream; package task writes the rows of the tasks it
+// creates, and of the parked tasks it releases, through it (redrive,
+// rescue and republish call Insert). The zero Writer writes NEW rows
+// (Insert), which relays find on the NOTIFY. A Writer built on a relay (NewWriter) uses direct
+// publishing while that relay runs and has room, which skips the NOTIFY
+// and the claim: in Mode PublishClaimed it writes the rows already claimed
+// by that relay and hands them over on commit; they are ordinary claimed
+// rows, so any relay publishes them once the claim expires if the process
+// dies first. In Mode PublishAfterCommit a transaction that creates tasks
+// (StageCreated) writes no row: the relay XADDs the tasks after the commit
+// and then writes each one's row once, SENT (half the writes); a crash
+// before the XADD leaves the tasks to the rescuer. Tasks that existed
+// before (Stage: released parked tasks) get claimed rows in either mode. A
+// relay that is not running, or has DirectBacklog claims in flight, is
+// not used: the rows are written NEW (see direct.go and writer.go).
 //
 // Keeping Postgres and Redis consistent beyond the relay is the work of the
 // leader-run services of package maintenance: the rescuer republishes tasks

@@ -87,7 +87,7 @@ type RelayConfig struct {
 	// mark its rows, another claims and publishes the next rows.
 	Parallel int
 	// DirectBacklog is how many committed batches may wait for direct
-	// publishing at once (see InsertClaimed); beyond that, new rows go
+	// publishing at once (see Writer); beyond that, new rows go
 	// the usual way (NOTIFY, claim).
 	DirectBacklog int
 	// Listen is where the LISTEN connection comes from (the zero value: a
@@ -186,7 +186,7 @@ type Relay struct {
 
 	listens atomic.Int64 // LISTEN connections established, for tests
 
-	// Direct publishing (see InsertClaimed): running is set while Run
+	// Direct publishing (see Writer): running is set while Run
 	// runs; directSlots holds one token per claim taken and not yet
 	// published or discarded; direct carries committed claims to Run.
 	running     atomic.Bool
@@ -240,7 +240,7 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 // while polling continues.
 //
 // While Run runs, the relay also publishes the claims handed to it by
-// direct publishing (see InsertClaimed); on return it has published those
+// direct publishing (see Writer); on return it has published those
 // handed over before ctx was cancelled.
 func (r *Relay) Run(ctx context.Context) error {
 	if r.running.Swap(true) {
@@ -484,7 +484,7 @@ type row struct {
 type claimed struct {
 	until time.Time
 	rows  []row
-	// unwritten: the rows are not in outbox_event yet (see Reserve); the
+	// unwritten: the rows are not in outbox_event yet (see reserve); the
 	// relay writes them after the XADD. committed is when the claim was
 	// handed over.
 	unwritten bool

@@ -82,21 +82,16 @@ func (s *Store) Create(ctx context.Context, nt NewTask) (CreateResult, error) {
 }
 
 // CreateBatch creates many tasks in one transaction: all or none. With a
-// relay to publish through (see PublishThrough), the new tasks are handed
-// to it as soon as the transaction commits.
+// writer to publish through (see PublishWith), the new tasks are handed to
+// its relay as soon as the transaction commits.
 func (s *Store) CreateBatch(ctx context.Context, nts []NewTask) ([]CreateResult, error) {
-	var relay *outbox.Relay
-	if _, nested := s.db.(pgx.Tx); !nested {
-		// Inside a caller's transaction the commit is not ours: the
-		// entries must wait for it, which the NOTIFY does.
-		relay = s.relay
-	}
+	out := s.ownWriter()
 	var res []CreateResult
 	var claim outbox.Claim
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		claim.Discard() // of an attempt that was rolled back
 		var err error
-		res, claim, err = s.createTx(ctx, tx, relay, nts)
+		res, claim, err = s.createTx(ctx, tx, out, nts)
 		return err
 	})
 	if err != nil {
@@ -107,18 +102,30 @@ func (s *Store) CreateBatch(ctx context.Context, nts []NewTask) ([]CreateResult,
 	return res, nil
 }
 
+// ownWriter returns the outbox writer of a transaction the store begins
+// itself: its own writer, or the zero one when s.db is a caller's
+// transaction, whose commit is not the store's (nothing can be handed over
+// on it; the rows go as CreateTx's do).
+func (s *Store) ownWriter() outbox.Writer {
+	if _, nested := s.db.(pgx.Tx); nested {
+		return outbox.Writer{}
+	}
+	return s.out
+}
+
 // CreateTx creates tasks inside the caller's transaction, so they commit
 // (and are published) atomically with the caller's own writes, or not at
-// all. Each task gets its QUEUED audit row and a NEW outbox event.
+// all. Each task gets its QUEUED audit row and a NEW outbox event (the
+// zero outbox.Writer's: the store does not own the commit).
 func (s *Store) CreateTx(ctx context.Context, tx pgx.Tx, nts ...NewTask) ([]CreateResult, error) {
-	res, _, err := s.createTx(ctx, tx, nil, nts)
+	res, _, err := s.createTx(ctx, tx, outbox.Writer{}, nts)
 	return res, err
 }
 
-// createTx is CreateTx, writing the outbox rows claimed by relay when it is
-// not nil, and returns their claim (zero when they went unclaimed, and on
+// createTx is CreateTx, staging the outbox rows of the tasks due now
+// through out, and returns the claim to finish once tx has ended (zero on
 // an error: the claim is taken last).
-func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nts []NewTask) (res []CreateResult, claim outbox.Claim, err error) {
+func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts []NewTask) (res []CreateResult, claim outbox.Claim, err error) {
 	if len(nts) == 0 {
 		return nil, claim, nil
 	}
@@ -193,8 +200,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 	// Rows not inserted lost to an idempotency key: a task that existed
 	// before, or an earlier item of this batch.
 	var recs []transition.Record
-	var newIDs, delayedIDs []uuid.UUID
+	var delayedIDs []uuid.UUID
 	var due []*time.Time
+	var dueNow []outbox.Message
 	for _, i := range ins {
 		it := items[i]
 		if t, ok := inserted[it.id]; ok {
@@ -207,7 +215,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 				due = append(due, t.NextRetryAt)
 				continue
 			}
-			newIDs = append(newIDs, t.ID)
+			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent})
 			continue
 		}
 		t, err := scanTask(tx.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task WHERE kind = $1 AND idempotency_key = $2`, it.Kind, it.IdempotencyKey))
@@ -222,7 +230,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 	if err := outbox.InsertDue(ctx, tx, s.cfg.Stream, delayedIDs, due); err != nil {
 		return nil, claim, err
 	}
-	if claim, err = s.publishNew(ctx, tx, relay, newIDs, inserted); err != nil {
+	if claim, err = out.StageCreated(ctx, tx, dueNow); err != nil {
 		return nil, claim, err
 	}
 	for i, it := range items {
@@ -231,31 +239,6 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, nt
 		}
 	}
 	return res, claim, nil
-}
-
-// publishNew writes the outbox rows of the new tasks ids (due now) in tx,
-// or with a relay leaves them to it: claimed (PublishThrough), or not
-// written at all until published (PublishAfterCommit). The returned claim
-// is for CreateBatch to publish on commit.
-func (s *Store) publishNew(ctx context.Context, tx pgx.Tx, relay *outbox.Relay, ids []uuid.UUID, tasks map[uuid.UUID]Task) (outbox.Claim, error) {
-	if relay == nil || len(ids) == 0 {
-		return outbox.Claim{}, outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
-	}
-	if s.afterCommit {
-		msgs := make([]outbox.Message, len(ids))
-		for i, id := range ids {
-			msgs[i] = outbox.Message{Stream: s.cfg.Stream, TaskID: id, Kind: tasks[id].Kind, Traceparent: tasks[id].Traceparent}
-		}
-		if claim, ok := relay.Reserve(msgs); ok {
-			return claim, nil
-		}
-		return outbox.Claim{}, outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
-	}
-	kinds := make([]string, len(ids))
-	for i, id := range ids {
-		kinds[i] = tasks[id].Kind
-	}
-	return relay.InsertClaimed(ctx, tx, s.cfg.Stream, ids, kinds)
 }
 
 // insertTasksSQL inserts the tasks. A delayed task (run_at $7 in the

@@ -25,12 +25,22 @@
 //
 // Parking (kind.go, limit.go) is no state change either: a QUEUED or
 // RETRYING task whose kind is paused or at a limit gets parked_at set,
-// which keeps it from being due (the guard due) until a release clears it
-// and gives it a new outbox event.
+// which keeps it from being due (the guard due) until ReleaseParked
+// clears it and gives it a new outbox event. (Release, a worker handing
+// back its RUNNING tasks at shutdown, is another thing: a state change.)
 //
-// Creating a task also writes its outbox_event row (package outbox) in the
-// same transaction; with CreateTx that is the caller's own pgx.Tx, so a task
-// commits atomically with the caller's business data.
+// Creating a task writes the task and its audit row and hands the tasks due
+// now to an outbox.Writer in the same transaction, and the claim it
+// returns is finished once the transaction has ended (published on commit,
+// discarded on a rollback); a delayed task gets its outbox row, due with
+// it, directly (outbox.InsertDue). Which publishing path a task takes (a
+// NEW row for the NOTIFY-woken relays, a row claimed by this process's
+// relay, or no row until that relay has published it) is package outbox's
+// decision, made by the writer given with PublishWith; the store holds
+// that writer and nothing else of the relay. ReleaseParked goes through
+// the same writer. With CreateTx the transaction is the caller's own
+// pgx.Tx, so a task commits atomically with the caller's business data;
+// the store does not own that commit and uses the zero writer (NEW rows).
 //
 // No SQL outside this package (and the migrations) names a task state. The
 // statements other components need that select tasks by state live here as

@@ -10,7 +10,7 @@ func HotStatements() map[string][2]string {
 		"renew":   {renewSQL, ids + ", " + owner + ", 60000"},
 		"succeed": {succeedSQL, ids + ", " + owner},
 		"fail":    {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`},
-		"release": {releaseSQL, ids + ", " + owner},
+		"release": {handBackSQL, ids + ", " + owner},
 		"redrive": {redriveSQL, ids},
 	}
 }

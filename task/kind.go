@@ -109,8 +109,9 @@ func (s *Store) Park(ctx context.Context, ids ...uuid.UUID) ([]uuid.UUID, error)
 	return parked, nil
 }
 
-// unparkSQL releases up to $2 parked tasks of kind $1: they are due at
-// once (their own due time had come when they were parked). The guard on
+// unparkSQL releases up to $2 parked tasks of kind $1 and returns their
+// ids and traceparents: they are due at once (their own due time had come
+// when they were parked). The guard on
 // the target row is a CASE, so that no plan reads the target rows from
 // ingest_task_parked_idx by id (a scan of every parked task per row; see
 // targetGuard): they come through the primary key.
@@ -123,7 +124,7 @@ WITH p AS (
 )
 UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
 FROM p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` THEN true ELSE false END
-RETURNING t.id`
+RETURNING t.id, coalesce(t.traceparent, '')`
 
 // checkKind validates a kind name given to the kind settings: the rule of
 // names (CheckName), as for the kind of a new task.

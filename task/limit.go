@@ -3,7 +3,6 @@ package task
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -556,6 +555,7 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 	if !parked {
 		return nil, nil
 	}
+	out := s.ownWriter()
 	var ids []uuid.UUID
 	var claim outbox.Claim
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -587,15 +587,19 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		if err != nil {
 			return err
 		}
-		if ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
+		var woken []outbox.Message
+		m := outbox.Message{Stream: s.cfg.Stream, Kind: kind}
+		if _, err := pgx.ForEachRow(rows, []any{&m.TaskID, &m.Traceparent}, func() error {
+			ids, woken = append(ids, m.TaskID), append(woken, m)
+			return nil
+		}); err != nil {
 			return err
 		}
-		if s.relay == nil {
-			return outbox.Insert(ctx, tx, s.cfg.Stream, ids...)
-		}
-		// Published by this process's relay as soon as the transaction
-		// commits, as CreateBatch does: a freed slot is used at once.
-		claim, err = s.relay.InsertClaimed(ctx, tx, s.cfg.Stream, ids, slices.Repeat([]string{kind}, len(ids)))
+		// Through the store's writer, as CreateBatch's tasks: with a
+		// relay they are handed to it as soon as the transaction
+		// commits, so that a freed slot is used at once. They existed
+		// before, so the writer writes their rows here (Stage).
+		claim, err = out.Stage(ctx, tx, woken)
 		return err
 	})
 	if err != nil {

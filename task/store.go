@@ -102,12 +102,11 @@ func (c Config) Validate() error {
 
 // Store reads and changes tasks in Postgres.
 type Store struct {
-	db    DB
-	cfg   Config
-	relay *outbox.Relay // see PublishThrough
-	// afterCommit: the relay writes the rows of created tasks once
-	// published (see PublishAfterCommit).
-	afterCommit bool
+	db  DB
+	cfg Config
+	// out writes the outbox rows of the tasks the store's own
+	// transactions make due now (see PublishWith).
+	out outbox.Writer
 	// rated holds the kinds found with a rate limit by StartLimited.
 	rated sync.Map
 }
@@ -115,26 +114,14 @@ type Store struct {
 // Option changes how a Store works.
 type Option func(*Store)
 
-// PublishThrough makes Create and CreateBatch hand the tasks they commit to
-// relay r, which publishes them at once while it runs, instead of leaving
-// them to the next relay pass that a NOTIFY wakes (see
-// outbox.Relay.InsertClaimed). The guarantees are the same either way; a
-// relay that is not running is simply not used. NewService builds its
-// store with the service's relay.
-func PublishThrough(r *outbox.Relay) Option {
-	return func(s *Store) { s.relay, s.afterCommit = r, false }
-}
-
-// PublishAfterCommit is PublishThrough where the transaction that creates
-// tasks due now writes no outbox row: relay r publishes them once it has
-// committed and then writes each task's row once, SENT with its entry id
-// (outbox.Relay.Reserve), half the writes of a row inserted and later
-// marked. A process that dies between the commit and the publish leaves
-// its tasks to the rescuer of package maintenance, which republishes a
-// task with no outbox row once its grace has passed; use it only where a
-// rescuer runs. NewService does so in Redis mode with the rescuer enabled.
-func PublishAfterCommit(r *outbox.Relay) Option {
-	return func(s *Store) { s.relay, s.afterCommit = r, true }
+// PublishWith makes the store write the outbox rows of the tasks that its
+// own transactions make due now (Create and CreateBatch, ReleaseParked)
+// through w, and hand them to w's relay once each has committed: package
+// outbox decides how (see outbox.Writer). Without it the store writes NEW
+// rows, which a relay finds on the NOTIFY of the commit. NewService builds
+// its store with a writer of the service's relay.
+func PublishWith(w outbox.Writer) Option {
+	return func(s *Store) { s.out = w }
 }
 
 // NewStore returns a store on db (usually a *pgxpool.Pool).

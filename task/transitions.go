@@ -367,7 +367,10 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 	return s.guardedStatement(ctx, "fail", ids, failSQL, ids, owner, baseMS, maxMS, jitter, errs, perm, after, msgs, s.cfg.MaxAttempts)
 }
 
-var releaseSQL = `
+// handBackSQL is Release's statement: owner's RUNNING tasks go back to
+// RETRYING, due at once (not to be confused with ReleaseParked, which
+// wakes parked tasks).
+var handBackSQL = `
 WITH l AS (` + runningIDs + `
 ), u AS (
     UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'RETRYING' END,
@@ -386,7 +389,7 @@ WITH l AS (` + runningIDs + `
 // their cancel was requested).
 func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
-	return s.guardedStatement(ctx, "release", ids, releaseSQL, ids, owner)
+	return s.guardedStatement(ctx, "release", ids, handBackSQL, ids, owner)
 }
 
 var redriveSQL = `

@@ -606,7 +606,7 @@ func (b *run) insertPublished(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	store, err := task.NewStore(b.storeConfig(), b.traced, task.PublishAfterCommit(relay))
+	store, err := task.NewStore(b.storeConfig(), b.traced, task.PublishWith(outbox.NewWriter(relay, outbox.PublishAfterCommit)))
 	if err != nil {
 		return err
 	}
