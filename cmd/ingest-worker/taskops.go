@@ -28,11 +28,12 @@ func parseTaskIDs(args []string) ([]uuid.UUID, error) {
 	return ids, nil
 }
 
-// openWithDLQ connects to PostgreSQL, and to Redis when there is a DLQ
-// stream whose entries to remove (Redis mode with a DLQ key); key is ""
-// otherwise.
-func (a *app) openWithDLQ(ctx context.Context) (store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, key string, closeAll func(), err error) {
-	if a.cfg.Queue == queueKafka || a.cfg.DLQStreamKey == "" {
+// openWithRedis connects to PostgreSQL, and in Redis mode to Redis too,
+// whose entries of deleted or redriven tasks are removed (the task
+// stream's and the DLQ's); rdb is nil in Kafka mode, and key, the DLQ
+// stream, is "" there and when there is no DLQ.
+func (a *app) openWithRedis(ctx context.Context) (store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, key string, closeAll func(), err error) {
+	if a.cfg.Queue == queueKafka {
 		store, pool, err = a.openStore(ctx)
 		if err != nil {
 			return nil, nil, nil, "", nil, err
@@ -78,7 +79,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 				return err
 			}
 			ctx := cmd.Context()
-			store, _, rdb, key, closeAll, err := a.openWithDLQ(ctx)
+			store, _, rdb, key, closeAll, err := a.openWithRedis(ctx)
 			if err != nil {
 				return err
 			}
@@ -192,7 +193,7 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, _, rdb, key, closeAll, err := a.openWithDLQ(ctx)
+	store, _, rdb, key, closeAll, err := a.openWithRedis(ctx)
 	if err != nil {
 		return err
 	}
