@@ -51,11 +51,29 @@ func (a *app) openWithRedis(ctx context.Context) (store *task.Store, pool *pgxpo
 	return store, pool, rdb, a.cfg.DLQStreamKey, closeAll, nil
 }
 
-// deleteOutcome is one line of task delete's output.
-type deleteOutcome struct {
-	ID      uuid.UUID  `json:"id"`
-	Outcome string     `json:"outcome"` // deleted, kept (live), not found
+// idOutcome is one line of the output of task delete and task redrive.
+type idOutcome struct {
+	ID uuid.UUID `json:"id"`
+	// Outcome: deleted, kept (live), not found (delete); redriven,
+	// refused, not found (redrive).
+	Outcome string     `json:"outcome"`
 	Status  task.State `json:"status,omitempty"`
+}
+
+// printOutcomes prints the line of each task id: with --json an object
+// {"results": [...], "dlq_removed": n}, else a table and the note
+// "<verb> <done>, DLQ entries removed <n>".
+func (a *app) printOutcomes(out []idOutcome, verb string, done, removed int) error {
+	if a.json {
+		return a.printJSON(map[string]any{"results": out, "dlq_removed": removed})
+	}
+	rows := make([][]string, len(out))
+	for i, o := range out {
+		rows[i] = []string{o.ID.String(), o.Outcome, string(o.Status)}
+	}
+	a.table([]string{"TASK", "OUTCOME", "STATUS"}, rows)
+	a.notef("%s %d, DLQ entries removed %d\n", verb, done, removed)
+	return nil
 }
 
 func (a *app) taskDeleteCommand() *cobra.Command {
@@ -100,7 +118,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 			if rerr != nil {
 				rerr = fmt.Errorf("%w (dlq discard --task removes them)", rerr)
 			}
-			out := make([]deleteOutcome, 0, len(ids))
+			out := make([]idOutcome, 0, len(ids))
 			failed := 0
 			seen := map[uuid.UUID]bool{}
 			for _, id := range ids {
@@ -108,7 +126,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 					continue
 				}
 				seen[id] = true
-				o := deleteOutcome{ID: id, Outcome: "not found"}
+				o := idOutcome{ID: id, Outcome: "not found"}
 				if r, ok := byID[id]; ok {
 					o.Status, o.Outcome = r.Status, "deleted"
 					if !r.Deleted {
@@ -120,17 +138,8 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 				}
 				out = append(out, o)
 			}
-			if a.json {
-				if err := a.printJSON(map[string]any{"results": out, "dlq_removed": removed}); err != nil {
-					return err
-				}
-			} else {
-				rows := make([][]string, len(out))
-				for i, o := range out {
-					rows[i] = []string{o.ID.String(), o.Outcome, string(o.Status)}
-				}
-				a.table([]string{"TASK", "OUTCOME", "STATUS"}, rows)
-				a.notef("deleted %d, DLQ entries removed %d\n", len(deleted), removed)
+			if err := a.printOutcomes(out, "deleted", len(deleted), removed); err != nil {
+				return err
 			}
 			switch {
 			case rerr != nil:
@@ -202,15 +211,10 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 	if rerr := (*dlq.RemoveError)(nil); err != nil && !errors.As(err, &rerr) {
 		return err
 	}
-	type outcome struct {
-		ID      uuid.UUID  `json:"id"`
-		Outcome string     `json:"outcome"` // redriven, refused, not found
-		Status  task.State `json:"status,omitempty"`
-	}
-	out := make([]outcome, len(res))
+	out := make([]idOutcome, len(res))
 	failed := 0
 	for i, r := range res {
-		out[i] = outcome{ID: r.ID, Outcome: "redriven", Status: r.Status}
+		out[i] = idOutcome{ID: r.ID, Outcome: "redriven", Status: r.Status}
 		switch {
 		case r.Applied:
 		case r.Status == "":
@@ -221,17 +225,8 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 			failed++
 		}
 	}
-	if a.json {
-		if jerr := a.printJSON(map[string]any{"results": out, "dlq_removed": removed}); jerr != nil {
-			return jerr
-		}
-	} else {
-		rows := make([][]string, len(out))
-		for i, o := range out {
-			rows[i] = []string{o.ID.String(), o.Outcome, string(o.Status)}
-		}
-		a.table([]string{"TASK", "OUTCOME", "STATUS"}, rows)
-		a.notef("redriven %d, DLQ entries removed %d\n", len(out)-failed, removed)
+	if perr := a.printOutcomes(out, "redriven", len(out)-failed, removed); perr != nil {
+		return perr
 	}
 	switch {
 	case err != nil:
