@@ -63,7 +63,9 @@ type Config struct {
 	Periodic func(now time.Time) []maintenance.Slot
 	// DLQClient and DLQKey name the DLQ stream whose entries of redriven
 	// tasks a bulk redrive (POST /v1/tasks/redrive) removes, as dlq replay
-	// does; nil or "": none (Kafka mode, or no DLQ).
+	// does, and of deleted tasks a delete removes; nil or "": none (Kafka
+	// mode, or no DLQ). With DLQClient set, a delete also removes the
+	// deleted task's entries from the task stream (dlq.Delete).
 	DLQClient redis.UniversalClient
 	DLQKey    string
 	// Registerer, when set, receives the counter of deleted tasks

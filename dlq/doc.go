@@ -16,7 +16,8 @@
 // source_id (the task-stream entry id), dead_at (RFC 3339).
 //
 // Every operator's delete of tasks goes through Delete too, which removes
-// the deleted tasks' entries after the commit.
+// the deleted tasks' DLQ entries, and their entries in the task stream
+// (stream.Forget), after the commit.
 //
 // Every redrive goes through this package, so that a redriven task never
 // keeps the entry of its old death and the DLQ's depth stays the number of

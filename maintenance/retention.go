@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -21,6 +22,8 @@ type retentionResult struct {
 	Tasks map[task.State]int
 	// DLQ entries of deleted DEAD tasks removed.
 	DLQRemoved int
+	// Task-stream entries of deleted tasks removed.
+	EntriesRemoved int
 	// Deleted SENT outbox rows.
 	Deleted int
 	// Trimmed stream entries, over all streams.
@@ -35,10 +38,15 @@ type retentionResult struct {
 // BatchSize tasks, one statement each (task.DeleteExpired), until a batch
 // is short: a task a
 // worker or an operator holds locked is skipped until a later pass, and
-// a task that is not finished is never deleted. The DLQ entries of the
-// deleted DEAD tasks are removed after the batches have committed
+// a task that is not finished is never deleted. After each batch has
+// committed, the task-stream entries the deleted tasks' outbox rows had
+// published are removed (stream.Forget: acknowledged in every group and
+// deleted, in one pipeline), so that a reclaimer never claims a pending
+// entry of a deleted task and dead-letters it as poison. The DLQ entries
+// of the deleted DEAD tasks are removed after the batches have committed
 // (dlq.RemoveTasks); an entry whose removal failed stays in the DLQ
-// stream, where a redrive of it finds no task.
+// stream, where a redrive of it finds no task. Without a Redis client
+// (Kafka mode) only rows are deleted.
 //
 // A SENT row is deleted once older than Age, unless it is the latest
 // outbox row of a task that is not finished: the rescuer needs that row's
@@ -76,7 +84,8 @@ func (r *retention) service() *service {
 			if tasks == 0 && res.Deleted == 0 && res.Trimmed == 0 {
 				return nil, err
 			}
-			return []any{"tasks_deleted", tasks, "dlq_removed", res.DLQRemoved, "deleted", res.Deleted, "trimmed", res.Trimmed}, err
+			return []any{"tasks_deleted", tasks, "entries_removed", res.EntriesRemoved, "dlq_removed", res.DLQRemoved,
+				"deleted", res.Deleted, "trimmed", res.Trimmed}, err
 		},
 		failed: func() { r.metrics.failures.WithLabelValues(componentRetention).Inc() },
 	}
@@ -87,7 +96,7 @@ func (r *retention) service() *service {
 func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 	var res retentionResult
 	var errs []error
-	res.Tasks, res.DLQRemoved, errs = r.deleteTasks(ctx)
+	res.Tasks, res.EntriesRemoved, res.DLQRemoved, errs = r.deleteTasks(ctx)
 	n, err := r.deleteSent(ctx)
 	res.Deleted = n
 	errs = append(errs, err)
@@ -101,12 +110,15 @@ func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 	return res, errors.Join(errs...)
 }
 
-// deleteTasks deletes the expired finished tasks, then removes the DLQ
-// entries of the DEAD ones it deleted.
-func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, []error) {
+// deleteTasks deletes the expired finished tasks, removing the stream
+// entries of each batch after it, then removes the DLQ entries of the
+// DEAD ones it deleted. It returns the tasks deleted by state, the stream
+// entries and the DLQ entries removed.
+func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, int, []error) {
 	byState := map[task.State]int{}
 	var dead []uuid.UUID
 	var errs []error
+	forgotten := 0
 	// Unlike SENT rows (BatchesPerRun), tasks are deleted until a batch
 	// is short: a deployment that finishes more tasks in an Interval than
 	// BatchesPerRun batches hold would otherwise never catch up. Each
@@ -120,11 +132,20 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, [
 	for ctx.Err() == nil {
 		begun := time.Now()
 		out, err := task.DeleteExpired(ctx, r.pool, r.cfg.Tasks, r.cfg.BatchSize)
+		var entries []stream.EntryRef
 		for _, d := range out {
 			byState[d.Status]++
 			r.metrics.tasksDeleted.WithLabelValues(string(d.Status)).Inc()
 			if d.Status == task.Dead {
 				dead = append(dead, d.ID)
+			}
+			entries = append(entries, d.Entries...)
+		}
+		if r.rdb != nil && len(entries) > 0 {
+			n, ferr := stream.Forget(context.WithoutCancel(ctx), r.rdb, entries)
+			forgotten += n
+			if ferr != nil {
+				errs = append(errs, fmt.Errorf("remove the stream entries of %d deleted tasks: %w", len(out), ferr))
 			}
 		}
 		if err != nil {
@@ -149,7 +170,7 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, [
 			errs = append(errs, fmt.Errorf("remove the dlq entries of %d deleted dead tasks: %w", len(dead), err))
 		}
 	}
-	return byState, removed, errs
+	return byState, forgotten, removed, errs
 }
 
 func (r *retention) deleteSent(ctx context.Context) (int, error) {

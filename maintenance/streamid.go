@@ -5,6 +5,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // streamID is a parsed Redis stream entry id "ms-seq".
@@ -38,10 +40,9 @@ func (id streamID) next() streamID {
 }
 
 // isNoSuchKey reports whether err says the stream does not exist (XINFO
-// on a missing key).
-func isNoSuchKey(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "no such key")
-}
+// on a missing key): stream.IsNoStream, under a name that the functions
+// with a parameter called stream can call.
+var isNoSuchKey = stream.IsNoStream
 
 // isMissingGroup reports whether err says the stream or the group does not
 // exist (XINFO CONSUMERS failed).

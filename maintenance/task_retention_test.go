@@ -13,6 +13,7 @@ import (
 	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -126,5 +127,48 @@ func TestRetentionTaskWindowsConfig(t *testing.T) {
 	err := maintenance.Config{Retention: maintenance.RetentionConfig{Tasks: task.Windows{Dead: -time.Hour}}}.Validate()
 	if err == nil || !strings.Contains(err.Error(), "Retention.Tasks.Dead") {
 		t.Errorf("a negative window: %v; want an error naming Retention.Tasks.Dead", err)
+	}
+}
+
+// TestRetentionRemovesTheStreamEntriesOfDeletedTasks: the entries of the
+// tasks a pass deletes leave the group's pending entries and the stream,
+// even though they were still pending (a task cancelled while a worker
+// held its entry, a lost XACK), so that no reclaimer claims an entry of
+// no task and dead-letters it; the entry of a task kept stays.
+func TestRetentionRemovesTheStreamEntriesOfDeletedTasks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	r := b.retention(t, maintenance.RetentionConfig{DisableTrim: true,
+		Tasks: task.Windows{Succeeded: time.Hour, Cancelled: time.Hour, Dead: time.Hour}})
+	cancelled := b.agedTask(t, task.Cancelled, 2*time.Hour)
+	succeeded := b.agedTask(t, task.Succeeded, 2*time.Hour)
+	kept := b.agedTask(t, task.Succeeded, 30*time.Minute)
+	if err := b.rdb.XGroupCreateMkStream(ctx, b.stream, stream.DefaultGroup, "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.publishAll(t)
+	if err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.DefaultGroup, Consumer: "gone",
+		Streams: []string{b.stream, ">"}, Count: 10, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	keptEntry := b.entryOf(t, kept)
+	if p, err := b.rdb.XPending(ctx, b.stream, stream.DefaultGroup).Result(); err != nil || p.Count != 3 {
+		t.Fatalf("pending before the pass: %+v, %v; want the 3 tasks' entries", p, err)
+	}
+
+	res, err := r.RunOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Tasks[task.Cancelled] != 1 || res.Tasks[task.Succeeded] != 1 || res.EntriesRemoved != 2 {
+		t.Errorf("pass: %+v; want %s and %s deleted with their 2 entries", res, cancelled, succeeded)
+	}
+	ps, err := b.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: b.stream, Group: stream.DefaultGroup, Start: "-", End: "+", Count: 10}).Result()
+	if err != nil || len(ps) != 1 || ps[0].ID != keptEntry {
+		t.Errorf("pending after the pass: %v, %v; want only the kept task's entry %s", ps, err, keptEntry)
+	}
+	if got := b.entries(t); len(got) != 1 || got[keptEntry] != kept.String() {
+		t.Errorf("stream after the pass: %v; want only the kept task's entry %s", got, keptEntry)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
@@ -420,4 +421,56 @@ func TestE2ETrimmedPendingEntriesSucceed(t *testing.T) {
 		t.Errorf("claimed counter %v, want 10", v)
 	}
 	testenv.Eventually(t, 5*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
+}
+
+// TestE2EDeletedTaskLeavesNoEntry: deleting a finished task whose entry is
+// still pending (here: cancelled while the entry was pending at a worker
+// that then died) removes the entry from the group's pending entries and
+// from the stream (dlq.Delete), so that the next reclaimer pass finds
+// nothing of it to dead-letter as an entry of no task. A task cancelled
+// alike but kept shows that the pass ran: its entry is claimed and
+// acknowledged.
+func TestE2EDeletedTaskLeavesNoEntry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newEnv(t, task.Config{})
+	ids := e.create(t, "work", 2, 5)
+	reclaim.PublishOutbox(t, e.pool(), e.rdb, e.stream)
+	entryOf := map[string]string{}
+	for _, m := range e.readAsCrashed(t, 2, 0) {
+		entryOf[m.Values["task_id"].(string)] = m.ID
+	}
+	for _, id := range ids {
+		if r, err := e.store.Cancel(ctx, "test", "", id); err != nil || r.Outcome != task.CancelDone {
+			t.Fatalf("cancel %s: %+v, %v", id, r, err)
+		}
+	}
+	deleted, kept := ids[0], ids[1]
+	res, _, err := dlq.Delete(ctx, e.rdb, e.dlq, e.store, deleted)
+	if err != nil || len(res) != 1 || !res[0].Deleted {
+		t.Fatalf("dlq.Delete = %+v, %v; want the task deleted", res, err)
+	}
+	ps, err := e.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: e.stream, Group: group, Start: "-", End: "+", Count: 10}).Result()
+	if err != nil || len(ps) != 1 || ps[0].ID != entryOf[kept.String()] {
+		t.Fatalf("pending after the delete: %v, %v; want only the kept task's entry %s", ps, err, entryOf[kept.String()])
+	}
+	msgs, err := e.rdb.XRange(ctx, e.stream, "-", "+").Result()
+	if err != nil || len(msgs) != 1 || msgs[0].ID != entryOf[kept.String()] {
+		t.Fatalf("stream after the delete: %v, %v; want only the kept task's entry", msgs, err)
+	}
+
+	w := startWorker(t, e, workerOpts{
+		name: "survivor", concurrency: 4, lease: time.Second, minIdle: 300 * time.Millisecond, interval: 100 * time.Millisecond,
+		handlers: map[string]ingest.Handler{"work": func(_ context.Context, tk ingest.Task) error {
+			t.Errorf("cancelled task %s ran", tk.ID)
+			return nil
+		}},
+	})
+	testenv.Eventually(t, 20*time.Second, "the kept task's entry to be claimed and acknowledged", func() bool { return pendingCount(t, e) == 0 })
+	if v := reclaimCounter(t, w.reg, "claimed"); v != 1 {
+		t.Errorf("claimed counter %v, want 1 (the kept task's entry)", v)
+	}
+	if n, err := e.rdb.XLen(ctx, e.dlq).Result(); err != nil || n != 0 {
+		t.Errorf("DLQ holds %d entries (%v), want none", n, err)
+	}
 }

@@ -8,6 +8,8 @@
 //   - Sink: the processing path the consumer and the reclaimer both feed,
 //     and the reserve-then-read protocol that keeps reads within its free
 //     handler slots.
+//   - Forget: the removal of the entries of deleted tasks (XACK in every
+//     group and XDEL), so that no worker reads an entry of no task.
 //   - Entry: the entry codec. Entry.Values encodes an entry for XADD and
 //     ParseEntry decodes one and tells a valid entry from a poison one. An
 //     entry carries task_id and kind (docs/ARCHITECTURE.md §4); the payload

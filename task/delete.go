@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // DeleteResult is what DeleteTerminal did with one task id.
@@ -16,26 +18,35 @@ type DeleteResult struct {
 	Status State
 	// Deleted: the task, its audit rows and its outbox rows are gone.
 	Deleted bool
+	// Entries are the stream entries the deleted task's outbox rows had
+	// published (outbox_event.stream and stream_id), oldest first; none
+	// for a kept task. They may still be in their stream, undelivered or
+	// pending (a task cancelled while its entry was pending, a lost
+	// XACK): the caller removes them after the statement (stream.Forget),
+	// or a worker would read an entry of no task. In Kafka mode they are
+	// records, committed already, and there is nothing to remove.
+	Entries []stream.EntryRef
 }
 
 // deleteTerminalSQL deletes those tasks of $1 that are terminal
 // (SUCCEEDED, DEAD or CANCELLED) with their audit and outbox rows, in one
-// statement (deleteFinishedCTEs). It returns a row per deleted task and
-// one per task of $1 that exists but was kept (live), with its state; an
-// unknown id has none.
+// statement (deleteFinishedCTEs). It returns a row per deleted task, with
+// the stream entries it had, and one per task of $1 that exists but was
+// kept (live), with its state; an unknown id has none.
 var deleteTerminalSQL = `
 WITH pick AS (SELECT unnest($1::uuid[]) AS id),` + deleteFinishedCTEs + `
-SELECT id, status, true FROM t
+SELECT id, status, true, streams, stream_ids FROM d
 UNION ALL
-SELECT id, status, false FROM ingest_task WHERE id = ANY($1::uuid[]) AND id NOT IN (SELECT id FROM t)`
+SELECT id, status, false, '{}'::text[], '{}'::text[] FROM ingest_task WHERE id = ANY($1::uuid[]) AND id NOT IN (SELECT id FROM t)`
 
 // DeleteTerminal deletes the tasks of ids that are terminal (SUCCEEDED,
 // DEAD or CANCELLED), each with its audit rows and outbox rows, in one
 // statement, and returns a result per id that exists (an unknown id has
 // none): Deleted, or kept with its live state. It is the one deletion of
 // tasks by id, for an operator's delete and for batch deletions alike.
-// The tasks' DLQ entries are in Redis: the caller removes those of the
-// deleted tasks after the statement (dlq.RemoveTasks).
+// The tasks' stream entries and DLQ entries are in Redis: the caller
+// removes those of the deleted tasks after the statement (dlq.Delete:
+// stream.Forget and dlq.RemoveTasks).
 func DeleteTerminal(ctx context.Context, db DB, ids []uuid.UUID) ([]DeleteResult, error) {
 	ids = distinct(ids)
 	if len(ids) == 0 {
@@ -47,7 +58,9 @@ func DeleteTerminal(ctx context.Context, db DB, ids []uuid.UUID) ([]DeleteResult
 	}
 	res, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (DeleteResult, error) {
 		var r DeleteResult
-		err := row.Scan(&r.ID, &r.Status, &r.Deleted)
+		var streams, ids []string
+		err := row.Scan(&r.ID, &r.Status, &r.Deleted, &streams, &ids)
+		r.Entries = entryRefs(streams, ids)
 		return r, err
 	})
 	if err != nil {

@@ -2,6 +2,7 @@ package task_test
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 	"time"
 
@@ -45,7 +46,7 @@ func TestDeleteTerminal(t *testing.T) {
 		queued:    {ID: queued, Status: task.Queued},
 		running:   {ID: running, Status: task.Running},
 	} {
-		if got[id] != want {
+		if !reflect.DeepEqual(got[id], want) {
 			t.Errorf("result of %s = %+v, want %+v", id, got[id], want)
 		}
 	}

@@ -48,7 +48,9 @@
 // (RescueCandidates, Rescue), the reclaimer's republishing of deleted
 // stream entries (RepublishDeleted), outbox retention
 // (DeleteSentOutbox) and the deletion of finished tasks with their audit
-// and outbox rows (DeleteExpired, DeleteTerminal). Their guards (a task is due, startable, terminal)
+// and outbox rows (DeleteExpired, DeleteTerminal, which return the
+// stream entries those outbox rows had published, for the caller to
+// remove with stream.Forget). Their guards (a task is due, startable, terminal)
 // are SQL fragments written once (guards.go), shared with Start.
 //
 // The store also owns the rules of its input (fields.go), which the HTTP

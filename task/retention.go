@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // deleteSentSQL deletes up to $2 SENT outbox rows sent more than $1 ms
@@ -85,21 +87,46 @@ func (w Windows) ms() (succeeded, cancelled, dead int64) {
 type Deleted struct {
 	ID     uuid.UUID
 	Status State
+	// Entries are the stream entries its deleted outbox rows had
+	// published, oldest first (see DeleteResult.Entries).
+	Entries []stream.EntryRef
+}
+
+// entryRefs pairs the parallel stream and id arrays of the CTE d
+// (deleteFinishedCTEs).
+func entryRefs(streams, ids []string) []stream.EntryRef {
+	if len(ids) == 0 {
+		return nil
+	}
+	out := make([]stream.EntryRef, len(ids))
+	for i := range ids {
+		out[i] = stream.EntryRef{Stream: streams[i], ID: ids[i]}
+	}
+	return out
 }
 
 // deleteFinishedCTEs deletes the tasks of the CTE pick (a column id) that
 // are finished, with their audit and outbox rows (no foreign key cascades
 // them: package task writes them with the task and deletes them with it);
-// the CTE t holds the id and state of each task deleted. A task that is
-// not finished is never deleted, whatever pick holds: the guard is on the
-// DELETE itself, so a task redriven concurrently is re-checked on its new
-// version and kept. The one deletion of tasks: retention's batches
-// (expiredSQL) and an operator's delete by id (deleteTerminalSQL).
+// the CTE t holds the id and state of each task deleted, and the CTE d
+// the same with the stream entries its outbox rows had published
+// (streams and stream_ids, parallel arrays in outbox row order; empty
+// when none was published). A task that is not finished is never
+// deleted, whatever pick holds: the guard is on the DELETE itself, so a
+// task redriven concurrently is re-checked on its new version and kept.
+// The one deletion of tasks: retention's batches (expiredSQL) and an
+// operator's delete by id (deleteTerminalSQL).
 var deleteFinishedCTEs = `
 t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + terminalSQL + `
       RETURNING id, status),
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
-o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t))`
+o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t)
+      RETURNING id, task_id, stream, stream_id),
+d AS (SELECT t.id, t.status,
+             coalesce(array_agg(o.stream ORDER BY o.id) FILTER (WHERE o.stream_id IS NOT NULL), '{}') AS streams,
+             coalesce(array_agg(o.stream_id ORDER BY o.id) FILTER (WHERE o.stream_id IS NOT NULL), '{}') AS stream_ids
+      FROM t LEFT JOIN o ON o.task_id = t.id
+      GROUP BY t.id, t.status)`
 
 // expiredSQL deletes up to $4 finished tasks whose state's window has
 // passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms;
@@ -122,14 +149,15 @@ WITH pick AS (
     ORDER BY id
     LIMIT $4
     FOR UPDATE SKIP LOCKED),` + deleteFinishedCTEs + `
-SELECT id, status FROM t`
+SELECT id, status, streams, stream_ids FROM d`
 
 // DeleteExpired deletes up to limit finished tasks whose window (by
 // state, from finished_at) has passed, each with its audit and outbox
-// rows, in one statement, and returns those it deleted. Tasks locked by
-// another transaction are skipped. Removing the DLQ entries of the DEAD
-// ones is the caller's (dlq.RemoveTasks, after the commit). With every
-// window negative it deletes nothing.
+// rows, in one statement, and returns those it deleted with the stream
+// entries they had. Tasks locked by another transaction are skipped.
+// Removing those entries from their streams (stream.Forget) and the DLQ
+// entries of the DEAD ones (dlq.RemoveTasks) is the caller's, after the
+// commit. With every window negative it deletes nothing.
 func DeleteExpired(ctx context.Context, db DB, w Windows, limit int) ([]Deleted, error) {
 	s, c, d := w.ms()
 	least := int64(-1)
@@ -171,7 +199,9 @@ func collectDeleted(rows pgx.Rows, err error) ([]Deleted, error) {
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Deleted, error) {
 		var d Deleted
-		err := r.Scan(&d.ID, &d.Status)
+		var streams, ids []string
+		err := r.Scan(&d.ID, &d.Status, &streams, &ids)
+		d.Entries = entryRefs(streams, ids)
 		return d, err
 	})
 }

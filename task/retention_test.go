@@ -3,12 +3,13 @@ package task_test
 import (
 	"context"
 	"encoding/binary"
-	"slices"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -164,10 +165,65 @@ func TestDeleteTerminalLeavesUnfinishedTasks(t *testing.T) {
 	live := b.aged(t, "ret", task.Running, time.Minute)
 	out, err := task.DeleteTerminal(b.ctx, b.db, []uuid.UUID{done, live, uuid.New()})
 	want := []task.DeleteResult{{ID: done, Status: task.Dead, Deleted: true}, {ID: live, Status: task.Running}}
-	if err != nil || !slices.Equal(out, want) {
+	if err != nil || !reflect.DeepEqual(out, want) {
 		t.Fatalf("deleted %v, %v; want the DEAD task deleted, the RUNNING one kept", out, err)
 	}
 	if b.taskRows(t, done) != [3]int{} || b.taskRows(t, live) != [3]int{1, 1, 1} {
 		t.Fatalf("rows: done %v, live %v", b.taskRows(t, done), b.taskRows(t, live))
+	}
+}
+
+// published marks the task's outbox row as published with entry id ids[0]
+// of stream, and adds a published row for each further id, plus a row not
+// yet published; it returns the entries in publication order.
+func (b *bundle) published(t *testing.T, id uuid.UUID, key string, ids ...string) []stream.EntryRef {
+	t.Helper()
+	var refs []stream.EntryRef
+	for i, eid := range ids {
+		q := `INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at) VALUES ($1, $2, 'SENT', $3, now())`
+		if i == 0 {
+			q = `UPDATE outbox_event SET stream = $2, status = 'SENT', stream_id = $3, sent_at = now() WHERE task_id = $1`
+		}
+		if _, err := b.db.Exec(b.ctx, q, id, key, eid); err != nil {
+			t.Fatalf("publish %s: %v", eid, err)
+		}
+		refs = append(refs, stream.EntryRef{Stream: key, ID: eid})
+	}
+	if _, err := b.db.Exec(b.ctx, `INSERT INTO outbox_event (task_id, stream) VALUES ($1, $2)`, id, key); err != nil {
+		t.Fatal(err)
+	}
+	return refs
+}
+
+// TestDeletionsReturnTheTaskEntries: both deletions of tasks return, for
+// each task deleted, the stream entries its outbox rows had published (in
+// publication order; none for a task never published), which the caller
+// removes from Redis; a kept task has none.
+func TestDeletionsReturnTheTaskEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	twice := b.aged(t, "ret", task.Cancelled, 2*time.Hour)
+	wantTwice := b.published(t, twice, "s:tasks", "100-0", "200-1")
+	never := b.aged(t, "ret", task.Dead, 2*time.Hour)
+	live := b.aged(t, "ret", task.Running, 2*time.Hour)
+	b.published(t, live, "s:tasks", "300-0")
+
+	res, err := task.DeleteTerminal(b.ctx, b.db, []uuid.UUID{twice, never, live})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID][]stream.EntryRef{}
+	for _, r := range res {
+		got[r.ID] = r.Entries
+	}
+	if !reflect.DeepEqual(got, map[uuid.UUID][]stream.EntryRef{twice: wantTwice, never: nil, live: nil}) {
+		t.Errorf("DeleteTerminal entries = %v, want %v for the task published twice, none for the others", got, wantTwice)
+	}
+
+	expired := b.aged(t, "ret", task.Succeeded, 2*time.Hour)
+	wantExpired := b.published(t, expired, "s:tasks", "400-0")
+	out, err := task.DeleteExpired(b.ctx, b.db, task.Windows{Succeeded: time.Hour, Cancelled: time.Hour, Dead: time.Hour}, 100)
+	if err != nil || len(out) != 1 || out[0].ID != expired || !reflect.DeepEqual(out[0].Entries, wantExpired) {
+		t.Fatalf("DeleteExpired = %+v, %v; want task %s with entries %v", out, err, expired, wantExpired)
 	}
 }

@@ -28,11 +28,12 @@ func parseTaskIDs(args []string) ([]uuid.UUID, error) {
 	return ids, nil
 }
 
-// openWithDLQ connects to PostgreSQL, and to Redis when there is a DLQ
-// stream whose entries to remove (Redis mode with a DLQ key); key is ""
-// otherwise.
-func (a *app) openWithDLQ(ctx context.Context) (store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, key string, closeAll func(), err error) {
-	if a.cfg.Queue == queueKafka || a.cfg.DLQStreamKey == "" {
+// openWithRedis connects to PostgreSQL, and in Redis mode to Redis too,
+// whose entries of deleted or redriven tasks are removed (the task
+// stream's and the DLQ's); rdb is nil in Kafka mode, and key, the DLQ
+// stream, is "" there and when there is no DLQ.
+func (a *app) openWithRedis(ctx context.Context) (store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, key string, closeAll func(), err error) {
+	if a.cfg.Queue == queueKafka {
 		store, pool, err = a.openStore(ctx)
 		if err != nil {
 			return nil, nil, nil, "", nil, err
@@ -50,11 +51,29 @@ func (a *app) openWithDLQ(ctx context.Context) (store *task.Store, pool *pgxpool
 	return store, pool, rdb, a.cfg.DLQStreamKey, closeAll, nil
 }
 
-// deleteOutcome is one line of task delete's output.
-type deleteOutcome struct {
-	ID      uuid.UUID  `json:"id"`
-	Outcome string     `json:"outcome"` // deleted, kept (live), not found
+// idOutcome is one line of the output of task delete and task redrive.
+type idOutcome struct {
+	ID uuid.UUID `json:"id"`
+	// Outcome: deleted, kept (live), not found (delete); redriven,
+	// refused, not found (redrive).
+	Outcome string     `json:"outcome"`
 	Status  task.State `json:"status,omitempty"`
+}
+
+// printOutcomes prints the line of each task id: with --json an object
+// {"results": [...], "dlq_removed": n}, else a table and the note
+// "<verb> <done>, DLQ entries removed <n>".
+func (a *app) printOutcomes(out []idOutcome, verb string, done, removed int) error {
+	if a.json {
+		return a.printJSON(map[string]any{"results": out, "dlq_removed": removed})
+	}
+	rows := make([][]string, len(out))
+	for i, o := range out {
+		rows[i] = []string{o.ID.String(), o.Outcome, string(o.Status)}
+	}
+	a.table([]string{"TASK", "OUTCOME", "STATUS"}, rows)
+	a.notef("%s %d, DLQ entries removed %d\n", verb, done, removed)
+	return nil
 }
 
 func (a *app) taskDeleteCommand() *cobra.Command {
@@ -78,7 +97,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 				return err
 			}
 			ctx := cmd.Context()
-			store, _, rdb, key, closeAll, err := a.openWithDLQ(ctx)
+			store, _, rdb, key, closeAll, err := a.openWithRedis(ctx)
 			if err != nil {
 				return err
 			}
@@ -99,7 +118,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 			if rerr != nil {
 				rerr = fmt.Errorf("%w (dlq discard --task removes them)", rerr)
 			}
-			out := make([]deleteOutcome, 0, len(ids))
+			out := make([]idOutcome, 0, len(ids))
 			failed := 0
 			seen := map[uuid.UUID]bool{}
 			for _, id := range ids {
@@ -107,7 +126,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 					continue
 				}
 				seen[id] = true
-				o := deleteOutcome{ID: id, Outcome: "not found"}
+				o := idOutcome{ID: id, Outcome: "not found"}
 				if r, ok := byID[id]; ok {
 					o.Status, o.Outcome = r.Status, "deleted"
 					if !r.Deleted {
@@ -119,17 +138,8 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 				}
 				out = append(out, o)
 			}
-			if a.json {
-				if err := a.printJSON(map[string]any{"results": out, "dlq_removed": removed}); err != nil {
-					return err
-				}
-			} else {
-				rows := make([][]string, len(out))
-				for i, o := range out {
-					rows[i] = []string{o.ID.String(), o.Outcome, string(o.Status)}
-				}
-				a.table([]string{"TASK", "OUTCOME", "STATUS"}, rows)
-				a.notef("deleted %d, DLQ entries removed %d\n", len(deleted), removed)
+			if err := a.printOutcomes(out, "deleted", len(deleted), removed); err != nil {
+				return err
 			}
 			switch {
 			case rerr != nil:
@@ -192,7 +202,7 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	store, _, rdb, key, closeAll, err := a.openWithDLQ(ctx)
+	store, _, rdb, key, closeAll, err := a.openWithRedis(ctx)
 	if err != nil {
 		return err
 	}
@@ -201,15 +211,10 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 	if rerr := (*dlq.RemoveError)(nil); err != nil && !errors.As(err, &rerr) {
 		return err
 	}
-	type outcome struct {
-		ID      uuid.UUID  `json:"id"`
-		Outcome string     `json:"outcome"` // redriven, refused, not found
-		Status  task.State `json:"status,omitempty"`
-	}
-	out := make([]outcome, len(res))
+	out := make([]idOutcome, len(res))
 	failed := 0
 	for i, r := range res {
-		out[i] = outcome{ID: r.ID, Outcome: "redriven", Status: r.Status}
+		out[i] = idOutcome{ID: r.ID, Outcome: "redriven", Status: r.Status}
 		switch {
 		case r.Applied:
 		case r.Status == "":
@@ -220,17 +225,8 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 			failed++
 		}
 	}
-	if a.json {
-		if jerr := a.printJSON(map[string]any{"results": out, "dlq_removed": removed}); jerr != nil {
-			return jerr
-		}
-	} else {
-		rows := make([][]string, len(out))
-		for i, o := range out {
-			rows[i] = []string{o.ID.String(), o.Outcome, string(o.Status)}
-		}
-		a.table([]string{"TASK", "OUTCOME", "STATUS"}, rows)
-		a.notef("redriven %d, DLQ entries removed %d\n", len(out)-failed, removed)
+	if perr := a.printOutcomes(out, "redriven", len(out)-failed, removed); perr != nil {
+		return perr
 	}
 	switch {
 	case err != nil:
