@@ -268,6 +268,39 @@ func TestBrowser(t *testing.T) {
 			}
 		})
 	}
+	// keptAfterReload waits for the page's live part to reload itself
+	// (htmx swaps it every 2 s) and checks that the boxes are still ticked.
+	keptAfterReload := func(boxes ...string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			if _, err := chromedp.Evaluate[bool](`(window.__swaps = 0, document.body.addEventListener("htmx:afterSwap", () => window.__swaps++), true)`)(ctx, t); err != nil {
+				return err
+			}
+			for {
+				n, err := chromedp.Evaluate[int](`window.__swaps`)(ctx, t)
+				if err != nil {
+					return err
+				}
+				if n > 0 {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("waiting for the live reload: %w", ctx.Err())
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			for _, box := range boxes {
+				ok, err := chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q).checked`, box))(ctx, t)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return fmt.Errorf("%s lost its tick when the list reloaded itself", box)
+				}
+			}
+			return nil
+		})
+	}
 	// refused checks that the browser refuses to submit the form (its
 	// confirmation box, required, is not ticked).
 	refused := func(form string) chromedp.Action[chromedp.Void] {
@@ -403,9 +436,11 @@ func TestBrowser(t *testing.T) {
 		if n := count(`SELECT count(*) FROM ingest_task WHERE kind = $1 AND status = 'CANCELLED' AND cancel_requested_by = 'ui'`, kind); n != 3 {
 			t.Fatalf("%s: %d tasks cancelled, want 3", kind, n)
 		}
-		// Redrive two, ticked one by one: they run and succeed.
+		// Redrive two, ticked one by one (the ticks survive the list's
+		// live reload): they run and succeed.
 		run(kind+": bulk redrive", chromedp.Navigate(list), chromedp.WaitVisible(chromedp.CSS("#sel-"+ids[0])),
 			chromedp.Click(chromedp.CSS("#sel-"+ids[0])), chromedp.Click(chromedp.CSS("#sel-"+ids[1])),
+			keptAfterReload("#sel-"+ids[0], "#sel-"+ids[1]),
 			refused("#bulk"),
 			chromedp.Click(chromedp.CSS("#bulk-confirm")), chromedp.Click(chromedp.CSS("#bulk-redrive")), flash("2 tasks redriven."))
 		testenv.Eventually(t, 30*time.Second, "the redriven tasks succeed", func() bool {
