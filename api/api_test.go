@@ -613,3 +613,29 @@ func TestPeriodic(t *testing.T) {
 		t.Fatalf("no schedules: %d %s", r.code, r.body)
 	}
 }
+
+// TestListScheduled: ?status=scheduled lists the QUEUED and RETRYING tasks
+// due later (delayed ones here), not those due now, in any case.
+func TestListScheduled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := context.Background()
+	later, err := b.store.Create(ctx, task.NewTask{Kind: "s", Payload: json.RawMessage(`1`), Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Create(ctx, task.NewTask{Kind: "s", Payload: json.RawMessage(`2`)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"status=scheduled", "status=SCHEDULED&kind=s"} {
+		r := b.do(t, "GET", "/v1/tasks?"+q, "")
+		l := decode[api.ListResponse](t, r)
+		if r.code != http.StatusOK || len(l.Tasks) != 1 || l.Tasks[0].ID != later.Task.ID {
+			t.Fatalf("?%s: %d %s, want the delayed task only", q, r.code, r.body)
+		}
+	}
+	r := b.do(t, "GET", "/v1/tasks?status=later", "")
+	if msg, field := r.errorBody(t); r.code != http.StatusBadRequest || field != "status" || !strings.Contains(msg, "scheduled") {
+		t.Fatalf("?status=later: %d %q field %q, want 400 naming status and the scheduled filter", r.code, msg, field)
+	}
+}

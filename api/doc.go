@@ -10,7 +10,7 @@
 //	POST /v1/tasks                 create one task: 201 {id, status}; 200 and the
 //	                               existing task for a repeated idempotency key
 //	POST /v1/tasks:batch           create many tasks in one transaction
-//	GET  /v1/tasks                 list newest first: ?status=&kind=&limit=&cursor=
+//	GET  /v1/tasks                 list newest first: ?status=&kind=&limit=&cursor= (status: a state, or scheduled: QUEUED or RETRYING due later)
 //	GET  /v1/tasks/{id}            a task with its transitions
 //	POST /v1/tasks/{id}/redrive    DEAD → QUEUED
 //	DELETE /v1/tasks/{id}          delete a SUCCEEDED, DEAD or CANCELLED task with its

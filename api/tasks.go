@@ -279,12 +279,9 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p := task.ListParams{Kind: q.Get("kind"), Cursor: q.Get("cursor")}
-	if v := q.Get("status"); v != "" {
-		p.Status = task.State(strings.ToUpper(v))
-		if !p.Status.Valid() {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("status %q is not one of %v", v, task.States), "status")
-			return
-		}
+	if ferr := p.SetStatus(q.Get("status")); ferr != nil {
+		writeError(w, http.StatusBadRequest, ferr.Msg, ferr.Field)
+		return
 	}
 	if v := q.Get("limit"); v != "" {
 		n, ferr := task.ListLimitRange.Parse(v)

@@ -32,9 +32,12 @@ func AuditWindowStart(ctx context.Context, db DB, window time.Duration) (int64, 
 // auditSamplesSQL aggregates the audit rows after id $1 (at most $2 of
 // them, in id order; only those created since $4, so that the BRIN index
 // of created_at limits the read to the table's last pages) per bucket of
-// $3 seconds, kind, state reached and creation, with the
-// creation-to-success latency of the SUCCEEDED rows. The task's kind and
-// created_at come by primary key (a LATERAL probe: a join could be
+// $3 seconds, kind, state reached and creation, with the latency of the
+// SUCCEEDED rows: from when the task's life became due to its success
+// (greatest(created_at, due_at): due_at is NULL for a task due at its
+// creation, and a delayed, run-now or redriven task's latency starts at
+// its due time, not at its creation). The task's kind and due time come
+// by primary key (a LATERAL probe: a join could be
 // planned as a scan of the task table). The row of a run-now (a waiting
 // state to itself, Store.RunNow) is no transition: it is read, so that the
 // window moves past it, but not counted (a RETRYING one would count as a
@@ -46,9 +49,9 @@ WITH n AS (
 )
 SELECT max(n.id), max(n.created_at), floor(extract(epoch FROM n.created_at) / $3)::bigint, t.kind, n.to_status, n.from_status IS NULL,
        count(*) FILTER (WHERE n.from_status IS DISTINCT FROM n.to_status OR n.to_status NOT IN ` + waitingSQL + `),
-       coalesce(sum(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = '` + string(Succeeded) + `'), 0)::float8,
-       coalesce(max(extract(epoch FROM n.created_at - t.created_at)) FILTER (WHERE n.to_status = '` + string(Succeeded) + `'), 0)::float8
-FROM n CROSS JOIN LATERAL (SELECT kind, created_at FROM ingest_task WHERE id = n.task_id LIMIT 1) t
+       coalesce(sum(extract(epoch FROM n.created_at - t.due)) FILTER (WHERE n.to_status = '` + string(Succeeded) + `'), 0)::float8,
+       coalesce(max(extract(epoch FROM n.created_at - t.due)) FILTER (WHERE n.to_status = '` + string(Succeeded) + `'), 0)::float8
+FROM n CROSS JOIN LATERAL (SELECT kind, greatest(created_at, due_at) AS due FROM ingest_task WHERE id = n.task_id LIMIT 1) t
 GROUP BY 3, 4, 5, 6`
 
 // AuditSample is one group of audit rows of AuditSamples.
@@ -65,7 +68,9 @@ type AuditSample struct {
 	Created bool
 	N       int64
 	// LatSum and LatMax are the sum and the maximum, in seconds, of the
-	// time from creation to SUCCEEDED of the rows that reached it.
+	// time from due to SUCCEEDED of the rows that reached it: from the
+	// task's creation, or from its due_at when later (a delayed task's
+	// first due time, its last run-now or redrive).
 	LatSum, LatMax float64
 }
 

@@ -205,3 +205,93 @@ func pickOp(rng *rand.Rand) string {
 	}
 	panic("weights do not add up to 100")
 }
+
+// TestLatencyFromDue: the latency AuditSamples reports for a success runs
+// from when the task's life became due, not from its creation: a delayed
+// task's run_at, a run-now, a redrive. A task due at its creation (due_at
+// NULL) is measured from created_at. Each case is a kind of its own; its
+// created_at is set an hour back, so that a latency measured from the
+// creation would be at least an hour.
+func TestLatencyFromDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := b.db.Exec(b.ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	backdate := func(id uuid.UUID) {
+		t.Helper()
+		exec(`UPDATE ingest_task SET created_at = created_at - interval '1 hour' WHERE id = $1`, id)
+	}
+	succeed := func(id uuid.UUID) {
+		t.Helper()
+		b.start(t, "w1", time.Minute, id, task.Started)
+		if rs, err := b.store.Succeed(b.ctx, "w1", id); err != nil || len(rs) != 1 || !rs[0].Applied {
+			t.Fatalf("Succeed = %+v, %v", rs, err)
+		}
+	}
+	dueAt := func(id uuid.UUID) (due, next *time.Time) {
+		t.Helper()
+		if err := b.db.QueryRow(b.ctx, `SELECT due_at, next_retry_at FROM ingest_task WHERE id = $1`, id).Scan(&due, &next); err != nil {
+			t.Fatal(err)
+		}
+		return due, next
+	}
+
+	plain := b.create(t, task.NewTask{Kind: "lat.created"}).ID
+	if due, _ := dueAt(plain); due != nil {
+		t.Fatalf("a task due at its creation has due_at %v, want NULL", due)
+	}
+	backdate(plain)
+	succeed(plain)
+
+	// Delayed: due_at is its first due time; the hour it waited is
+	// moved back, as if it had been created an hour before its due time,
+	// which passed ten seconds ago.
+	delayed := b.create(t, task.NewTask{Kind: "lat.delayed", Delay: time.Hour}).ID
+	if due, next := dueAt(delayed); due == nil || next == nil || !due.Equal(*next) {
+		t.Fatalf("a delayed task has due_at %v, next_retry_at %v; want both its due time", due, next)
+	}
+	exec(`UPDATE ingest_task SET created_at = now() - interval '1 hour 10 seconds',
+	      due_at = now() - interval '10 seconds', next_retry_at = now() - interval '10 seconds' WHERE id = $1`, delayed)
+	succeed(delayed)
+
+	runNow := b.create(t, task.NewTask{Kind: "lat.runnow", Delay: time.Hour}).ID
+	backdate(runNow)
+	if r, err := b.store.RunNow(b.ctx, "cli:test", runNow); err != nil || r.Outcome != task.RunNowDone {
+		t.Fatalf("RunNow = %+v, %v", r, err)
+	}
+	succeed(runNow)
+
+	redriven := b.create(t, task.NewTask{Kind: "lat.redrive"}).ID
+	backdate(redriven)
+	b.start(t, "w1", time.Minute, redriven, task.Started)
+	b.fail(t, "w1", task.Failure{ID: redriven, Error: "boom", Permanent: true})
+	if rs, err := b.store.Redrive(b.ctx, "cli:test", redriven); err != nil || len(rs) != 1 || !rs[0].Applied {
+		t.Fatalf("Redrive = %+v, %v", rs, err)
+	}
+	succeed(redriven)
+
+	samples, err := task.AuditSamples(b.ctx, b.db, 0, time.Now().Add(-2*time.Hour), 1000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lat := map[string]float64{}
+	for _, s := range samples {
+		if s.To == task.Succeeded {
+			lat[s.Kind] = max(lat[s.Kind], s.LatMax)
+		}
+	}
+	if got := lat["lat.created"]; got < 3600 {
+		t.Errorf("a task due at its creation an hour ago: latency %.1fs, want at least 3600s (from its creation)", got)
+	}
+	for _, kind := range []string{"lat.delayed", "lat.runnow", "lat.redrive"} {
+		// Ten seconds of waiting, plus the test's own time on a loaded
+		// machine: far below the hour since the creation.
+		if got, ok := lat[kind]; !ok || got > 1800 {
+			t.Errorf("%s: latency %.1fs (reported %v), want it measured from its due time (well under an hour)", kind, got, ok)
+		}
+	}
+}

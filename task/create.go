@@ -243,7 +243,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 
 // insertTasksSQL inserts the tasks. A delayed task (run_at $7 in the
 // future, or delay_ms $8 > 0, the latter from the database's clock) is due
-// at that time; any other is due now (next_retry_at NULL). A timeout_ms
+// at that time, its next_retry_at and its due_at (when its life became due,
+// which latency is measured from); any other is due now (both NULL). A timeout_ms
 // $9 of 0 is stored as NULL (none of its own). dedup $11 marks a task
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
 //
@@ -253,13 +254,13 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // plainly, sparing Postgres the speculative insertion (a WAL record per
 // row more).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, timeout_ms, traceparent, dedup)
-SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0),
-    CASE WHEN run_at > now() THEN run_at
-         WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END,
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
+SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
     NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[])
     WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, ord)
+    CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
+                                    WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`
 
 const insertPlainSQL = insertTasksSQL + `

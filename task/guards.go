@@ -15,6 +15,13 @@ func due(a string) string {
 	return `(` + a + `.parked_at IS NULL AND (` + a + `.next_retry_at IS NULL OR ` + a + `.next_retry_at <= now()))`
 }
 
+// scheduled is the guard of a waiting task (QUEUED or RETRYING) due later:
+// a delayed task, or a retry in its backoff (ListParams.Scheduled). a is
+// the alias of ingest_task.
+func scheduled(a string) string {
+	return `(` + a + `.status IN ` + waitingSQL + ` AND ` + a + `.next_retry_at > now())`
+}
+
 // expiredLease is the guard of a RUNNING task whose lease expired: its
 // worker is taken for dead. a is the alias of ingest_task.
 func expiredLease(a string) string {

@@ -44,8 +44,12 @@ func (s *Store) GetWithTransitions(ctx context.Context, id uuid.UUID) (Task, []t
 
 // ListParams filters and pages List.
 type ListParams struct {
-	Status State  // "" for any
-	Kind   string // "" for any
+	Status State // "" for any
+	// Scheduled selects the tasks that wait for a later time: QUEUED or
+	// RETRYING with a next_retry_at in the future (a delayed task, a
+	// retry in its backoff). With Status set, it narrows to that state.
+	Scheduled bool
+	Kind      string // "" for any
 	// Since and Until bound created_at to [Since, Until); zero: open.
 	Since, Until time.Time
 	Limit        int // 1..1000; 0 means 50
@@ -56,6 +60,29 @@ type ListParams struct {
 
 // MaxListLimit bounds ListParams.Limit.
 const MaxListLimit = 1000
+
+// ScheduledFilter is the value of a listing's status filter that selects
+// ListParams.Scheduled (the API's ?status=scheduled, the dashboard's
+// "scheduled" link): not a state, the waiting ones due later.
+const ScheduledFilter = "SCHEDULED"
+
+// SetStatus sets the status filter of p from v, a state or
+// ScheduledFilter in any case ("": any), or returns a *FieldError naming
+// the status field: the one reading of the filter for the API and the
+// dashboard.
+func (p *ListParams) SetStatus(v string) *FieldError {
+	p.Status, p.Scheduled = "", false
+	switch up := State(strings.ToUpper(v)); {
+	case up == "":
+	case up == ScheduledFilter:
+		p.Scheduled = true
+	case up.Valid():
+		p.Status = up
+	default:
+		return &FieldError{Field: "status", Msg: fmt.Sprintf("status %q is not one of %v or %s", v, States, strings.ToLower(ScheduledFilter))}
+	}
+	return nil
+}
 
 // List returns tasks newest first, without payloads, and the cursor of the
 // next page ("" when this page is the last). Newest first is by id (a
@@ -80,6 +107,9 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
 	if p.Status != "" {
 		where = append(where, "status = "+arg(string(p.Status)), stateScope("ingest_task", p.Status))
+	}
+	if p.Scheduled {
+		where = append(where, scheduled("ingest_task"), liveGuard("ingest_task"))
 	}
 	if p.Kind != "" {
 		where = append(where, "kind = "+arg(p.Kind))

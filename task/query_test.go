@@ -208,3 +208,34 @@ func TestGetWithTransitions(t *testing.T) {
 		t.Fatalf("GetWithTransitions of an unknown id = %v, want ErrNotFound", err)
 	}
 }
+
+// TestListScheduled: ListParams.Scheduled lists the waiting tasks due
+// later (a delayed one, a retry in its backoff), not a task due now nor a
+// finished one; SetStatus reads "scheduled" and the states in any case and
+// names the status field for anything else.
+func TestListScheduled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	delayed := b.create(t, task.NewTask{Delay: time.Hour}).ID
+	retry := b.create(t, task.NewTask{}).ID
+	b.start(t, "w1", time.Minute, retry, task.Started)
+	b.fail(t, "w1", task.Failure{ID: retry, Error: "boom", RetryAfter: time.Hour})
+	b.create(t, task.NewTask{}) // due now
+	var p task.ListParams
+	if ferr := p.SetStatus("Scheduled"); ferr != nil || !p.Scheduled || p.Status != "" {
+		t.Fatalf("SetStatus(Scheduled) = %v, params %+v", ferr, p)
+	}
+	got, _, err := b.store.List(b.ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].ID != retry || got[1].ID != delayed {
+		t.Fatalf("scheduled listing %+v, want the retry and the delayed task, newest first", got)
+	}
+	if ferr := p.SetStatus("retrying"); ferr != nil || p.Scheduled || p.Status != task.Retrying {
+		t.Fatalf("SetStatus(retrying) = %v, params %+v", ferr, p)
+	}
+	if ferr := p.SetStatus("soon"); ferr == nil || ferr.Field != "status" {
+		t.Fatalf("SetStatus(soon) = %v, want a status field error", ferr)
+	}
+}

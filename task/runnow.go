@@ -41,8 +41,8 @@ type RunNowResult struct {
 const RunNowMessage = "run now"
 
 // runNowSQL makes task $1 due now for actor $2, in one statement: a QUEUED
-// or RETRYING task, not parked, due later, gets next_retry_at = now() and
-// an audit row (from and to its unchanged state, message RunNowMessage,
+// or RETRYING task, not parked, due later, gets next_retry_at = now() (and
+// due_at = now(): its latency is measured from the run-now) and an audit row (from and to its unchanged state, message RunNowMessage,
 // worker the actor: no state changes, but the operator's action is in the
 // task's trail); its outbox rows not yet published (a delayed task's row,
 // due later) are deleted and a new row to stream $3, due now, is
@@ -56,7 +56,7 @@ var runNowSQL = `
 WITH l AS (
     SELECT id, status, next_retry_at, parked_at FROM ingest_task WHERE id = $1
 ), u AS (
-    UPDATE ingest_task t SET next_retry_at = now(), updated_at = now()
+    UPDATE ingest_task t SET next_retry_at = now(), due_at = now(), updated_at = now()
     WHERE t.id = $1 AND t.status IN ` + waitingSQL + ` AND NOT ` + parkedSQL("t") + ` AND t.next_retry_at > now()
     RETURNING t.id, t.status, t.attempt_count
 ), audit AS (

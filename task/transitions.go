@@ -393,7 +393,7 @@ func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]
 }
 
 var redriveSQL = `
-UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, finished_at = NULL,
+UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, due_at = now(), finished_at = NULL,
     lease_owner = NULL, lease_until = NULL, cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL,
     updated_at = now()
 FROM (SELECT id, status FROM ingest_task WHERE id = ANY($1::uuid[])
@@ -433,7 +433,8 @@ func republishWaiting(ctx context.Context, tx pgx.Tx, stream string, ids []uuid.
 
 // Redrive moves DEAD and CANCELLED tasks back to QUEUED with their
 // attempts reset and their cancel request cleared (the audit trail keeps
-// the history) and a new outbox event, in one transaction. actor is
+// the history), due now (due_at = now(): a redrive starts a new life,
+// whose latency runs from it) and a new outbox event, in one transaction. actor is
 // recorded as the transition's worker.
 //
 // A QUEUED or RETRYING task whose latest outbox event is DEAD (publishing

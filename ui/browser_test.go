@@ -147,7 +147,7 @@ func TestBrowser(t *testing.T) {
 	const token = "browser-test-token"
 	shot := newShots(t)
 	started := time.Now()
-	browserReady := browser(t, 55*time.Second)
+	browserReady := browser(t, 180*time.Second)
 	ctx := context.Background()
 	db := testenv.NewDatabase(t)
 	rdb := testenv.Redis(t)
@@ -179,6 +179,9 @@ func TestBrowser(t *testing.T) {
 	svc.Handle("embed", func(ctx context.Context, _ ingest.Task) error {
 		return ingest.Permanent(errors.New("upstream 503: model overloaded"))
 	})
+	for _, kind := range []string{"bulk.desktop", "bulk.phone"} { // the bulk actions' tasks
+		svc.Handle(kind, func(ctx context.Context, _ ingest.Task) error { return nil })
+	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- svc.Run(runCtx) }()
@@ -265,6 +268,53 @@ func TestBrowser(t *testing.T) {
 			}
 		})
 	}
+	// keptAfterReload waits for the page's live part to reload itself
+	// (htmx swaps it every 2 s) and checks that the boxes are still ticked.
+	keptAfterReload := func(boxes ...string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			if _, err := chromedp.Evaluate[bool](`(window.__swaps = 0, document.body.addEventListener("htmx:afterSwap", () => window.__swaps++), true)`)(ctx, t); err != nil {
+				return err
+			}
+			for {
+				n, err := chromedp.Evaluate[int](`window.__swaps`)(ctx, t)
+				if err != nil {
+					return err
+				}
+				if n > 0 {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("waiting for the live reload: %w", ctx.Err())
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			for _, box := range boxes {
+				ok, err := chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q).checked`, box))(ctx, t)
+				if err != nil {
+					return err
+				}
+				if !ok {
+					return fmt.Errorf("%s lost its tick when the list reloaded itself", box)
+				}
+			}
+			return nil
+		})
+	}
+	// refused checks that the browser refuses to submit the form (its
+	// confirmation box, required, is not ticked).
+	refused := func(form string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			ok, err := chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q).checkValidity()`, form))(ctx, t)
+			if err != nil {
+				return err
+			}
+			if ok {
+				return fmt.Errorf("the form %s can be submitted without its confirmation", form)
+			}
+			return nil
+		})
+	}
 	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		begun := time.Now()
@@ -295,15 +345,18 @@ func TestBrowser(t *testing.T) {
 		t.Fatal("the overview reloaded instead of updating in place")
 	}
 
-	run("tasks", chromedp.Navigate(u+"tasks"), chromedp.WaitVisible(chromedp.CSS("table.tasks")), shot.take("tasks"),
+	run("tasks", chromedp.Navigate(u+"tasks"), chromedp.WaitVisible(chromedp.CSS("table.tasks")),
 		chromedp.SetValue(chromedp.CSS(`select[name="status"]`), "DEAD"),
 		chromedp.Click(chromedp.CSS(`form.filters button[type="submit"]`)),
 		at("status=DEAD"),
 		chromedp.WaitVisible(chromedp.CSS(`a[href="/ui/tasks/`+dead+`"]`)))
 
-	// Cancel the delayed task.
+	// Cancel the delayed task: refused without the confirmation box, done
+	// with it.
 	run("cancel", chromedp.Navigate(u+"tasks/"+later.Task.ID.String()), chromedp.WaitVisible(chromedp.CSS("#cancel")),
 		chromedp.SendKeys(chromedp.CSS(`input[name="reason"]`), "not needed any more"),
+		refused(`form[action$="/cancel"]`),
+		chromedp.Click(chromedp.CSS(`form[action$="/cancel"] input[name="confirm"]`)),
 		chromedp.Click(chromedp.CSS("#cancel")), flash("Task cancelled."))
 	if n := count(`SELECT count(*) FROM ingest_task WHERE id = $1 AND status = 'CANCELLED' AND cancel_requested_by = 'ui' AND cancel_reason = 'not needed any more'`, later.Task.ID); n != 1 {
 		t.Fatal("the cancel did not reach the database")
@@ -349,12 +402,112 @@ func TestBrowser(t *testing.T) {
 		t.Fatal("the pause did not reach the database")
 	}
 
-	// A phone.
+	// The task list's bulk actions and scheduled filter, on a desktop.
+	bulkActions := func(kind string) {
+		t.Helper()
+		var ids []string
+		for range 3 {
+			c, err := store.Create(ctx, task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`), Delay: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, c.Task.ID.String())
+		}
+		list := u + "tasks?kind=" + kind
+		rows := func(want int) chromedp.Action[chromedp.Void] {
+			return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+				n, err := chromedp.Evaluate[int](`document.querySelectorAll("table.tasks tbody td.sel").length`)(ctx, t)
+				if err == nil && n != want {
+					err = fmt.Errorf("%d rows listed, want %d", n, want)
+				}
+				return err
+			})
+		}
+		// The scheduled filter: its link, then the kind.
+		run(kind+": scheduled filter", chromedp.Navigate(u+"tasks"), chromedp.WaitVisible(chromedp.CSS("#status-scheduled")),
+			chromedp.Click(chromedp.CSS("#status-scheduled")), at("status=scheduled"),
+			chromedp.WaitVisible(chromedp.CSS(`a[href="/ui/tasks/`+ids[0]+`"]`)),
+			chromedp.Navigate(u+"tasks?status=scheduled&kind="+kind), chromedp.WaitVisible(chromedp.CSS("table.tasks")), rows(3))
+		// Cancel all of the page: refused without the box, then done.
+		run(kind+": bulk cancel", chromedp.Navigate(list), chromedp.WaitVisible(chromedp.CSS("#select-all")),
+			chromedp.Click(chromedp.CSS("#select-all")), at("select=all"), chromedp.WaitVisible(chromedp.CSS("#sel-"+ids[2])),
+			refused("#bulk"),
+			chromedp.Click(chromedp.CSS("#bulk-confirm")), chromedp.Click(chromedp.CSS("#bulk-cancel")), flash("3 tasks cancelled."))
+		if n := count(`SELECT count(*) FROM ingest_task WHERE kind = $1 AND status = 'CANCELLED' AND cancel_requested_by = 'ui'`, kind); n != 3 {
+			t.Fatalf("%s: %d tasks cancelled, want 3", kind, n)
+		}
+		// Redrive two, ticked one by one (the ticks survive the list's
+		// live reload): they run and succeed.
+		run(kind+": bulk redrive", chromedp.Navigate(list), chromedp.WaitVisible(chromedp.CSS("#sel-"+ids[0])),
+			chromedp.Click(chromedp.CSS("#sel-"+ids[0])), chromedp.Click(chromedp.CSS("#sel-"+ids[1])),
+			keptAfterReload("#sel-"+ids[0], "#sel-"+ids[1]),
+			refused("#bulk"),
+			chromedp.Click(chromedp.CSS("#bulk-confirm")), chromedp.Click(chromedp.CSS("#bulk-redrive")), flash("2 tasks redriven."))
+		testenv.Eventually(t, 30*time.Second, "the redriven tasks succeed", func() bool {
+			return count(`SELECT count(*) FROM ingest_task WHERE id = ANY($1::uuid[]) AND status = 'SUCCEEDED'`, ids[:2]) == 2
+		})
+		// Delete the page: the finished ones go, a waiting one is refused.
+		if _, err := store.Create(ctx, task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`), Delay: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+		run(kind+": bulk delete", chromedp.Navigate(list+"&select=all"), chromedp.WaitVisible(chromedp.CSS("#bulk-delete")), rows(4),
+			refused("#bulk"),
+			chromedp.Click(chromedp.CSS("#bulk-confirm")), chromedp.Click(chromedp.CSS("#bulk-delete")),
+			flash("3 tasks deleted; 1 refused: still queued"))
+		if n := count(`SELECT count(*) FROM ingest_task WHERE kind = $1`, kind); n != 1 {
+			t.Fatalf("%s: %d tasks left after the bulk delete, want the waiting one", kind, n)
+		}
+	}
+	bulkActions("bulk.desktop")
+	run("tasks again", chromedp.Navigate(u+"tasks"), chromedp.WaitVisible(chromedp.CSS("table.tasks")), shot.take("tasks"))
+
+	// A phone: every page fits its width; every control and column can
+	// be scrolled into view.
+	fits := func(page string, selectors string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			out, err := chromedp.Evaluate[[]string](fmt.Sprintf(`(() => {
+				const bad = [];
+				if (document.documentElement.scrollWidth > window.innerWidth) {
+					bad.push("the page is " + document.documentElement.scrollWidth + "px wide, the screen " + window.innerWidth + "px");
+				}
+				const els = document.querySelectorAll(%q);
+				if (els.length === 0) bad.push("nothing matches %s");
+				for (const el of els) {
+					el.scrollIntoView({block: "center", inline: "center"});
+					const r = el.getBoundingClientRect();
+					if (r.width === 0 || r.left < 0 || r.top < 0 || r.right > window.innerWidth || r.bottom > window.innerHeight) {
+						bad.push((el.id || el.outerHTML.slice(0, 80)) + " at " + [r.left, r.top, r.right, r.bottom].map(Math.round).join(","));
+					}
+				}
+				window.scrollTo(0, 0);
+				return bad;
+			})()`, selectors, selectors))(ctx, t)
+			if err != nil {
+				return err
+			}
+			if len(out) > 0 {
+				return fmt.Errorf("%s on a phone: %d problems: %s", page, len(out), strings.Join(out, "; "))
+			}
+			return nil
+		})
+	}
+	const controls = "main button, main input:not([type=hidden]), main select, main th, main .st"
 	run("phone", chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile, chromedp.EmulateScale(2)),
 		chromedp.Navigate(u), chromedp.WaitVisible(chromedp.CSS("#live .tiles")), shot.take("overview-phone"),
-		chromedp.Navigate(u+"tasks/"+dead), chromedp.WaitVisible(chromedp.CSS("#live")), shot.take("task-phone"))
-	run("phone layout", chromedp.Navigate(u), chromedp.WaitVisible(chromedp.CSS("#live .tiles")))
-	if overflow, err := chromedp.Run(b, chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth + 1`)); err != nil || overflow {
-		t.Fatal("the overview is wider than a phone's screen")
+		fits("overview", "main a, main th"),
+		chromedp.Navigate(u+"tasks"), chromedp.WaitVisible(chromedp.CSS("table.tasks")), shot.take("tasks-phone"),
+		fits("tasks", controls+", #select-all, #select-none, .chips a"),
+		chromedp.Navigate(u+"tasks/"+dead), chromedp.WaitVisible(chromedp.CSS("#live")), shot.take("task-phone"),
+		fits("task (succeeded)", controls),
+		chromedp.Navigate(u+"dlq"), chromedp.WaitVisible(chromedp.CSS("#preview")), fits("dlq", controls),
+		chromedp.Navigate(u+"kinds"), chromedp.WaitVisible(chromedp.CSS("#resume-email")), fits("kinds", controls+", #pause-image\\.resize"))
+	bulkActions("bulk.phone")
+	waiting, err := store.Create(ctx, task.NewTask{Kind: "email", Payload: json.RawMessage(`{}`), Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
 	}
+	run("phone: task page", chromedp.Navigate(u+"tasks/"+waiting.Task.ID.String()), chromedp.WaitVisible(chromedp.CSS("#cancel")),
+		fits("task (waiting)", controls), refused(`form[action$="/cancel"]`),
+		chromedp.Click(chromedp.CSS(`form[action$="/cancel"] input[name="confirm"]`)),
+		chromedp.Click(chromedp.CSS("#cancel")), flash("Task cancelled."))
 }

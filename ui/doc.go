@@ -1,7 +1,8 @@
 // Package ui owns the web dashboard of an ingest-worker process: the HTML
 // pages under /ui/ (overview, tasks, one task, DLQ, kinds), their actions
-// (cancel, redrive, bulk redrive with a dry run, run now, delete, DLQ
-// discard, pause, resume, kind limits), the login and CSRF protection in front of them, the SVG charts,
+// (cancel, redrive, bulk redrive with a dry run, run now, delete, the task
+// list's bulk redrive, cancel and delete of ticked tasks, DLQ discard,
+// pause, resume, kind limits), the login and CSRF protection in front of them, the SVG charts,
 // and the static assets, all embedded in the binary (no CDN).
 //
 // Pages are Go html/template, rendered on the server (auto-escaped: task
@@ -19,7 +20,8 @@
 // mount it at /ui/):
 //
 //	GET  /ui/                          overview
-//	GET  /ui/tasks                     tasks: ?status=&kind=&q= (id or idempotency key)&since=&until=&cursor=
+//	GET  /ui/tasks                     tasks: ?status= (a state, or scheduled)&kind=&q= (id or idempotency key)&since=&until=&cursor=&select=all
+//	POST /ui/tasks/bulk                redrive, cancel or delete the ticked tasks (action=, id= up to a page's 50)
 //	GET  /ui/tasks/{id}                one task: row, audit timeline, outbox rows, PEL entry, DLQ entries
 //	POST /ui/tasks/{id}/cancel         cancel it
 //	POST /ui/tasks/{id}/redrive        redrive it (DEAD or CANCELLED) and remove its DLQ entries
@@ -42,10 +44,14 @@
 // PostgreSQL (ingest_ui_session, session.go) as well: a logout deletes it,
 // so its cookie is refused from then on by every process on the database. Every POST needs the CSRF token
 // of the page (a hidden field equal to an HttpOnly cookie, compared in
-// constant time). Delete, run now and discard also need their form's
-// confirmation box ticked (confirm=yes; the box is required in the form,
-// and the handler refuses without it): the page's CSP allows no inline
-// script for a confirm() dialog. A delete is logged with the actor and
+// constant time). Cancel, delete, run now, discard and the task list's
+// bulk actions also need their form's confirmation box ticked
+// (confirm=yes; the box is required in the form, and the handler refuses
+// without it): the page's CSP allows no inline script for a confirm()
+// dialog. A bulk action (bulk.go) goes through the function of its
+// one-task action (dlq.Redrive, task.Store.Cancel, dlq.Delete) and reports
+// how many tasks it changed and how many it refused, by reason; the
+// ticked boxes survive the list's live reloads (hx-preserve). A delete is logged with the actor and
 // counted (ingest_task_deleted_total, via="ui", on Config.Registerer). Every request but GET, HEAD and OPTIONS that a browser
 // sent on behalf of another site (Sec-Fetch-Site, Origin:
 // httpguard.CrossSite) is refused with 403 before routing, login included.

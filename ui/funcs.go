@@ -38,6 +38,7 @@ var funcs = template.FuncMap{
 	"sub":      func(a, b int) int { return a - b },
 	"pathesc":  url.PathEscape,
 	"count":    func(m map[task.State]int64, s string) int64 { return m[task.State(s)] },
+	"dueLater": dueLater,
 }
 
 // ago says how long ago t was: "3.2s ago", "5m10s ago".

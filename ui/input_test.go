@@ -110,7 +110,7 @@ func TestFiltersWithBadBytesAre400(t *testing.T) {
 	flash(c.post("/ui/kinds/"+url.PathEscape("esc\x1b[2J"), form("op", "pause")), `kind must not hold control or bidirectional characters, got \x1b`)
 	flash(c.post("/ui/kinds/"+url.PathEscape("abc\u202edef"), form("op", "pause")), `got \u202e`)
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "4294967297")), "concurrency must be a whole number from 0 to 100000")
-	flash(c.post("/ui/tasks/"+f.queued.ID.String()+"/cancel", form("reason", "why\x00")), "reason must not hold a NUL")
+	flash(c.post("/ui/tasks/"+f.queued.ID.String()+"/cancel", form("reason", "why\x00", "confirm", "yes")), "reason must not hold a NUL")
 	// An entry id that is none: not found, not Redis's error as a 500.
 	flash(c.post("/ui/dlq/replay", form("entry", "garbage")), "not a stream entry id")
 	if s := b.status(t, f.queued.ID); s != task.Queued {

@@ -27,8 +27,10 @@ const (
 // agg sums the transitions of one bucket and kind.
 type agg struct {
 	Created, Started, Succeeded, Retried, Dead, Cancelled int64
-	// LatSum and LatMax are seconds from a task's creation to its
-	// SUCCEEDED transition; LatN counts them.
+	// LatSum and LatMax are seconds from when a task was due (its
+	// creation, or its later due_at: a delayed task's run_at, a run-now,
+	// a redrive; task.AuditSamples) to its SUCCEEDED transition; LatN
+	// counts them.
 	LatSum, LatMax float64
 	LatN           int64
 }
@@ -199,7 +201,7 @@ func (s *sampler) Series(ctx context.Context) (series, error) {
 		{"retried", "s-retry", per(func(a agg) float64 { return float64(a.Retried) * perMin })},
 		{"dead", "s-dead", per(func(a agg) float64 { return float64(a.Dead) * perMin })},
 	})
-	out.Latency = chart("created → succeeded", "s", []line{
+	out.Latency = chart("due → succeeded", "s", []line{
 		{"average", "s-avg", per(func(a agg) float64 {
 			if a.LatN == 0 {
 				return 0

@@ -31,6 +31,34 @@ type tasksView struct {
 	Error                         string
 	Note                          string
 	MaxAttempts                   int
+	// Here is this listing's address (its filters and page), where a bulk
+	// action comes back to; SelectAll and SelectNone are it with every
+	// box of the page ticked, and with none.
+	Here, SelectAll, SelectNone string
+	// AllSelected: every box of the page is ticked (?select=all).
+	AllSelected bool
+	// Statuses are the status filter's values: the states and
+	// "scheduled" (QUEUED or RETRYING, due later).
+	Statuses []string
+}
+
+// statusFilters are the values of the tasks page's status filter.
+var statusFilters = func() []string {
+	out := []string{}
+	for _, s := range task.States {
+		out = append(out, string(s))
+	}
+	return append(out, task.ScheduledFilter)
+}()
+
+// dueLater returns when a waiting task (QUEUED or RETRYING) is next due,
+// when that is in the future; nil when it is due (or not waiting): the
+// tasks page's Due column.
+func dueLater(t task.Task) *time.Time {
+	if (t.Status == task.Queued || t.Status == task.Retrying) && t.NextRetryAt != nil && t.NextRetryAt.After(time.Now()) {
+		return t.NextRetryAt
+	}
+	return nil
 }
 
 // keySQL finds the tasks with idempotency key $1 (of kind $2, "" any)
@@ -66,28 +94,39 @@ func parseTime(v string) (time.Time, error) {
 func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
 	q := r.URL.Query()
 	tv := &tasksView{Status: strings.ToUpper(q.Get("status")), Kind: q.Get("kind"), Q: strings.TrimSpace(q.Get("q")),
-		Since: q.Get("since"), Until: q.Get("until"), Cursor: q.Get("cursor"), MaxAttempts: h.cfg.MaxAttempts}
+		Since: q.Get("since"), Until: q.Get("until"), Cursor: q.Get("cursor"), MaxAttempts: h.cfg.MaxAttempts,
+		AllSelected: q.Get("select") == "all", Statuses: statusFilters}
 	v.Title, v.Nav, v.D = "Tasks", "tasks", tv
-	live := url.Values{}
+	here := url.Values{}
 	for _, k := range []string{"status", "kind", "q", "since", "until", "cursor"} {
 		if q.Get(k) != "" {
-			live.Set(k, q.Get(k))
+			here.Set(k, q.Get(k))
 		}
 	}
-	live.Set("live", "1")
-	v.Live = Prefix + "tasks?" + live.Encode()
+	link := func(extra ...string) string {
+		u := url.Values{}
+		for k, vs := range here {
+			u[k] = vs
+		}
+		for i := 0; i+1 < len(extra); i += 2 {
+			u.Set(extra[i], extra[i+1])
+		}
+		if len(u) == 0 {
+			return Prefix + "tasks"
+		}
+		return Prefix + "tasks?" + u.Encode()
+	}
+	tv.Here, tv.SelectNone, tv.SelectAll = link(), link(), link("select", "all")
+	v.Live = link("live", "1")
 	code := http.StatusOK
 	bad := func(msg string) {
 		tv.Error, code = msg, http.StatusBadRequest
 		h.render(w, r, code, "tasks", v)
 	}
 	p := task.ListParams{Kind: tv.Kind, Cursor: tv.Cursor, Limit: pageSize}
-	if tv.Status != "" {
-		p.Status = task.State(tv.Status)
-		if !p.Status.Valid() {
-			bad(fmt.Sprintf("status %q is not one of %v", tv.Status, task.States))
-			return
-		}
+	if ferr := p.SetStatus(tv.Status); ferr != nil {
+		bad(ferr.Msg)
+		return
 	}
 	var err error
 	if p.Since, err = parseTime(tv.Since); err != nil {
@@ -149,22 +188,11 @@ func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
 		}
 		tv.Tasks = tasks
 		if next != "" {
-			nq := url.Values{}
-			for k, vs := range live {
-				nq[k] = vs
-			}
-			nq.Del("live")
-			nq.Set("cursor", next)
-			tv.Next = Prefix + "tasks?" + nq.Encode()
+			tv.Next = link("cursor", next)
 		}
 		if tv.Cursor != "" {
-			fq := url.Values{}
-			for k, vs := range live {
-				fq[k] = vs
-			}
-			fq.Del("live")
-			fq.Del("cursor")
-			tv.First = Prefix + "tasks?" + fq.Encode()
+			delete(here, "cursor")
+			tv.First = link()
 		}
 	}
 	h.render(w, r, code, "tasks", v)
@@ -277,6 +305,10 @@ func (h *Handler) cancel(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if !confirmed(r) {
+		h.done(w, r, back, true, "Not cancelled: tick the confirmation box first.")
+		return
+	}
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
 	res, err := h.cfg.Store.Cancel(r.Context(), h.cfg.Actor, reason, id)
 	if errors.Is(err, task.ErrNotFound) {
@@ -330,8 +362,8 @@ func (h *Handler) redrive(w http.ResponseWriter, r *http.Request) {
 }
 
 // confirmed tells whether the form's confirmation box was ticked: the
-// dashboard's destructive and forcing actions (delete, run now, discard)
-// need it, so that a stray click does nothing. The box is required in the
+// dashboard's destructive and forcing actions (cancel, delete, run now,
+// discard, the task list's bulk actions) need it, so that a stray click does nothing. The box is required in the
 // form; this check covers a browser that submits without it.
 func confirmed(r *http.Request) bool { return r.PostFormValue("confirm") == "yes" }
 

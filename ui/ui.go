@@ -155,6 +155,7 @@ func New(cfg Config) (*Handler, error) {
 		{"POST /ui/logout", http.HandlerFunc(h.logout)},
 		{"GET /ui/{$}", h.page(h.overview)},
 		{"GET /ui/tasks", h.page(h.tasks)},
+		{"POST /ui/tasks/bulk", h.action(h.bulk)},
 		{"GET /ui/tasks/{id}", h.page(h.taskPage)},
 		{"POST /ui/tasks/{id}/cancel", h.action(h.cancel)},
 		{"POST /ui/tasks/{id}/redrive", h.action(h.redrive)},

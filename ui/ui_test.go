@@ -347,7 +347,7 @@ func TestAuth(t *testing.T) {
 	want(t, c.get("/ui/tasks"), 200, f.queued.ID.String())
 	// The session works for actions too.
 	csrf = c.csrf("/ui/tasks/" + f.queued.ID.String())
-	want(t, c.post("/ui/tasks/"+f.queued.ID.String()+"/cancel", url.Values{"csrf": {csrf}}), 303)
+	want(t, c.post("/ui/tasks/"+f.queued.ID.String()+"/cancel", url.Values{"csrf": {csrf}, "confirm": {"yes"}}), 303)
 	if s := b.status(t, f.queued.ID); s != task.Cancelled {
 		t.Fatalf("status %s after a cancel with a session", s)
 	}
@@ -416,7 +416,7 @@ func TestCSRF(t *testing.T) {
 		t.Fatalf("status %s after refused cancels", s)
 	}
 	// The right token from this site: done.
-	want(t, c.post(path, url.Values{"csrf": {csrf}}, "Sec-Fetch-Site", "same-origin"), 303)
+	want(t, c.post(path, url.Values{"csrf": {csrf}, "confirm": {"yes"}}, "Sec-Fetch-Site", "same-origin"), 303)
 	if s := b.status(t, f.queued.ID); s != task.Cancelled {
 		t.Fatalf("status %s, want CANCELLED", s)
 	}
@@ -478,7 +478,7 @@ func TestActions(t *testing.T) {
 	}
 
 	// Cancel with a reason, recorded in the audit trail.
-	flash(c.post("/ui/tasks/"+f.delayed.ID.String()+"/cancel", form("reason", "customer withdrew")), "Task cancelled.")
+	flash(c.post("/ui/tasks/"+f.delayed.ID.String()+"/cancel", form("reason", "customer withdrew", "confirm", "yes")), "Task cancelled.")
 	if s := b.status(t, f.delayed.ID); s != task.Cancelled {
 		t.Fatalf("status %s", s)
 	}
@@ -487,7 +487,8 @@ func TestActions(t *testing.T) {
 		by != ui.DefaultActor || reason != "customer withdrew" {
 		t.Fatalf("cancel by %q reason %q (%v)", by, reason, err)
 	}
-	flash(c.post("/ui/tasks/"+f.delayed.ID.String()+"/cancel", form()), "only QUEUED, RETRYING and RUNNING")
+	flash(c.post("/ui/tasks/"+f.delayed.ID.String()+"/cancel", form()), "Not cancelled: tick the confirmation box first.")
+	flash(c.post("/ui/tasks/"+f.delayed.ID.String()+"/cancel", form("confirm", "yes")), "only QUEUED, RETRYING and RUNNING")
 
 	// Redrive of a DEAD task removes its DLQ entry.
 	if n := b.dlqLen(t); n != 1 {
@@ -565,7 +566,7 @@ func TestActions(t *testing.T) {
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "0", "rate", "fast")), "Rate:")
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "-1")), "concurrency must be a whole number from 0 to 100000")
 	want(t, c.post("/ui/kinds/email", form("op", "explode")), 400)
-	want(t, c.post("/ui/tasks/"+uuid.NewString()+"/cancel", form()), 404)
+	want(t, c.post("/ui/tasks/"+uuid.NewString()+"/cancel", form("confirm", "yes")), 404)
 }
 
 func TestOverviewCounts(t *testing.T) {

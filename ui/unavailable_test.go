@@ -81,8 +81,8 @@ func TestDatabaseUnavailablePage(t *testing.T) {
 			csrf = ck.Value
 		}
 	}
-	for _, path := range []string{"/ui/tasks/" + id + "/cancel", "/ui/tasks/" + id + "/redrive", "/ui/dlq/redrive", "/ui/kinds/embed"} {
-		p := c.post(path, url.Values{"csrf": {csrf}, "op": {"pause"}, "status": {"DEAD"}})
+	for _, path := range []string{"/ui/tasks/" + id + "/cancel", "/ui/tasks/" + id + "/redrive", "/ui/dlq/redrive", "/ui/kinds/embed", "/ui/tasks/bulk"} {
+		p := c.post(path, url.Values{"csrf": {csrf}, "op": {"pause"}, "status": {"DEAD"}, "confirm": {"yes"}, "action": {"cancel"}, "id": {id}})
 		want(t, p, 503, "database unavailable")
 		showsNone(t, "POST "+path, p, secrets...)
 	}
