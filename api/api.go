@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/internal/httpguard"
 	"github.com/ingest-worker/ingest/internal/opsmetrics"
 	"github.com/ingest-worker/ingest/internal/termsafe"
@@ -105,13 +106,13 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	}
 	switch {
 	case cfg.MaxBodyBytes < 0:
-		return nil, fmt.Errorf("api config: MaxBodyBytes must be >= 0, got %d", cfg.MaxBodyBytes)
+		return nil, configerr.New("api", nil, "MaxBodyBytes", "must be at least 0, got %d", cfg.MaxBodyBytes)
 	case cfg.MaxBatchBodyBytes < 0:
-		return nil, fmt.Errorf("api config: MaxBatchBodyBytes must be >= 0, got %d", cfg.MaxBatchBodyBytes)
+		return nil, configerr.New("api", nil, "MaxBatchBodyBytes", "must be at least 0, got %d", cfg.MaxBatchBodyBytes)
 	case cfg.MaxBatchSize < 0:
-		return nil, fmt.Errorf("api config: MaxBatchSize must be >= 0, got %d", cfg.MaxBatchSize)
+		return nil, configerr.New("api", nil, "MaxBatchSize", "must be at least 0, got %d", cfg.MaxBatchSize)
 	case cfg.ReadyTimeout < 0:
-		return nil, fmt.Errorf("api config: ReadyTimeout must be >= 0, got %s", cfg.ReadyTimeout)
+		return nil, configerr.New("api", nil, "ReadyTimeout", "must be at least 0s, got %s", cfg.ReadyTimeout)
 	}
 	s := &Server{cfg: cfg, store: store, checks: ready, maxBytes: store.Config().MaxPayloadBytes, log: cfg.Logger,
 		checkLast: map[string]string{}}

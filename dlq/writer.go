@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/internal/configerr"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -84,15 +85,19 @@ type Config struct {
 	DLQ string
 }
 
-// Validate checks the configuration and names the bad field.
+// Validate checks the configuration and names the bad field: "dlq:
+// Stream: is required".
 func (c Config) Validate() error {
+	bad := func(setting, format string, args ...any) error {
+		return configerr.New("dlq", nil, setting, format, args...)
+	}
 	switch {
 	case c.Stream == "":
-		return errors.New("invalid Stream: required")
+		return bad("Stream", "is required")
 	case c.Group == "":
-		return errors.New("invalid Group: required")
+		return bad("Group", "is required")
 	case c.DLQ != "" && c.DLQ == c.Stream:
-		return fmt.Errorf("invalid DLQ: must differ from Stream (%q)", c.Stream)
+		return bad("DLQ", "must differ from Stream (%q)", c.Stream)
 	}
 	return nil
 }
@@ -111,7 +116,7 @@ type Writer struct {
 // NewWriter returns a writer for cfg.
 func NewWriter(cfg Config, rdb redis.UniversalClient) (*Writer, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("dlq config: %w", err)
+		return nil, err
 	}
 	if rdb == nil {
 		return nil, errors.New("dlq: nil redis client")

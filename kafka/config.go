@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ingest-worker/ingest/internal/configerr"
 )
 
 // Defaults (docs/ARCHITECTURE.md §5: KAFKA_BOOTSTRAP_SERVERS, INGEST_KAFKA_*).
@@ -64,28 +66,32 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// configErr is the error of a bad field of Config, in the form package
+// configerr owns: "kafka: Brokers: must name ...".
+func configErr(setting, format string, args ...any) error {
+	return configerr.New("kafka", ErrConfig, setting, format, args...)
+}
+
 // Validate checks c (zero fields taking their defaults) and names the bad
-// field.
+// field: "kafka: ProduceTimeout: must be at least 1ms, got 0s". The errors
+// wrap ErrConfig.
 func (c Config) Validate() error {
 	c = c.WithDefaults()
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
-	}
 	switch {
 	case len(c.Brokers) == 0:
-		return bad("Brokers (KAFKA_BOOTSTRAP_SERVERS) must name at least one broker")
+		return configErr("Brokers", "must name at least one broker (KAFKA_BOOTSTRAP_SERVERS)")
 	case c.DLQTopic != "" && c.DLQTopic == c.Topic:
-		return bad("DLQTopic must differ from Topic (%q)", c.Topic)
+		return configErr("DLQTopic", "must differ from Topic (%q)", c.Topic)
 	case c.ProduceTimeout < time.Millisecond:
-		return bad("ProduceTimeout must be >= 1ms, got %s", c.ProduceTimeout)
+		return configErr("ProduceTimeout", "must be at least 1ms, got %s", c.ProduceTimeout)
 	case c.RedeliverDelay <= 0:
-		return bad("RedeliverDelay must be > 0, got %s", c.RedeliverDelay)
+		return configErr("RedeliverDelay", "must be more than 0s, got %s", c.RedeliverDelay)
 	case c.CommitInterval <= 0:
-		return bad("CommitInterval must be > 0, got %s", c.CommitInterval)
+		return configErr("CommitInterval", "must be more than 0s, got %s", c.CommitInterval)
 	}
-	for _, b := range c.Brokers {
+	for i, b := range c.Brokers {
 		if b == "" {
-			return bad("Brokers has an empty entry")
+			return configErr(fmt.Sprintf("Brokers[%d]", i), "is empty")
 		}
 	}
 	return nil

@@ -93,7 +93,7 @@ func NewConsumer(cfg Config, sink Sink, logger *slog.Logger, extra ...kgo.Opt) (
 	}
 	cfg = cfg.WithDefaults()
 	if sink == nil {
-		return nil, fmt.Errorf("%w: a Sink is required", ErrConfig)
+		return nil, configErr("sink", "is required")
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
@@ -16,8 +17,10 @@ import (
 // message names the bad field.
 var ErrConfig = errors.New("invalid maintenance config")
 
-func configErr(field, format string, args ...any) error {
-	return fmt.Errorf("%w: %s %s", ErrConfig, field, fmt.Sprintf(format, args...))
+// configErr is the error of a bad field of Config, in the form package
+// configerr owns: "maintenance: Elector.TTL: must be ...".
+func configErr(setting, format string, args ...any) error {
+	return configerr.New("maintenance", ErrConfig, setting, format, args...)
 }
 
 // Config configures a Maintainer: the leader election and each singleton
@@ -160,15 +163,15 @@ func (c ElectorConfig) WithDefaults() ElectorConfig {
 func (c ElectorConfig) validate() error {
 	switch {
 	case c.Name == "":
-		return configErr("Elector.Name", "must not be empty")
+		return configErr("Elector.Name", "is required")
 	case c.TTL < 10*time.Millisecond:
-		return configErr("Elector.TTL", "must be >= 10ms, got %s", c.TTL)
+		return configErr("Elector.TTL", "must be at least 10ms, got %s", c.TTL)
 	case c.Margin <= 0 || c.Margin >= c.TTL:
-		return configErr("Elector.Margin", "must be in (0, TTL %s), got %s", c.TTL, c.Margin)
+		return configErr("Elector.Margin", "must be more than 0s and less than TTL (%s), got %s", c.TTL, c.Margin)
 	case c.RenewInterval <= 0 || c.RenewInterval >= c.TTL-c.Margin:
-		return configErr("Elector.RenewInterval", "must be in (0, TTL - Margin %s), got %s", c.TTL-c.Margin, c.RenewInterval)
+		return configErr("Elector.RenewInterval", "must be more than 0s and less than TTL - Margin (%s), got %s", c.TTL-c.Margin, c.RenewInterval)
 	case c.RetryInterval <= 0:
-		return configErr("Elector.RetryInterval", "must be > 0, got %s", c.RetryInterval)
+		return configErr("Elector.RetryInterval", "must be more than 0s, got %s", c.RetryInterval)
 	}
 	return nil
 }
@@ -228,13 +231,13 @@ func (c RescuerConfig) WithDefaults() RescuerConfig {
 func (c RescuerConfig) validate() error {
 	switch {
 	case c.Interval < time.Millisecond:
-		return configErr("Rescuer.Interval", "must be >= 1ms, got %s", c.Interval)
+		return configErr("Rescuer.Interval", "must be at least 1ms, got %s", c.Interval)
 	case c.BatchSize < 1 || c.BatchSize > 10000:
-		return configErr("Rescuer.BatchSize", "must be in [1, 10000], got %d", c.BatchSize)
+		return configErr("Rescuer.BatchSize", "must be from 1 to 10000, got %d", c.BatchSize)
 	case c.PagesPerRun < 1:
-		return configErr("Rescuer.PagesPerRun", "must be >= 1, got %d", c.PagesPerRun)
+		return configErr("Rescuer.PagesPerRun", "must be at least 1, got %d", c.PagesPerRun)
 	case c.Grace < 0:
-		return configErr("Rescuer.Grace", "must be >= 0, got %s", c.Grace)
+		return configErr("Rescuer.Grace", "must be at least 0s, got %s", c.Grace)
 	}
 	return nil
 }
@@ -299,19 +302,19 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 func (c RetentionConfig) validate() error {
 	switch {
 	case c.Tasks.Succeeded < 0 && c.Tasks.Succeeded != task.KeepForever:
-		return configErr("Retention.Tasks.Succeeded", "must be > 0 or task.KeepForever, got %s", c.Tasks.Succeeded)
+		return configErr("Retention.Tasks.Succeeded", "must be more than 0s or task.KeepForever, got %s", c.Tasks.Succeeded)
 	case c.Tasks.Cancelled < 0 && c.Tasks.Cancelled != task.KeepForever:
-		return configErr("Retention.Tasks.Cancelled", "must be > 0 or task.KeepForever, got %s", c.Tasks.Cancelled)
+		return configErr("Retention.Tasks.Cancelled", "must be more than 0s or task.KeepForever, got %s", c.Tasks.Cancelled)
 	case c.Tasks.Dead < 0 && c.Tasks.Dead != task.KeepForever:
-		return configErr("Retention.Tasks.Dead", "must be > 0 or task.KeepForever, got %s", c.Tasks.Dead)
+		return configErr("Retention.Tasks.Dead", "must be more than 0s or task.KeepForever, got %s", c.Tasks.Dead)
 	case c.Age < time.Millisecond:
-		return configErr("Retention.Age", "must be >= 1ms, got %s", c.Age)
+		return configErr("Retention.Age", "must be at least 1ms, got %s", c.Age)
 	case c.Interval < time.Millisecond:
-		return configErr("Retention.Interval", "must be >= 1ms, got %s", c.Interval)
+		return configErr("Retention.Interval", "must be at least 1ms, got %s", c.Interval)
 	case c.BatchSize < 1 || c.BatchSize > 100000:
-		return configErr("Retention.BatchSize", "must be in [1, 100000], got %d", c.BatchSize)
+		return configErr("Retention.BatchSize", "must be from 1 to 100000, got %d", c.BatchSize)
 	case c.BatchesPerRun < 1:
-		return configErr("Retention.BatchesPerRun", "must be >= 1, got %d", c.BatchesPerRun)
+		return configErr("Retention.BatchesPerRun", "must be at least 1, got %d", c.BatchesPerRun)
 	}
 	for i, s := range c.Streams {
 		if s == "" {
@@ -360,9 +363,9 @@ func (c ConsumersConfig) WithDefaults() ConsumersConfig {
 func (c ConsumersConfig) validate() error {
 	switch {
 	case c.IdleTimeout < time.Millisecond:
-		return configErr("Consumers.IdleTimeout", "must be >= 1ms, got %s", c.IdleTimeout)
+		return configErr("Consumers.IdleTimeout", "must be at least 1ms, got %s", c.IdleTimeout)
 	case c.Interval < time.Millisecond:
-		return configErr("Consumers.Interval", "must be >= 1ms, got %s", c.Interval)
+		return configErr("Consumers.Interval", "must be at least 1ms, got %s", c.Interval)
 	}
 	return nil
 }

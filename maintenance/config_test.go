@@ -39,7 +39,7 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 			switch {
 			case c.field == "" && err != nil:
 				t.Fatalf("Validate = %v, want nil", err)
-			case c.field != "" && (!errors.Is(err, maintenance.ErrConfig) || !strings.Contains(err.Error(), c.field)):
+			case c.field != "" && (!errors.Is(err, maintenance.ErrConfig) || !strings.HasPrefix(err.Error(), "maintenance: "+c.field+": ")):
 				t.Fatalf("Validate = %v; want a maintenance.ErrConfig naming %s", err, c.field)
 			}
 		})

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -85,10 +87,12 @@ func (s *Schedule) validate(where string) error {
 	switch {
 	case s.Kind == "":
 		return bad("kind", "is required")
-	case (s.Every == 0) == (s.Cron == ""):
-		return bad("every", "or cron is required, not both")
+	case s.Every == 0 && s.Cron == "":
+		return bad("every", "is required when cron is not set")
+	case s.Every != 0 && s.Cron != "":
+		return bad("every", "must not be set with cron")
 	case s.Cron == "" && s.Every < MinEvery:
-		return bad("every", "must be >= %s, got %s", MinEvery, s.Every)
+		return bad("every", "must be at least %s, got %s", MinEvery, s.Every)
 	}
 	if s.Cron != "" {
 		c, err := cron.ParseStandard(s.Cron)
@@ -170,9 +174,9 @@ func (c PeriodicConfig) WithDefaults() PeriodicConfig {
 func (c *PeriodicConfig) validate() error {
 	switch {
 	case c.Interval < time.Millisecond:
-		return configErr("Periodic.Interval", "must be >= 1ms, got %s", c.Interval)
+		return configErr("Periodic.Interval", "must be at least 1ms, got %s", c.Interval)
 	case c.Grace < 0:
-		return configErr("Periodic.Grace", "must be >= 0, got %s", c.Grace)
+		return configErr("Periodic.Grace", "must be at least 0s, got %s", c.Grace)
 	}
 	s, err := validateSchedules(c.Schedules, "Periodic.Schedules")
 	c.Schedules = s
@@ -249,10 +253,11 @@ func ParseSchedules(source string, data []byte) ([]Schedule, error) {
 		out[i] = s
 	}
 	s, err := validateSchedules(out, source)
-	if err != nil {
-		return nil, fmt.Errorf("%s", strings.TrimPrefix(err.Error(), ErrConfig.Error()+": "))
+	if e, ok := errors.AsType[*configerr.Error](err); ok {
+		// Named as the source names it, not as a field of Config.
+		return nil, fmt.Errorf("%s: %s", e.Setting, e.Problem)
 	}
-	return s, nil
+	return s, err
 }
 
 // Slot is the next slot of one schedule.

@@ -91,7 +91,7 @@ func TestParseSchedules(t *testing.T) {
 		{"Neither", `[{"kind":"a","every":"1s"},{"kind":"b"}]`, "INGEST_PERIODIC[1].every"},
 		{"Both", `[{"kind":"a","every":"1s","cron":"* * * * *"}]`, "INGEST_PERIODIC[0].every"},
 		{"BadDuration", `[{"kind":"a","every":"soon"}]`, "INGEST_PERIODIC[0].every"},
-		{"TooOften", `[{"kind":"a","every":"10ms"}]`, "INGEST_PERIODIC[0].every must be >= 1s"},
+		{"TooOften", `[{"kind":"a","every":"10ms"}]`, "INGEST_PERIODIC[0].every: must be at least 1s, got 10ms"},
 		{"BadCron", `[{"kind":"a","cron":"61 * * * *"}]`, "INGEST_PERIODIC[0].cron"},
 		{"UnknownField", `[{"kind":"a","every":"1s","evry":"2s"}]`, "INGEST_PERIODIC[0]: json: unknown field"},
 		{"BadPayload", `[{"kind":"a","every":"1s","payload":"\u0000"}]`, "INGEST_PERIODIC[0].payload"},
@@ -100,8 +100,8 @@ func TestParseSchedules(t *testing.T) {
 		// Out of range, not wrapped (18446744073711 ms overflowed to 1.4 ms)
 		// nor narrowed to the int column.
 		{"HugeTimeout", `[{"kind":"a","every":"1s","timeout_ms":18446744073711}]`, "INGEST_PERIODIC[0].timeout_ms: timeout_ms must be a whole number from 0 to 2147483647"},
-		{"HugeMaxAttempts", `[{"kind":"a","every":"1s","max_attempts":4294967297}]`, "INGEST_PERIODIC[0].max_attempts max_attempts must be a whole number from 1 to 1000000"},
-		{"KindWithEscape", `[{"kind":"a\u001b[2J","every":"1s"}]`, "INGEST_PERIODIC[0].kind kind must not hold control or bidirectional characters"},
+		{"HugeMaxAttempts", `[{"kind":"a","every":"1s","max_attempts":4294967297}]`, "INGEST_PERIODIC[0].max_attempts: max_attempts must be a whole number from 1 to 1000000"},
+		{"KindWithEscape", `[{"kind":"a\u001b[2J","every":"1s"}]`, "INGEST_PERIODIC[0].kind: kind must not hold control or bidirectional characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := maintenance.ParseSchedules("INGEST_PERIODIC", []byte(tc.in))
@@ -112,7 +112,7 @@ func TestParseSchedules(t *testing.T) {
 	}
 	// The library's configuration is checked the same way.
 	err = maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: []maintenance.Schedule{{Kind: "a", Every: time.Millisecond}}}}.Validate()
-	if !errors.Is(err, maintenance.ErrConfig) || !strings.Contains(err.Error(), "Periodic.Schedules[0].every") {
+	if !errors.Is(err, maintenance.ErrConfig) || !strings.HasPrefix(err.Error(), "maintenance: Periodic.Schedules[0].every: must be at least 1s") {
 		t.Fatalf("Validate = %v, want ErrConfig naming Periodic.Schedules[0].every", err)
 	}
 }

@@ -53,9 +53,9 @@ func (c ReleaserConfig) WithDefaults() ReleaserConfig {
 func (c ReleaserConfig) validate() error {
 	switch {
 	case c.Interval < time.Millisecond:
-		return configErr("Releaser.Interval", "must be >= 1ms, got %s", c.Interval)
+		return configErr("Releaser.Interval", "must be at least 1ms, got %s", c.Interval)
 	case c.WaitingInterval < time.Millisecond:
-		return configErr("Releaser.WaitingInterval", "must be >= 1ms, got %s", c.WaitingInterval)
+		return configErr("Releaser.WaitingInterval", "must be at least 1ms, got %s", c.WaitingInterval)
 	}
 	return nil
 }

@@ -2,10 +2,10 @@ package outbox
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 
 	"github.com/ingest-worker/ingest/internal/clip"
+	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -40,8 +40,16 @@ const (
 // ErrConfig is wrapped by every configuration error of this package.
 var ErrConfig = errors.New("invalid outbox config")
 
-func configErr(component, format string, args ...any) error {
-	return fmt.Errorf("%w: %s: %s", ErrConfig, component, fmt.Sprintf(format, args...))
+// configErr is the error of a bad field of RelayConfig, in the form
+// package configerr owns: "outbox: BatchSize: must be ...".
+func configErr(setting, format string, args ...any) error {
+	return configerr.New("outbox", ErrConfig, setting, format, args...)
+}
+
+// configWithin is err, the error of a nested configuration (the backoff
+// policy), as the error of RelayConfig's field prefix.
+func configWithin(prefix string, err error) error {
+	return configerr.Within("outbox", ErrConfig, prefix, err)
 }
 
 func discardIfNil(l *slog.Logger) *slog.Logger {

@@ -116,34 +116,34 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 }
 
 // Validate checks the configuration (zero fields taking their defaults)
-// and names the bad field.
+// and names the bad field: "outbox: BatchSize: must be from 1 to 10000,
+// got 0". The errors wrap ErrConfig.
 func (c RelayConfig) Validate() error {
 	c = c.WithDefaults()
-	bad := func(format string, args ...any) error { return configErr("relay", format, args...) }
 	errBackoff := c.Backoff.Validate()
 	switch {
 	case len(c.ID) > 200:
-		return bad("ID is longer than 200 bytes")
+		return configErr("ID", "must be at most 200 bytes, got %d", len(c.ID))
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
-		return bad("BatchSize must be in [1, %d], got %d", MaxBatchSize, c.BatchSize)
+		return configErr("BatchSize", "must be from 1 to %d, got %d", MaxBatchSize, c.BatchSize)
 	case c.PublishInterval < time.Millisecond:
-		return bad("PublishInterval must be >= 1ms, got %s", c.PublishInterval)
+		return configErr("PublishInterval", "must be at least 1ms, got %s", c.PublishInterval)
 	case c.PublishTimeout < time.Millisecond:
-		return bad("PublishTimeout must be >= 1ms, got %s", c.PublishTimeout)
+		return configErr("PublishTimeout", "must be at least 1ms, got %s", c.PublishTimeout)
 	case c.Lease <= 2*c.PublishTimeout:
-		return bad("Lease (%s) must be longer than twice PublishTimeout (%s)", c.Lease, c.PublishTimeout)
+		return configErr("Lease", "must be longer than twice PublishTimeout (%s), got %s", c.PublishTimeout, c.Lease)
 	case c.MaxAttempts < 1 || c.MaxAttempts > MaxAttemptsLimit:
-		return bad("MaxAttempts must be in [1, %d], got %d", MaxAttemptsLimit, c.MaxAttempts)
+		return configErr("MaxAttempts", "must be from 1 to %d, got %d", MaxAttemptsLimit, c.MaxAttempts)
 	case errBackoff != nil:
-		return bad("Backoff: %v", errBackoff)
+		return configWithin("Backoff", errBackoff)
 	case c.ListenRetryMin <= 0:
-		return bad("ListenRetryMin must be > 0, got %s", c.ListenRetryMin)
+		return configErr("ListenRetryMin", "must be more than 0s, got %s", c.ListenRetryMin)
 	case c.Parallel < 1 || c.Parallel > 64:
-		return bad("Parallel must be in [1, 64], got %d", c.Parallel)
+		return configErr("Parallel", "must be from 1 to 64, got %d", c.Parallel)
 	case c.DirectBacklog < 1 || c.DirectBacklog > 1024:
-		return bad("DirectBacklog must be in [1, 1024], got %d", c.DirectBacklog)
+		return configErr("DirectBacklog", "must be from 1 to 1024, got %d", c.DirectBacklog)
 	case c.ListenRetryMax < c.ListenRetryMin:
-		return bad("ListenRetryMax (%s) must be >= ListenRetryMin (%s)", c.ListenRetryMax, c.ListenRetryMin)
+		return configErr("ListenRetryMax", "must be at least ListenRetryMin (%s), got %s", c.ListenRetryMin, c.ListenRetryMax)
 	}
 	return nil
 }
@@ -216,8 +216,11 @@ func NewRelayWith(cfg RelayConfig, pool *pgxpool.Pool, pub Publisher, logger *sl
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || pub == nil {
-		return nil, configErr("relay", "a Postgres pool and a publisher (a Redis client) are required")
+	switch {
+	case pool == nil:
+		return nil, configErr("pool", "is required (a Postgres pool)")
+	case pub == nil:
+		return nil, configErr("pub", "is required (a publisher, or for NewRelay a Redis client)")
 	}
 	logger = discardIfNil(logger).With("component", "outbox-relay", "relay", cfg.ID)
 	m, err := newRelayMetrics(reg, pool, logger)

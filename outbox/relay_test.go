@@ -534,15 +534,15 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{"BatchSize", newRelay(outbox.RelayConfig{BatchSize: -1}), "BatchSize"},
 		{"Lease", newRelay(outbox.RelayConfig{Lease: time.Second, PublishTimeout: time.Second}), "Lease"},
 		{"MaxAttempts", newRelay(outbox.RelayConfig{MaxAttempts: -3}), "MaxAttempts"},
-		{"BackoffMax", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: time.Minute, Max: time.Second}}), "Backoff: invalid Max"},
-		{"BackoffBase", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: -time.Second, Max: time.Second}}), "Backoff: invalid Base"},
-		{"BackoffJitter", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: time.Second, Max: time.Second, Jitter: 1.5}}), "Backoff: invalid Jitter"},
+		{"BackoffMax", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: time.Minute, Max: time.Second}}), "Backoff.Max: must be at least Base (1m0s), got 1s"},
+		{"BackoffBase", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: -time.Second, Max: time.Second}}), "Backoff.Base: must be at least 0s"},
+		{"BackoffJitter", newRelay(outbox.RelayConfig{Backoff: backoff.Policy{Base: time.Second, Max: time.Second, Jitter: 1.5}}), "Backoff.Jitter: must be at least 0 and less than 1, got 1.5"},
 		{"PublishInterval", newRelay(outbox.RelayConfig{PublishInterval: -time.Second}), "PublishInterval"},
 		{"RelayNeedsPool", newRelay(outbox.RelayConfig{}), "pool"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if !errors.Is(c.err, outbox.ErrConfig) || !strings.Contains(c.err.Error(), c.field) {
+			if !errors.Is(c.err, outbox.ErrConfig) || !strings.HasPrefix(c.err.Error(), "outbox: "+c.field) {
 				t.Fatalf("error %v; want an outbox.ErrConfig naming %s", c.err, c.field)
 			}
 		})

@@ -2,10 +2,10 @@ package reclaim
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -74,24 +74,28 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate checks the configuration, zero fields taking their defaults,
-// and names the bad field.
+// and names the bad field: "reclaim: MinIdle: must be at least 1ms, got
+// 0s".
 func (c Config) Validate() error {
 	c = c.WithDefaults()
+	bad := func(setting, format string, args ...any) error {
+		return configerr.New("reclaim", nil, setting, format, args...)
+	}
 	switch {
 	case c.Stream == "":
-		return errors.New("field Stream must not be empty")
+		return bad("Stream", "is required")
 	case c.Group == "":
-		return errors.New("field Group must not be empty")
+		return bad("Group", "is required")
 	case c.Consumer == "":
-		return errors.New("field Consumer must not be empty (this process's consumer name)")
+		return bad("Consumer", "is required (this process's consumer name)")
 	case c.Interval <= 0:
-		return fmt.Errorf("field Interval must be > 0, got %s", c.Interval)
+		return bad("Interval", "must be more than 0s, got %s", c.Interval)
 	case c.MinIdle < time.Millisecond:
-		return fmt.Errorf("MinIdle must be >= 1ms, got %s", c.MinIdle)
+		return bad("MinIdle", "must be at least 1ms, got %s", c.MinIdle)
 	case c.LeaseIdle < time.Millisecond:
-		return fmt.Errorf("LeaseIdle must be >= 1ms, got %s", c.LeaseIdle)
+		return bad("LeaseIdle", "must be at least 1ms, got %s", c.LeaseIdle)
 	case c.BatchSize < 1 || c.BatchSize > MaxBatchSize:
-		return fmt.Errorf("BatchSize must be between 1 and %d, got %d", MaxBatchSize, c.BatchSize)
+		return bad("BatchSize", "must be from 1 to %d, got %d", MaxBatchSize, c.BatchSize)
 	}
 	return nil
 }

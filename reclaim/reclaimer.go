@@ -70,7 +70,7 @@ func New(cfg Config, rdb redis.UniversalClient, db *pgxpool.Pool, sink stream.Si
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("reclaim config: %w", err)
+		return nil, err
 	}
 	switch {
 	case rdb == nil:

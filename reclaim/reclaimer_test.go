@@ -35,7 +35,7 @@ func TestConfigValidate(t *testing.T) {
 			switch {
 			case tt.want == "" && err != nil:
 				t.Fatalf("Validate: %v", err)
-			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			case tt.want != "" && (err == nil || !strings.HasPrefix(err.Error(), "reclaim: "+tt.want+": ")):
 				t.Fatalf("Validate = %v, want an error naming %s", err, tt.want)
 			}
 		})

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/internal/configerr"
 )
 
 // Defaults (docs/ARCHITECTURE.md §4 and §5).
@@ -54,22 +56,25 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate checks the configuration, zero fields taking their defaults,
-// and names the bad field.
+// and names the bad field: "stream: Consumer: is required".
 func (c Config) Validate() error {
 	c = c.WithDefaults()
+	bad := func(setting, format string, args ...any) error {
+		return configerr.New("stream", nil, setting, format, args...)
+	}
 	switch {
 	case c.Stream == "":
-		return errors.New("invalid Stream: required")
+		return bad("Stream", "is required")
 	case c.Group == "":
-		return errors.New("invalid Group: required")
+		return bad("Group", "is required")
 	case c.Consumer == "":
-		return errors.New("invalid Consumer: required")
+		return bad("Consumer", "is required")
 	case c.Block < time.Millisecond:
-		return fmt.Errorf("invalid Block: must be >= 1ms (a finite blocking read), got %s", c.Block)
+		return bad("Block", "must be at least 1ms (a finite blocking read), got %s", c.Block)
 	case c.Count < 1:
-		return fmt.Errorf("invalid Count: must be >= 1, got %d", c.Count)
+		return bad("Count", "must be at least 1, got %d", c.Count)
 	case c.ErrorBackoff < 0:
-		return fmt.Errorf("invalid ErrorBackoff: must be >= 0, got %s", c.ErrorBackoff)
+		return bad("ErrorBackoff", "must be at least 0s, got %s", c.ErrorBackoff)
 	}
 	return nil
 }
@@ -86,7 +91,7 @@ type Group struct {
 func NewGroup(cfg Config, rdb redis.UniversalClient) (*Group, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("stream config: %w", err)
+		return nil, err
 	}
 	if rdb == nil {
 		return nil, errors.New("stream: nil redis client")

@@ -384,7 +384,7 @@ func TestConfigValidation(t *testing.T) {
 		{stream.Config{Consumer: "c", Count: -1}, "Count"},
 		{stream.Config{Consumer: "c", ErrorBackoff: -1}, "ErrorBackoff"},
 	} {
-		if _, err := stream.NewGroup(tc.cfg, rdb); err == nil || !strings.Contains(err.Error(), tc.field) {
+		if _, err := stream.NewGroup(tc.cfg, rdb); err == nil || !strings.HasPrefix(err.Error(), "stream: "+tc.field+": ") {
 			t.Errorf("%+v: %v, want an error naming %s", tc.cfg, err, tc.field)
 		}
 	}

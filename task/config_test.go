@@ -17,10 +17,10 @@ func TestNewStoreConfig(t *testing.T) {
 	}{
 		{"ZeroTakesDefaults", task.Config{}, ""},
 		{"Custom", task.Config{Stream: "s", MaxAttempts: 1, MaxPayloadBytes: 2, Backoff: task.Backoff{Base: 1, Max: 1}}, ""},
-		{"NegativeMaxAttempts", task.Config{MaxAttempts: -1}, "MaxAttempts"},
-		{"TinyPayloadLimit", task.Config{MaxPayloadBytes: 1}, "MaxPayloadBytes"},
-		{"BadBackoff", task.Config{Backoff: task.Backoff{Base: time.Second}}, "Backoff"},
-		{"NegativeBackoff", task.Config{Backoff: task.Backoff{Base: -time.Second, Max: time.Second}}, "Backoff"},
+		{"NegativeMaxAttempts", task.Config{MaxAttempts: -1}, "task: MaxAttempts: must be from 1 to 1000000, got -1"},
+		{"TinyPayloadLimit", task.Config{MaxPayloadBytes: 1}, "task: MaxPayloadBytes: must be from 2 to"},
+		{"BadBackoff", task.Config{Backoff: task.Backoff{Base: time.Second}}, "task: Backoff.Max: must be at least Base (1s), got 0s"},
+		{"NegativeBackoff", task.Config{Backoff: task.Backoff{Base: -time.Second, Max: time.Second}}, "task: Backoff.Base: must be at least 0s, got -1s"},
 		{"ZeroDelayKept", task.Config{Backoff: task.Backoff{Jitter: 0.1}}, ""},
 	}
 	for _, tt := range tests {

@@ -85,19 +85,17 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate checks the configuration, zero fields taking their defaults,
-// and names the bad field.
+// and names the bad field: "task: MaxAttempts: must be from 1 to 1000000,
+// got 0".
 func (c Config) Validate() error {
 	c = c.WithDefaults()
 	switch {
 	case !MaxAttemptsRange.Contains(int64(c.MaxAttempts)):
-		return fmt.Errorf("MaxAttempts must be %s, got %d", MaxAttemptsRange.Text(), c.MaxAttempts)
+		return configErr("MaxAttempts", "must be %s, got %d", MaxAttemptsRange.Text(), c.MaxAttempts)
 	case !PayloadBytesRange.Contains(int64(c.MaxPayloadBytes)):
-		return fmt.Errorf("MaxPayloadBytes must be %s, got %d", PayloadBytesRange.Text(), c.MaxPayloadBytes)
+		return configErr("MaxPayloadBytes", "must be %s, got %d", PayloadBytesRange.Text(), c.MaxPayloadBytes)
 	}
-	if err := c.Backoff.Validate(); err != nil {
-		return fmt.Errorf("Backoff: %w", err)
-	}
-	return nil
+	return configWithin("Backoff", c.Backoff.Validate())
 }
 
 // Store reads and changes tasks in Postgres.

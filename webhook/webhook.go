@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/internal/tracing"
 )
@@ -74,27 +75,28 @@ func (c Config) WithDefaults() Config {
 }
 
 // Validate checks the configuration, zero fields taking their defaults,
-// and names the bad field.
+// and names the bad field: "webhook: URL: must be http or https, got
+// ftp://x/y" (passwords of URLs masked).
 func (c Config) Validate() error {
 	c = c.WithDefaults()
+	bad := func(setting, format string, args ...any) error {
+		return configerr.New("webhook", nil, setting, format, args...)
+	}
 	if c.URL == "" {
-		return errors.New("the URL is required")
+		return bad("URL", "is required")
 	}
 	u, err := url.Parse(c.URL)
-	if err != nil {
-		return fmt.Errorf("URL %s is not a valid URL", redact.DSN(c.URL))
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("URL %s: scheme must be http or https", redact.DSN(c.URL))
-	}
-	if u.Host == "" {
-		return fmt.Errorf("URL %s has no host", redact.DSN(c.URL))
-	}
-	if c.Timeout < 0 {
-		return fmt.Errorf("the Timeout must be >= 0, got %s", c.Timeout)
-	}
-	if c.MaxRetryAfter < 0 {
-		return fmt.Errorf("MaxRetryAfter must be >= 0, got %s", c.MaxRetryAfter)
+	switch {
+	case err != nil:
+		return bad("URL", "is not a valid URL, got %s", redact.DSN(c.URL))
+	case u.Scheme != "http" && u.Scheme != "https":
+		return bad("URL", "scheme must be http or https, got %s", redact.DSN(c.URL))
+	case u.Host == "":
+		return bad("URL", "has no host, got %s", redact.DSN(c.URL))
+	case c.Timeout < 0:
+		return bad("Timeout", "must be at least 0s, got %s", c.Timeout)
+	case c.MaxRetryAfter < 0:
+		return bad("MaxRetryAfter", "must be at least 0s, got %s", c.MaxRetryAfter)
 	}
 	return nil
 }
@@ -110,7 +112,7 @@ type handler struct {
 func New(cfg Config) (ingest.Handler, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("webhook config: %w", err)
+		return nil, err
 	}
 	client := &http.Client{}
 	if cfg.Client != nil {

@@ -247,9 +247,9 @@ func TestConfigValidation(t *testing.T) {
 		cfg  webhook.Config
 		want string
 	}{
-		{"Missing", webhook.Config{}, "URL is required"},
-		{"Scheme", webhook.Config{URL: "ftp://x/y"}, "scheme must be http or https"},
-		{"NoHost", webhook.Config{URL: "http:///path"}, "has no host"},
+		{"Missing", webhook.Config{}, "webhook: URL: is required"},
+		{"Scheme", webhook.Config{URL: "ftp://x/y"}, "webhook: URL: scheme must be http or https, got ftp://x/y"},
+		{"NoHost", webhook.Config{URL: "http:///path"}, "webhook: URL: has no host"},
 		{"Garbage", webhook.Config{URL: "http://a b:pw@x/%zz"}, "not a valid URL"},
 		{"NegativeTimeout", webhook.Config{URL: "http://x", Timeout: -1}, "Timeout"},
 	} {

@@ -12,7 +12,7 @@ import (
 	"github.com/ingest-worker/ingest/pgsession"
 )
 
-// PgBouncer and other connection poolers (README "PgBouncer",
+// PgBouncer and other connection poolers (docs/DEPLOYMENT.md "PgBouncer",
 // docs/ARCHITECTURE.md §5.2). openDB asks whether INGEST_DATABASE_URL goes
 // through a pooler; if so, the pool stops using named prepared statements,
 // and what needs a session of its own (LISTEN, the migration lock) goes to

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/ingest-worker/ingest/internal/configerr"
 )
 
 // Defaults of the task and outbox retry settings (INGEST_REDIS_RETRY_*,
@@ -41,15 +43,20 @@ type Policy struct {
 	Jitter float64
 }
 
-// Validate checks the policy and names the bad field.
+// Validate checks the policy and names the bad field: "backoff: Max:
+// must be at least Base (1s), got 0s" (a Config that holds a Policy
+// reports it as its own field with configerr.Within).
 func (p Policy) Validate() error {
+	bad := func(setting, format string, args ...any) error {
+		return configerr.New("backoff", nil, setting, format, args...)
+	}
 	switch {
 	case p.Base < 0:
-		return fmt.Errorf("invalid Base: must be >= 0, got %s", p.Base)
+		return bad("Base", "must be at least 0s, got %s", p.Base)
 	case p.Max < p.Base:
-		return fmt.Errorf("invalid Max: must be >= Base (%s), got %s", p.Base, p.Max)
+		return bad("Max", "must be at least Base (%s), got %s", p.Base, p.Max)
 	case !(p.Jitter >= 0 && p.Jitter < 1): // also refuses NaN
-		return fmt.Errorf("invalid Jitter: must be in [0, 1), got %v", p.Jitter)
+		return bad("Jitter", "must be at least 0 and less than 1, got %v", p.Jitter)
 	}
 	return nil
 }

@@ -140,7 +140,7 @@ func TestValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want nil", err)
 			case tt.wantErr != "" && err == nil:
 				t.Fatalf("Validate() = nil, want an error naming %q", tt.wantErr)
-			case tt.wantErr != "" && !strings.Contains(err.Error(), tt.wantErr):
+			case tt.wantErr != "" && !strings.HasPrefix(err.Error(), "backoff: "+tt.wantErr+": "):
 				t.Fatalf("Validate() = %q, want it to name %q", err, tt.wantErr)
 			}
 		})
