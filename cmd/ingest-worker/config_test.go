@@ -175,7 +175,7 @@ func TestConfigErrors(t *testing.T) {
 		{"RetentionSubMillisecond", map[string]string{"INGEST_RETENTION_SUCCEEDED": "500us"}, []string{"INGEST_RETENTION_SUCCEEDED", "whole milliseconds"}},
 		{"PeriodicNotJSON", map[string]string{"INGEST_PERIODIC": "sync every 30s"}, []string{"INGEST_PERIODIC", "--periodic", "JSON array"}},
 		{"PeriodicBadEntry", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"1m"},{"kind":"b","cron":"0 25 * * *"}]`}, []string{"INGEST_PERIODIC", "[1].cron"}},
-		{"PeriodicTooOften", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"100ms"}]`}, []string{"INGEST_PERIODIC", "[0].every", ">= 1s"}},
+		{"PeriodicTooOften", map[string]string{"INGEST_PERIODIC": `[{"kind":"a","every":"100ms"}]`}, []string{"INGEST_PERIODIC", "[0].every: must be at least 1s, got 100ms"}},
 		{"Bool", map[string]string{"INGEST_REDIS_RECLAIM_ENABLED": "yes please"}, []string{"INGEST_REDIS_RECLAIM_ENABLED"}},
 		{"NegativeIdle", map[string]string{"INGEST_REDIS_RECLAIM_IDLE_MS": "-1"}, []string{"INGEST_REDIS_RECLAIM_IDLE_MS", "from 0 to"}},
 		{"Queue", map[string]string{"INGEST_QUEUE": "rabbit"}, []string{"INGEST_QUEUE", "redis, kafka"}},
