@@ -431,9 +431,9 @@ func (s *Server) deleteTask(w http.ResponseWriter, r *http.Request) {
 	}
 	s.deleted.Inc()
 	if rerr != nil {
-		// The task is gone; only its DLQ entry stayed (dlq discard
-		// removes it).
-		s.log.WarnContext(r.Context(), "delete: DLQ entry not removed", "task_id", id, "err", err)
+		// The task is gone; an entry of it stayed in Redis (a DLQ
+		// entry: dlq discard removes it).
+		s.log.WarnContext(r.Context(), "delete: entries not removed from Redis", "task_id", id, "err", err)
 	}
 	s.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res[0].Status, "actor", s.cfg.Actor, "dlq_removed", removed)
 	w.WriteHeader(http.StatusNoContent)

@@ -394,8 +394,8 @@ func (h *Handler) deleteTask(w http.ResponseWriter, r *http.Request) {
 	h.deleted.Inc()
 	h.log.InfoContext(r.Context(), "task deleted", "task_id", id, "status", res[0].Status, "actor", h.cfg.Actor, "dlq_removed", n)
 	if rerr != nil {
-		h.log.ErrorContext(r.Context(), "ui delete: DLQ entry not removed", "task_id", id, "err", err)
-		h.done(w, r, Prefix+"tasks", true, "Task %s deleted, but its DLQ entry was not removed (see the server's log); discard it from the DLQ page.", id)
+		h.log.ErrorContext(r.Context(), "ui delete: entries not removed from Redis", "task_id", id, "err", err)
+		h.done(w, r, Prefix+"tasks", true, "Task %s deleted, but not all of its entries were removed from Redis (see the server's log); discard a DLQ entry left over from the DLQ page.", id)
 		return
 	}
 	h.done(w, r, Prefix+"tasks", false, "Task %s deleted with its history; %d DLQ entries removed.", id, n)

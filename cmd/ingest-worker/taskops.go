@@ -116,7 +116,7 @@ this invocation (cli:<host>-<pid>). Prints a line per id; the exit status is
 				}
 			}
 			if rerr != nil {
-				rerr = fmt.Errorf("%w (dlq discard --task removes them)", rerr)
+				rerr = fmt.Errorf("%w (dlq discard --task removes a DLQ entry left over)", rerr)
 			}
 			out := make([]idOutcome, 0, len(ids))
 			failed := 0
