@@ -107,7 +107,7 @@ func (p *processor) startAll(ctx context.Context, ds []delivery, ids []uuid.UUID
 			return nil, err
 		}
 		for _, r := range res {
-			if r.Outcome == task.Throttled {
+			if r.Outcome == task.Throttled || r.Outcome == task.ParkedAtLimit {
 				p.met.throttled.WithLabelValues(kind).Inc()
 			}
 		}

@@ -475,61 +475,67 @@ func (p *processor) start(batch []delivery) {
 			results[r.ID] = r
 		}
 	}
-	first := map[uuid.UUID]bool{}
+	seen := map[uuid.UUID]bool{}
 	for _, d := range valid {
 		id := d.taskID
 		r := results[id]
-		isFirst := !first[id]
-		first[id] = true
+		dup := seen[id]
+		seen[id] = true
 		log := p.log.With("task_id", id, "message_id", d.id)
-		switch {
-		case r.Outcome == task.Started && isFirst:
-			if r.TookOver {
-				log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
-					traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
-			}
+		if dup && (r.Outcome == task.Started || r.Outcome == task.TakenOver || r.Outcome == task.DiedOnTakeover) {
+			// Another entry of this read runs (or buried) the task.
+			log.Debug("duplicate entry of a task started by this read; acknowledging it")
+			acks, settle = append(acks, d.id), append(settle, d)
+			metric[d.id] = resultSkipped
+			continue
+		}
+		switch r.Outcome {
+		case task.Started:
 			p.dispatch(d, r.Task)
 			continue
-		case r.Outcome == task.Started || (r.Died && !isFirst):
-			// Another entry of this batch runs (or buried) the task.
-			log.Debug("duplicate entry of a task started by this read; acknowledging it")
-			acks = append(acks, d.id)
-			metric[d.id] = resultSkipped
-		case r.Died:
+		case task.TakenOver:
+			log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
+				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
+			p.dispatch(d, r.Task)
+			continue
+		case task.DiedOnTakeover:
 			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,
 				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
 			letters = append(letters, p.taskLetter(d, r.Task, resultDead, now))
 			continue
-		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status == task.Dead:
-			// A redelivery after a crash between the DEAD commit and the
-			// DLQ write, or a duplicate entry: the DLQ gets this death once.
-			log.Debug("task already DEAD; making sure its death is dead-lettered")
-			letters = append(letters, p.taskLetter(d, r.Task, resultSkipped, now))
-			continue
-		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status.Terminal():
+		case task.Finished, task.CancelledOnTakeover:
+			if r.Task.Status == task.Dead {
+				// A redelivery after a crash between the DEAD commit and
+				// the DLQ write, or a duplicate entry: the DLQ gets this
+				// death once.
+				log.Debug("task already DEAD; making sure its death is dead-lettered")
+				letters = append(letters, p.taskLetter(d, r.Task, resultSkipped, now))
+				continue
+			}
 			log.Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
 			acks = append(acks, d.id)
 			metric[d.id] = resultSkipped
-		case r.Outcome == task.Skipped && r.Task != nil && p.runsHere(r.Task):
-			log.Debug("duplicate entry of a task running here; acknowledging it")
-			acks = append(acks, d.id)
+		case task.LeaseHeld:
+			if p.runsHere(r.Task) {
+				log.Debug("duplicate entry of a task running here; acknowledging it")
+				acks = append(acks, d.id)
+			} else {
+				// Another worker holds a live lease: look again when it expires.
+				later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
+			}
 			metric[d.id] = resultSkipped
-		case r.Outcome == task.Skipped && r.Task != nil:
-			// Another worker holds a live lease: look again when it expires.
-			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
-			metric[d.id] = resultSkipped
-		case r.Outcome == task.Throttled && r.Parked:
+		case task.ParkedAtLimit:
 			log.Debug("task parked (its kind is at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultThrottled
-		case r.Outcome == task.Throttled:
+		case task.Throttled:
 			later = append(later, deferral{id: d.id, taskID: id, at: now.Add(throttleRetry)})
 			metric[d.id] = resultThrottled
-		case r.Outcome == task.NotDue && r.Task != nil && r.Task.Parked():
+		case task.Parked:
 			log.Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultPaused
-		case r.Outcome == task.NotDue && r.Task != nil:
+		case task.NotDue:
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.NextRetryAt, now)})
 			metric[d.id] = resultNotDue
 		default: // NotFound
