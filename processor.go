@@ -6,15 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ingest-worker/ingest/dlq"
@@ -53,23 +50,6 @@ type delivery struct {
 	// row's, when it has one, wins.
 	traceparent string
 	received    time.Time
-}
-
-// redisDelivery parses a stream entry.
-func redisDelivery(m redis.XMessage, now time.Time) delivery {
-	d := delivery{id: m.ID, received: now, kind: stream.FieldString(m, stream.FieldKind),
-		rawTaskID: stream.FieldString(m, stream.FieldTaskID)}
-	e, err := stream.ParseEntry(m)
-	switch {
-	case errors.Is(err, stream.ErrDeleted):
-		d.deleted = true
-	case err != nil:
-		d.err = err
-		d.kind = e.Kind
-	default:
-		d.taskID, d.kind, d.traceparent = e.TaskID, e.Kind, e.Traceparent
-	}
-	return d
 }
 
 // run is one started task: its handler runs, or its outcome is not yet
@@ -275,14 +255,6 @@ func waitFor(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// Binding implements stream.BoundSink: the reclaimer feeding this processor
-// claims into the worker's consumer with the worker's reclaim idle time,
-// and takes over the entries of expired leases after the worker's lease.
-func (p *processor) Binding() stream.Binding {
-	return stream.Binding{Stream: p.cfg.Stream, Group: p.cfg.Group, Consumer: p.cfg.Consumer, ClaimIdle: p.cfg.ReclaimIdle,
-		Lease: p.cfg.TaskLease}
-}
-
 // Reserve implements stream.Sink.
 func (p *processor) Reserve(n int) int {
 	p.mu.Lock()
@@ -306,20 +278,10 @@ func (p *processor) releaseLocked(n int) {
 	}
 }
 
-// Process implements stream.Sink: it starts the entries' tasks in one store
-// call on a goroutine of its own and returns at once. ctx bounds only the
-// hand-back of entries delivered during shutdown; the handling of the
-// entries belongs to the worker (see Worker.Run).
-func (p *processor) Process(ctx context.Context, msgs []redis.XMessage, reserved int) {
-	now := time.Now()
-	ds := make([]delivery, len(msgs))
-	for i, m := range msgs {
-		ds[i] = redisDelivery(m, now)
-	}
-	p.process(ctx, ds, reserved)
-}
-
-// process is Process for parsed deliveries of any transport.
+// process takes parsed deliveries of any transport: it starts their tasks
+// in one store call on a goroutine of its own and returns at once. ctx
+// bounds only the hand-back of entries delivered during shutdown; the
+// handling of the entries belongs to the worker (see worker.run).
 func (p *processor) process(ctx context.Context, msgs []delivery, reserved int) {
 	p.mu.Lock()
 	if over := len(msgs) - reserved; over > 0 {
@@ -689,41 +651,6 @@ func (p *processor) execute(ctx context.Context, r *run) {
 	p.mu.Unlock()
 	r.cancel(nil)
 	p.outcomes <- o
-}
-
-// call runs h, turning a panic into an error with the panic value and a
-// short stack.
-func call(ctx context.Context, h Handler, t Task) (err error) {
-	if h == nil {
-		return fmt.Errorf("no handler registered for task kind %q", t.Kind)
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("panic: %v\n%s", v, shortStack())
-		}
-	}()
-	return h(ctx, t)
-}
-
-// shortStack returns up to 8 frames of the panicking goroutine, below the
-// runtime's panic machinery.
-func shortStack() string {
-	pcs := make([]uintptr, 32)
-	n := runtime.Callers(3, pcs)
-	frames := runtime.CallersFrames(pcs[:n])
-	var b strings.Builder
-	count := 0
-	for {
-		f, more := frames.Next()
-		if !strings.HasPrefix(f.Function, "runtime.") {
-			fmt.Fprintf(&b, "%s\n\t%s:%d\n", f.Function, f.File, f.Line)
-			count++
-		}
-		if !more || count == 8 || strings.HasSuffix(f.Function, "ingest.call") {
-			break
-		}
-	}
-	return strings.TrimRight(b.String(), "\n")
 }
 
 // deadLetter writes letters to the DLQ (each with its ack, atomically). A
