@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,9 +13,7 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/tracing"
-	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -24,8 +21,9 @@ import (
 // unreachable) becomes claimable again.
 const startRetryDelay = 5 * time.Second
 
-// parkTimeout bounds the XCLAIM that hands entries back during shutdown.
-const parkTimeout = 5 * time.Second
+// handBackTimeout bounds the XCLAIM that hands entries back during
+// shutdown.
+const handBackTimeout = 5 * time.Second
 
 // errLeaseLost is the cause of a handler context cancelled because the
 // heartbeat found the task's lease taken over.
@@ -58,7 +56,7 @@ type run struct {
 	d      delivery
 	task   Task
 	cancel context.CancelCauseFunc
-	// returned is set once the handler returned (under processor.mu).
+	// returned is set once the handler returned (under inflight.mu).
 	returned bool
 	// lost is set once the heartbeat found the lease lost, or the handler
 	// outran its timeout by a lease (under mu).
@@ -78,29 +76,28 @@ type run struct {
 type outcome struct {
 	r   *run
 	err error
-	// released: cut off by shutdown; hand the task back, no failure.
+	// released: cut off by shutdown; release the task (RETRYING, due now,
+	// no failure counted) and hand its entry back.
 	released bool
 	// timedOut: the run hit the task timeout.
 	timedOut bool
 }
 
-// letter is an entry to dead-letter.
-type letter struct {
-	d      delivery
-	entry  dlq.Entry
-	result string // metric result: dead or poison
-}
-
 // processor is the Sink: it starts delivered entries as one batch, runs
-// handlers in bounded slots and settles every entry (ack, idle time, DLQ).
-// It owns the completer (outcomes → Postgres → Redis) and the heartbeat
-// (lease renewal, idle-time refresh); launch starts them and shutdown
+// handlers in bounded slots and settles every entry (ack, idle time, DLQ;
+// settle.go). Its parts each own their state: inflight (slots, messages in
+// flight, runs, draining), admission (the kinds' pauses and limits), the
+// completer (outcomes → Postgres → transport; completer.go) and the
+// heartbeat (lease renewal, idle-time refresh, cancel notices;
+// heartbeat.go, cancel.go). launch starts the goroutines and shutdown
 // stops everything in order.
 type processor struct {
 	processorDeps
 	cfg Config
-	// kinds caches the paused and limited kinds (see kindLimits).
-	kinds kindCache
+	// inflight holds the slots, the messages in flight and the runs.
+	inflight *inflight
+	// admission applies the kinds' pauses and limits to starts.
+	admission *admission
 	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
 	// by launch, read by the completer.
 	onSucceeded func([]uuid.UUID)
@@ -113,13 +110,6 @@ type processor struct {
 	handlerCtx   context.Context
 	stopHandlers context.CancelCauseFunc
 
-	mu       sync.Mutex
-	free     int                  // free handler slots
-	draining bool                 // shutting down: start nothing new
-	inflight map[string]bool      // entry ids being handled here
-	running  map[string]*run      // by entry id
-	byTask   map[uuid.UUID]string // task id → entry id of its run
-
 	// settleMu serialises the heartbeat's refresh of idle times with the
 	// settling of entries (ack, idle time set, leaving the in-flight set),
 	// so a refresh never overwrites the idle time an entry was settled with.
@@ -131,10 +121,10 @@ type processor struct {
 	// cancelListener tracks the LISTEN loop for cancel requests (cancel.go).
 	cancelListener sync.WaitGroup
 
-	freed    chan struct{} // signalled when slots are released
-	outcomes chan outcome  // handlers → completer; capacity = Concurrency
+	outcomes chan outcome // handlers → completer; capacity = Concurrency
 	work     sync.WaitGroup
-	retries  sync.WaitGroup // DLQ writes being retried, slots of finished runs being given back
+	retries  sync.WaitGroup // DLQ writes being retried
+	abandons sync.WaitGroup // entries of abandoned runs being handed over
 
 	// The completer's and the heartbeat's lifecycles (see start, shutdown).
 	stopCompleter, completerDone chan struct{}
@@ -155,11 +145,8 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 	p := &processor{
 		processorDeps: deps,
 		cfg:           cfg,
-		free:          cfg.Concurrency,
-		inflight:      map[string]bool{},
-		running:       map[string]*run{},
-		byTask:        map[uuid.UUID]string{},
-		freed:         make(chan struct{}, 1),
+		inflight:      newInflight(cfg.Concurrency),
+		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
 		// Every outcome holds a slot until the completer settles it, so
 		// handlers never block on this channel.
 		outcomes:      make(chan outcome, cfg.Concurrency),
@@ -205,16 +192,16 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 //     stops).
 func (p *processor) shutdown() {
 	// 1.
-	p.drain()
-	p.log.Info("worker stopping: waiting for running handlers", "running", p.runningCount(), "timeout", p.cfg.ShutdownTimeout)
+	p.inflight.drain()
+	p.log.Info("worker stopping: waiting for running handlers", "running", p.inflight.runningCount(), "timeout", p.cfg.ShutdownTimeout)
 	// 2.
 	workDone := p.workDone()
 	if !waitFor(workDone, p.cfg.ShutdownTimeout) {
 		// 3.
-		p.log.Warn("shutdown timeout: cancelling running handlers", "running", p.runningCount())
+		p.log.Warn("shutdown timeout: cancelling running handlers", "running", p.inflight.runningCount())
 		p.stopHandlers(errShutdown)
 		if !waitFor(workDone, hardStopWait) {
-			p.log.Error("handlers ignore cancellation; their tasks are recovered when their leases expire", "running", p.runningCount())
+			p.log.Error("handlers ignore cancellation; their tasks are recovered when their leases expire", "running", p.inflight.runningCount())
 		}
 	}
 	// 4.
@@ -228,6 +215,8 @@ func (p *processor) shutdown() {
 	<-p.heartbeatDone
 	p.stopIO()
 	p.retries.Wait()
+	p.abandons.Wait()
+	p.admission.wait()
 	p.cancelListener.Wait()
 }
 
@@ -256,85 +245,42 @@ func waitFor(ch <-chan struct{}, d time.Duration) bool {
 }
 
 // Reserve implements stream.Sink.
-func (p *processor) Reserve(n int) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n = max(0, min(n, p.free))
-	p.free -= n
-	return n
-}
+func (p *processor) Reserve(n int) int { return p.inflight.reserve(n) }
 
 // SlotFreed implements stream.SlotNotifier.
-func (p *processor) SlotFreed() <-chan struct{} { return p.freed }
-
-func (p *processor) releaseLocked(n int) {
-	if n <= 0 {
-		return
-	}
-	p.free += n
-	select {
-	case p.freed <- struct{}{}:
-	default:
-	}
-}
+func (p *processor) SlotFreed() <-chan struct{} { return p.inflight.freed }
 
 // process takes parsed deliveries of any transport: it starts their tasks
 // in one store call on a goroutine of its own and returns at once. ctx
 // bounds only the hand-back of entries delivered during shutdown; the
 // handling of the entries belongs to the worker (see worker.run).
 func (p *processor) process(ctx context.Context, msgs []delivery, reserved int) {
-	p.mu.Lock()
-	if over := len(msgs) - reserved; over > 0 {
-		p.free -= over // a caller broke the protocol; keep the count exact
+	// The batch counts as work from its admission on (under the lock that
+	// drain takes), so shutdown waits for a batch admitted before drain.
+	batch, handBack, again := p.inflight.admit(msgs, reserved, func() { p.work.Add(1) })
+	for _, id := range again {
+		p.log.Debug("entry delivered again while handled here", "message_id", id)
 	}
-	p.releaseLocked(reserved - len(msgs))
-	var batch []delivery
-	var park []string
-	for _, m := range msgs {
-		switch {
-		case p.inflight[m.id]:
-			// Delivered again (reclaimed, own-PEL re-read, redelivered
-			// after a rebalance) while it is handled here: this handling
-			// settles it.
-			p.releaseLocked(1)
-			p.log.Debug("entry delivered again while handled here", "message_id", m.id)
-		case p.draining:
-			p.releaseLocked(1)
-			park = append(park, m.id)
-		default:
-			p.inflight[m.id] = true
-			batch = append(batch, m)
-		}
+	if len(handBack) > 0 {
+		p.handBack(ctx, handBack)
 	}
-	if len(batch) > 0 {
-		p.work.Add(1)
+	if len(batch) == 0 {
+		return
 	}
-	p.mu.Unlock()
-	if len(park) > 0 {
-		p.park(ctx, park)
-	}
-	if len(batch) > 0 {
-		go func() {
-			defer p.work.Done()
-			p.start(batch)
-		}()
-	}
+	go func() {
+		defer p.work.Done()
+		p.start(batch)
+	}()
 }
 
-// park hands back entries delivered during shutdown, for another worker.
-func (p *processor) park(ctx context.Context, ids []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), parkTimeout)
+// handBack hands back entries delivered during shutdown, for another
+// worker.
+func (p *processor) handBack(ctx context.Context, ids []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	defer cancel()
-	if err := p.tr.park(ctx, ids); err != nil {
+	if err := p.tr.handBack(ctx, ids); err != nil {
 		p.log.Warn("hand back entries delivered during shutdown failed; they are reclaimed later", "err", err)
 	}
-}
-
-// drain makes Process start nothing from now on.
-func (p *processor) drain() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.draining = true
 }
 
 // workDone returns a channel closed once every start batch and handler has
@@ -346,34 +292,6 @@ func (p *processor) workDone() <-chan struct{} {
 		close(ch)
 	}()
 	return ch
-}
-
-func (p *processor) runningCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.running)
-}
-
-// settled ends the handling of entries: they leave the in-flight set and
-// give back their slots.
-func (p *processor) settled(ds ...delivery) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.forgetLocked(ds)
-	p.releaseLocked(len(ds))
-}
-
-// forgetLocked removes entries from the in-flight set, keeping their slots.
-func (p *processor) forgetLocked(ds []delivery) {
-	for _, d := range ds {
-		if r, ok := p.running[d.id]; ok {
-			delete(p.running, d.id)
-			if p.byTask[r.task.ID] == d.id {
-				delete(p.byTask, r.task.ID)
-			}
-		}
-		delete(p.inflight, d.id)
-	}
 }
 
 // start starts the tasks of one read in one store call and settles or
@@ -407,8 +325,8 @@ func (p *processor) start(batch []delivery) {
 	}
 	// Tasks of a paused kind are parked, not started: their entries are
 	// acknowledged and a resume publishes them again.
-	limits := p.kindLimits(ctx)
-	if parked := p.parkPaused(ctx, valid, limits); len(parked) > 0 {
+	limits := p.admission.limits(ctx)
+	if parked := p.admission.parkPaused(ctx, valid, limits); len(parked) > 0 {
 		kept := valid[:0]
 		ids = ids[:0]
 		for _, d := range valid {
@@ -423,7 +341,7 @@ func (p *processor) start(batch []delivery) {
 	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
-		res, err := p.startAll(ctx, valid, ids, limits)
+		res, err := p.admission.start(ctx, valid, ids, limits)
 		if err != nil {
 			p.log.Error("start tasks failed; their entries come back later", "count", len(ids), "err", err)
 			for _, d := range valid {
@@ -519,85 +437,10 @@ func timeOr(t *time.Time, now time.Time) time.Time {
 	return *t
 }
 
-// settle acknowledges acks and defers later through the transport, then
-// ends the handling of ds, counting each under its result in metric.
-//
-// A deferred entry leaves the in-flight set before the transport makes it
-// claimable: the reclaimer may hand it back at once (a retry due now), and
-// a redelivery of an entry still in flight here is ignored, so it would
-// wait a whole reclaim idle time. Acknowledged entries leave it after the
-// XACK, so a redelivery in between is still ignored.
-func (p *processor) settle(acks []string, later []deferral, ds []delivery, metric map[string]string) {
-	p.settleMu.Lock()
-	defer p.settleMu.Unlock()
-	rest := ds
-	if len(later) > 0 {
-		deferred := make(map[string]bool, len(later))
-		for _, l := range later {
-			deferred[l.id] = true
-		}
-		var first []delivery
-		rest = make([]delivery, 0, len(ds))
-		for _, d := range ds {
-			if deferred[d.id] {
-				first = append(first, d)
-			} else {
-				rest = append(rest, d)
-			}
-		}
-		p.mu.Lock()
-		p.forgetLocked(first)
-		p.mu.Unlock()
-	}
-	if err := p.tr.settle(p.ioCtx, acks, later); err != nil {
-		p.log.Warn("acknowledge / defer entries failed; they are delivered again later", "err", err)
-	}
-	for _, d := range ds {
-		p.met.observe(metric[d.id], d.received)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.forgetLocked(rest)
-	p.releaseLocked(len(ds))
-}
-
 // runsHere reports whether t is RUNNING under this worker's lease for a
 // run of another entry.
 func (p *processor) runsHere(t *task.Task) bool {
-	if t.Status != task.Running || t.LeaseOwner != p.cfg.Consumer {
-		return false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.byTask[t.ID]
-	return ok
-}
-
-func (p *processor) poison(d delivery, kind, reason string, now time.Time) letter {
-	p.log.Warn("entry of no task: dead-lettering it", "message_id", d.id, "err", reason)
-	return letter{d: d, result: resultPoison, entry: dlq.Entry{
-		TaskID:    stream.Truncate(d.rawTaskID, 200),
-		Kind:      stream.Truncate(kind, 200),
-		LastError: reason,
-		SourceID:  d.id,
-		DeadAt:    now,
-	}}
-}
-
-func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time.Time) letter {
-	e := dlq.Entry{
-		TaskID:       t.ID.String(),
-		Kind:         t.Kind,
-		AttemptCount: t.AttemptCount,
-		LastError:    t.LastError,
-		SourceID:     d.id,
-		DeadAt:       now,
-	}
-	if t.FinishedAt != nil {
-		e.DeadAt = *t.FinishedAt
-		e.Death = t.ID.String() + ":" + strconv.FormatInt(t.FinishedAt.UnixMicro(), 10)
-	}
-	return letter{d: d, result: result, entry: e}
+	return t.Status == task.Running && t.LeaseOwner == p.cfg.Consumer && p.inflight.runs(t.ID)
 }
 
 // dispatch runs the handler of a started task in its slot.
@@ -613,11 +456,8 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 	}}
 	hctx, r.span = startAttempt(hctx, r.task, tp)
 	r.traceID = tracing.TraceID(hctx)
-	p.mu.Lock()
-	p.running[d.id] = r
-	p.byTask[t.ID] = d.id
+	p.inflight.add(r)
 	p.work.Add(1)
-	p.mu.Unlock()
 	go func() {
 		defer p.work.Done()
 		p.execute(hctx, r)
@@ -646,91 +486,7 @@ func (p *processor) execute(ctx context.Context, r *run) {
 			o.timedOut = true
 		}
 	}
-	p.mu.Lock()
-	r.returned = true
-	p.mu.Unlock()
+	p.inflight.returned(r)
 	r.cancel(nil)
 	p.outcomes <- o
-}
-
-// deadLetter writes letters to the DLQ (each with its ack, atomically). A
-// write that fails keeps its entry here, pending and kept fresh by the
-// heartbeat, and is retried until it succeeds or the worker stops.
-//
-// A retried entry gives back its handler slot at once (a broken DLQ must not
-// stall healthy tasks) but stays in the in-flight set, so a redelivery of it
-// is ignored.
-func (p *processor) deadLetter(letters []letter) {
-	for _, l := range letters {
-		if err := p.writeLetter(l); err != nil {
-			p.log.Error("dead-letter failed; the entry stays pending and the write is retried",
-				"task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
-			p.mu.Lock()
-			p.releaseLocked(1)
-			p.mu.Unlock()
-			p.retries.Add(1)
-			go p.retryLetter(l)
-			continue
-		}
-		p.settled(l.d)
-	}
-}
-
-// writeLetter runs the DLQ script for l and counts it.
-func (p *processor) writeLetter(l letter) error {
-	written, err := p.tr.deadLetter(p.ioCtx, l.entry)
-	if err != nil {
-		return err
-	}
-	if written {
-		p.met.dlq.Inc()
-	}
-	p.met.observe(l.result, l.d.received)
-	return nil
-}
-
-func (p *processor) forget(d delivery) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.forgetLocked([]delivery{d})
-}
-
-func (p *processor) retryLetter(l letter) {
-	defer p.retries.Done()
-	delay := 200 * time.Millisecond
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.ioCtx.Done():
-			p.log.Error("worker stopped before the dead-letter could be written; the entry stays pending",
-				"task_id", l.entry.TaskID, "message_id", l.d.id)
-			p.forget(l.d)
-			return
-		case <-t.C:
-		}
-		err := p.writeLetter(l)
-		if err == nil {
-			p.forget(l.d)
-			p.log.Info("dead-letter written after retrying", "task_id", l.entry.TaskID, "message_id", l.d.id)
-			return
-		}
-		p.log.Debug("dead-letter retry failed", "task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
-		delay = min(2*delay, 5*time.Second)
-		t.Reset(delay)
-	}
-}
-
-// heldEntries returns the ids of entries kept for a DLQ retry or a
-// pending completion, which the heartbeat keeps fresh without a lease.
-func (p *processor) heldEntries() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var ids []string
-	for id := range p.inflight {
-		if _, ok := p.running[id]; !ok {
-			ids = append(ids, id)
-		}
-	}
-	return ids
 }

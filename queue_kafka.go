@@ -190,9 +190,9 @@ func (t *kafkaTransport) deadLetter(ctx context.Context, e dlq.Entry) (bool, err
 // of the group while its partition stays assigned.
 func (t *kafkaTransport) touch(context.Context, []string) error { return nil }
 
-// park leaves records delivered during shutdown unsettled: the partition's
-// next owner reads them again from the last committed offset.
-func (t *kafkaTransport) park(context.Context, []string) error { return nil }
+// handBack leaves records delivered during shutdown unsettled: the
+// partition's next owner reads them again from the last committed offset.
+func (t *kafkaTransport) handBack(context.Context, []string) error { return nil }
 
 // abandon has nothing to do and nothing it could do: a record stays with
 // this live member, whose partition is not reassigned, so an abandoned

@@ -158,8 +158,8 @@ func (t *redisTransport) touch(ctx context.Context, ids []string) error {
 	return t.group.Touch(ctx, ids...)
 }
 
-// park makes entries claimable at once by another worker.
-func (t *redisTransport) park(ctx context.Context, ids []string) error {
+// handBack makes entries claimable at once by another worker.
+func (t *redisTransport) handBack(ctx context.Context, ids []string) error {
 	return t.group.SetIdle(ctx, t.reclaimIdle, ids...)
 }
 

@@ -24,17 +24,14 @@ func (p *processor) timeoutOf(t *task.Task) time.Duration {
 // taken over (see HandlerOptions). The handler's goroutine and slot stay
 // until it returns.
 func (p *processor) abandonAfterTimeout(r *run, timeout time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if r.returned || r.lost {
+	if !p.inflight.abandoned(r) {
 		return
 	}
-	r.lost = true
 	p.log.Error("handler ignores its timeout: no longer renewing its task's lease, which another worker takes over once it expires",
 		"task_id", r.task.ID, "kind", r.task.Kind, "attempt", r.task.Attempt, "timeout", timeout, "lease", p.cfg.TaskLease)
-	p.retries.Add(1)
+	p.abandons.Add(1)
 	go func() {
-		defer p.retries.Done()
+		defer p.abandons.Done()
 		p.abandon(r)
 	}()
 }
@@ -51,10 +48,7 @@ func (p *processor) abandonAfterTimeout(r *run, timeout time.Duration) {
 func (p *processor) abandon(r *run) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
-	p.mu.Lock()
-	returned := r.returned
-	p.mu.Unlock()
-	if returned {
+	if p.inflight.hasReturned(r) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(p.ioCtx, p.cfg.TaskLease/3)

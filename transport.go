@@ -20,7 +20,8 @@ import (
 //     not yet due, one under another live lease, one handed back);
 //   - dead-lettered: a DLQ message is written, then the message is done;
 //   - touched: a message still being handled is kept from redelivery;
-//   - parked: a message delivered during shutdown is handed back;
+//   - handed back: a message delivered during shutdown is left for
+//     another worker;
 //   - abandoned: the message of a run this worker gave up (its handler
 //     ignores its timeout) is left for another worker to take the task
 //     over once its lease has expired.
@@ -36,7 +37,7 @@ type transport interface {
 	// or the death was written before).
 	deadLetter(ctx context.Context, e dlq.Entry) (written bool, err error)
 	touch(ctx context.Context, ids []string) error
-	park(ctx context.Context, ids []string) error
+	handBack(ctx context.Context, ids []string) error
 	abandon(ctx context.Context, ids []string) error
 }
 
