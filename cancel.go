@@ -78,14 +78,8 @@ func (p *processor) runCancelListener(ctx context.Context) {
 // runs here and has not returned; via names how the request arrived. The
 // run's completion then writes CANCELLED (the request is in the row).
 func (p *processor) cancelRun(id uuid.UUID, via string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	mid, ok := p.byTask[id]
-	r := p.running[mid]
-	if !ok || r == nil || r.returned || r.cancelled {
-		return
-	}
-	r.cancelled = true
-	r.cancel(ErrCancelled)
-	p.log.Info("task cancelled by an operator; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt, "via", via)
+	p.inflight.cancelled(id, func(mid string, r *run) {
+		r.cancel(ErrCancelled)
+		p.log.Info("task cancelled by an operator; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt, "via", via)
+	})
 }

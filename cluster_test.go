@@ -51,7 +51,7 @@ func newClusterBundle(t *testing.T, o testenv.ClusterOptions) *clusterBundle {
 }
 
 // run runs a Service of cfg on the cluster client (see serviceBundle.run).
-func (b *clusterBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
+func (b *clusterBundle) run(cfg ingest.Config, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
 	b.t.Helper()
 	cfg.Store = b.store.Config()
 	return runService(b.t, cfg, b.db.Pool, b.crdb, handlers, level)

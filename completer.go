@@ -176,23 +176,15 @@ func (p *processor) complete(batch []outcome) {
 	}
 	p.settle(acks, later, settle, metric)
 	p.deadLetter(letters)
-	if limits := p.kindLimits(p.ioCtx); len(limits) > 0 {
-		freed := map[string][]uuid.UUID{}
-		for _, res := range results {
-			if o, ok := byTask[res.ID]; ok && res.Applied && limits[o.r.task.Kind].Concurrency > 0 {
-				freed[o.r.task.Kind] = append(freed[o.r.task.Kind], res.ID)
-			}
-		}
-		if len(freed) > 0 {
-			// Off the completer's path: the next outcomes need not wait
-			// (shutdown waits for it with the DLQ retries).
-			p.retries.Add(1)
-			go func() {
-				defer p.retries.Done()
-				p.releaseSlots(p.ioCtx, freed)
-			}()
+	done := map[string][]uuid.UUID{}
+	for _, res := range results {
+		if o, ok := byTask[res.ID]; ok && res.Applied {
+			done[o.r.task.Kind] = append(done[o.r.task.Kind], res.ID)
 		}
 	}
+	// Off the completer's path: the next outcomes need not wait (shutdown
+	// waits for it).
+	p.admission.freeKindSlots(p.ioCtx, done)
 }
 
 // conflict reports a completion whose guard matched nothing: the lease was

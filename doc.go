@@ -2,10 +2,16 @@
 // every task, a Redis Stream consumer group carries tasks to a pool of
 // workers.
 //
-// It wires the packages of this module into a worker (task store, stream
-// consumer, reclaimer, DLQ, outbox relay, rescuer and retention) and defines
-// the Go API library users see: Handler, Task, Permanent and RetryAfter.
+// It wires the packages of this module into one Service (task store, queue
+// consumer, reclaimer, DLQ, outbox relay, rescuer and retention), built by
+// NewService on a Queue (Redis or Kafka) from one Config, and defines the
+// Go API library users see: Handler, Task, Permanent and RetryAfter.
 // docs/ARCHITECTURE.md describes the whole path.
+//
+// It owns the worker engine: the processor (processor.go: start, dispatch,
+// execute, shutdown), its completer, heartbeat, cancel listener and
+// per-kind admission, and each queue mode's consumer, transport and
+// gauges (queue_redis.go, queue_kafka.go).
 //
 // # The worker's contract
 //
@@ -35,10 +41,10 @@
 //
 // # Kafka mode
 //
-// NewKafka and NewKafkaService run the same processing path on a Kafka
+// NewService with the Kafka queue runs the same processing path on a Kafka
 // consumer group (package kafka) instead of the stream: the same start
 // guard, handlers, completion, audit trail and metrics. Only the settling
-// of messages differs (transport.go): a record's offset is committed only
+// of messages differs (queue_kafka.go): a record's offset is committed only
 // after its outcome has committed in Postgres; a retry, a task not yet due
 // or one under another worker's live lease gets an outbox row due at its
 // time and the relay publishes it again then; DEAD writes a record to the

@@ -30,7 +30,7 @@ func Example() {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	// Defaults: stream ingest:tasks, group ingest-workers, 10 attempts.
-	svc, err := ingest.NewService(ingest.ServiceConfig{}, pool, rdb, slog.Default(), prometheus.NewRegistry())
+	svc, err := ingest.NewService(ingest.Config{}, pool, ingest.Redis(rdb), slog.Default(), prometheus.NewRegistry())
 	if err != nil {
 		panic(err)
 	}

@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -104,4 +108,127 @@ func RetryDelay(err error) (time.Duration, bool) {
 		return r.delay, true
 	}
 	return 0, false
+}
+
+// HandlerOptions are the per-kind settings of a handler (see
+// Service.HandleWith).
+//
+// Timeouts. A run's deadline is the task's own timeout (timeout_ms, set at
+// creation), else its kind's Timeout, else the service's Config.TaskTimeout
+// (INGEST_TASK_TIMEOUT_MS); 0 at every level: none. When it passes, the
+// handler's context is cancelled; the run is a failed attempt whose
+// last_error starts "task timeout after", and it is retried or goes DEAD
+// like any other failure.
+//
+// A handler that ignores its context keeps its slot until it returns, but
+// not its task: once the deadline plus one lease (Config.TaskLease) has
+// passed without the handler returning, the heartbeat stops renewing the
+// task's lease and its entry's idle time, and the entry is handed to the
+// worker's abandoned consumer (stream.AbandonedConsumer), so after the
+// lease expires another worker's reclaimer takes the task over (a failed
+// attempt, like a crash; package reclaim). Whatever the stuck handler
+// returns later is refused by the lease guard. In Kafka mode the record
+// stays with this worker, so the task waits for the handler to return.
+type HandlerOptions struct {
+	// Timeout is the default deadline of the kind's runs; 0: the worker's.
+	Timeout time.Duration
+}
+
+// Validate names a bad option.
+func (o HandlerOptions) Validate() error {
+	if o.Timeout < 0 {
+		return configError("HandlerOptions.Timeout", "must be >= 0 (0: the worker's), got %s", o.Timeout)
+	}
+	return nil
+}
+
+// registry maps task kinds to handlers and their options; handlers may be
+// registered while the worker runs.
+type registry struct {
+	mu       sync.RWMutex
+	byKind   map[string]Handler
+	fallback Handler // for kinds without a handler; nil: none
+	options  map[string]HandlerOptions
+}
+
+func newRegistry() *registry {
+	return &registry{byKind: map[string]Handler{}, options: map[string]HandlerOptions{}}
+}
+
+// handle registers h for kind with opts. It panics on an empty kind, a nil
+// handler or invalid options.
+func (r *registry) handle(kind string, h Handler, opts HandlerOptions) {
+	if kind == "" || h == nil {
+		panic("ingest: Handle needs a kind and a handler")
+	}
+	if err := opts.Validate(); err != nil {
+		panic("ingest: HandleWith(" + strconv.Quote(kind) + "): " + err.Error())
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.byKind[kind] = h
+	r.options[kind] = opts
+}
+
+// handleDefault registers h for every kind without a handler of its own.
+// It panics on a nil handler.
+func (r *registry) handleDefault(h Handler) {
+	if h == nil {
+		panic("ingest: HandleDefault needs a handler")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fallback = h
+}
+
+// optionsOf returns the options of kind (zero when none were set).
+func (r *registry) optionsOf(kind string) HandlerOptions {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.options[kind]
+}
+
+// lookup returns the handler of kind, the fallback, or nil.
+func (r *registry) lookup(kind string) Handler {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	if h, ok := r.byKind[kind]; ok {
+		return h
+	}
+	return r.fallback
+}
+
+// call runs h, turning a panic into an error with the panic value and a
+// short stack.
+func call(ctx context.Context, h Handler, t Task) (err error) {
+	if h == nil {
+		return fmt.Errorf("no handler registered for task kind %q", t.Kind)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("panic: %v\n%s", v, shortStack())
+		}
+	}()
+	return h(ctx, t)
+}
+
+// shortStack returns up to 8 frames of the panicking goroutine, below the
+// runtime's panic machinery.
+func shortStack() string {
+	pcs := make([]uintptr, 32)
+	n := runtime.Callers(3, pcs)
+	frames := runtime.CallersFrames(pcs[:n])
+	var b strings.Builder
+	count := 0
+	for {
+		f, more := frames.Next()
+		if !strings.HasPrefix(f.Function, "runtime.") {
+			fmt.Fprintf(&b, "%s\n\t%s:%d\n", f.Function, f.File, f.Line)
+			count++
+		}
+		if !more || count == 8 || strings.HasSuffix(f.Function, "ingest.call") {
+			break
+		}
+	}
+	return strings.TrimRight(b.String(), "\n")
 }

@@ -33,16 +33,8 @@ func (p *processor) runHeartbeat(stop <-chan struct{}) {
 // Redis must not let the leases of running tasks expire, which would hand
 // them to another worker and run them twice.
 func (p *processor) heartbeatOnce(ctx context.Context) {
-	p.mu.Lock()
-	ids := make([]uuid.UUID, 0, len(p.running))
-	for _, r := range p.running {
-		if !r.lost {
-			ids = append(ids, r.task.ID)
-		}
-	}
-	p.mu.Unlock()
-
-	touch := p.heldEntries()
+	ids := p.inflight.leased()
+	touch := p.inflight.held()
 	if len(ids) > 0 {
 		renewed, cancel, err := p.store.Renew(ctx, p.cfg.Consumer, p.cfg.TaskLease, ids...)
 		if err != nil {
@@ -54,25 +46,10 @@ func (p *processor) heartbeatOnce(ctx context.Context) {
 		for _, id := range renewed {
 			ok[id] = true
 		}
-		p.mu.Lock()
-		for _, id := range ids {
-			mid, found := p.byTask[id]
-			r := p.running[mid]
-			if !found || r == nil {
-				continue // settled meanwhile
-			}
-			if ok[id] {
-				touch = append(touch, mid)
-				continue
-			}
-			if r.returned {
-				continue // its outcome is being recorded; the guard settles it
-			}
-			r.lost = true
+		touch = append(touch, p.inflight.renewed(ids, ok, func(mid string, r *run) {
 			r.cancel(errLeaseLost)
-			p.log.Warn("task lease lost; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt)
-		}
-		p.mu.Unlock()
+			p.log.Warn("task lease lost; cancelling its handler", "task_id", r.task.ID, "message_id", mid, "attempt", r.task.Attempt)
+		})...)
 		// A cancel whose NOTIFY this process missed (listener down).
 		for _, id := range cancel {
 			p.cancelRun(id, "lease renewal")
@@ -98,14 +75,7 @@ func (p *processor) heartbeatOnce(ctx context.Context) {
 func (p *processor) touch(ctx context.Context, ids []string) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
-	p.mu.Lock()
-	live := ids[:0]
-	for _, id := range ids {
-		if p.inflight[id] {
-			live = append(live, id)
-		}
-	}
-	p.mu.Unlock()
+	live := p.inflight.live(ids)
 	if len(live) == 0 {
 		return
 	}

@@ -16,8 +16,8 @@ func TestHeartbeatRenewsLeasesWhileRedisIsFrozen(t *testing.T) {
 	t.Parallel()
 	b := newServiceBundle(t)
 	cfg := b.fastConfig("w1")
-	cfg.Worker.TaskLease = 900 * time.Millisecond
-	cfg.Worker.ReclaimIdle = 2 * time.Second
+	cfg.TaskLease = 900 * time.Millisecond
+	cfg.ReclaimIdle = 2 * time.Second
 	started, release := make(chan struct{}), make(chan struct{})
 	b.start(cfg, func(ctx context.Context, tk ingest.Task) error {
 		close(started)

@@ -47,8 +47,8 @@ func BenchmarkKafkaThroughput(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		svc, err := ingest.NewKafkaService(ingest.ServiceConfig{Store: store.Config(), Relay: outbox.RelayConfig{BatchSize: 500}},
-			kafka.Config{Brokers: c.ListenAddrs()}, db, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		svc, err := ingest.NewService(ingest.Config{Store: store.Config(), Relay: outbox.RelayConfig{BatchSize: 500}},
+			db, ingest.Kafka(kafka.Config{Brokers: c.ListenAddrs()}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 		if err != nil {
 			b.Fatal(err)
 		}

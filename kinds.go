@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -19,39 +20,51 @@ const kindsRefresh = time.Second
 // task.Store.StartLimited).
 const throttleRetry = time.Second
 
-// kindCache holds the paused and limited kinds as last read from Postgres.
-type kindCache struct {
+// admission applies the kinds' settings to the processor's starts: a task
+// of a paused kind is parked instead of started, those of a limited kind
+// start through task.Store.StartLimited, and the kind slots of finished
+// runs are freed at once. It holds the kinds' settings as last read from
+// Postgres.
+type admission struct {
+	store *task.Store
+	log   *slog.Logger
+	met   *metrics
+	owner string        // lease owner of the starts (the consumer name)
+	lease time.Duration // lease of the starts
+
 	mu     sync.Mutex
 	at     time.Time
-	limits map[string]task.Limits
+	cached map[string]task.Limits
+	// freeing tracks the frees of kind slots under way (see freeKindSlots).
+	freeing sync.WaitGroup
 }
 
-// kindLimits returns the paused and limited kinds, reading them again
-// when the copy is older than kindsRefresh. A failed read keeps the last
-// copy (a task of a kind paused meanwhile starts, as it would have a
-// moment earlier; a kind limited meanwhile is limited by its next read;
+// limits returns the paused and limited kinds, reading them again when
+// the copy is older than kindsRefresh. A failed read keeps the last copy
+// (a task of a kind paused meanwhile starts, as it would have a moment
+// earlier; a kind limited meanwhile is limited by its next read;
 // StartLimited itself reads the limits under the kind's lock).
-func (p *processor) kindLimits(ctx context.Context) map[string]task.Limits {
-	c := &p.kinds
+func (a *admission) limits(ctx context.Context) map[string]task.Limits {
+	c := a
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if time.Since(c.at) < kindsRefresh {
-		return c.limits
+		return c.cached
 	}
-	limits, err := p.store.KindLimits(ctx)
+	limits, err := a.store.KindLimits(ctx)
 	if err != nil {
-		p.log.Warn("reading the kinds' settings failed; using the last copy", "err", err)
+		a.log.Warn("reading the kinds' settings failed; using the last copy", "err", err)
 		c.at = time.Now().Add(-kindsRefresh / 2) // try again soon
-		return c.limits
+		return c.cached
 	}
-	c.at, c.limits = time.Now(), limits
+	c.at, c.cached = time.Now(), limits
 	return limits
 }
 
 // parkPaused parks the tasks of ds whose kind is paused (task.Store.Park,
 // which checks the kind of the task row under the kind's lock) and
 // returns the ids of the tasks it parked.
-func (p *processor) parkPaused(ctx context.Context, ds []delivery, limits map[string]task.Limits) map[uuid.UUID]bool {
+func (a *admission) parkPaused(ctx context.Context, ds []delivery, limits map[string]task.Limits) map[uuid.UUID]bool {
 	var ids []uuid.UUID
 	for _, d := range ds {
 		if limits[d.kind].Paused {
@@ -61,10 +74,10 @@ func (p *processor) parkPaused(ctx context.Context, ds []delivery, limits map[st
 	if len(ids) == 0 {
 		return nil
 	}
-	parked, err := p.store.Park(ctx, ids...)
+	parked, err := a.store.Park(ctx, ids...)
 	if err != nil {
 		// They go to the start statement, as if not paused.
-		p.log.Error("parking tasks of paused kinds failed; starting them", "count", len(ids), "err", err)
+		a.log.Error("parking tasks of paused kinds failed; starting them", "count", len(ids), "err", err)
 		return nil
 	}
 	out := make(map[uuid.UUID]bool, len(parked))
@@ -72,15 +85,15 @@ func (p *processor) parkPaused(ctx context.Context, ds []delivery, limits map[st
 		out[id] = true
 	}
 	if len(parked) > 0 {
-		p.log.Debug("parked tasks of paused kinds", "count", len(parked))
+		a.log.Debug("parked tasks of paused kinds", "count", len(parked))
 	}
 	return out
 }
 
-// startAll starts the tasks of ds (ids, in order): those of a limited
+// start starts the tasks of ds (ids, in order): those of a limited
 // kind through task.Store.StartLimited, one call per kind, the others in
 // one task.Store.Start.
-func (p *processor) startAll(ctx context.Context, ds []delivery, ids []uuid.UUID, limits map[string]task.Limits) ([]task.StartResult, error) {
+func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, limits map[string]task.Limits) ([]task.StartResult, error) {
 	var plain []uuid.UUID
 	var kinds []string
 	limited := map[string][]uuid.UUID{}
@@ -95,20 +108,20 @@ func (p *processor) startAll(ctx context.Context, ds []delivery, ids []uuid.UUID
 		limited[d.kind] = append(limited[d.kind], ids[i])
 	}
 	if len(kinds) == 0 {
-		return p.store.Start(ctx, p.cfg.Consumer, p.cfg.TaskLease, ids...)
+		return a.store.Start(ctx, a.owner, a.lease, ids...)
 	}
-	out, err := p.store.Start(ctx, p.cfg.Consumer, p.cfg.TaskLease, plain...)
+	out, err := a.store.Start(ctx, a.owner, a.lease, plain...)
 	if err != nil {
 		return nil, err
 	}
 	for _, kind := range kinds {
-		res, err := p.store.StartLimited(ctx, p.cfg.Consumer, p.cfg.TaskLease, kind, limited[kind]...)
+		res, err := a.store.StartLimited(ctx, a.owner, a.lease, kind, limited[kind]...)
 		if err != nil {
 			return nil, err
 		}
 		for _, r := range res {
-			if r.Outcome == task.Throttled {
-				p.met.throttled.WithLabelValues(kind).Inc()
+			if r.Outcome == task.Throttled || r.Outcome == task.ParkedAtLimit {
+				a.met.throttled.WithLabelValues(kind).Inc()
 			}
 		}
 		out = append(out, res...)
@@ -116,15 +129,34 @@ func (p *processor) startAll(ctx context.Context, ds []delivery, ids []uuid.UUID
 	return out, nil
 }
 
-// releaseSlots gives back the slots held by finished runs and hands them
-// to parked tasks of their kinds (task.Store.FreeSlots): freed lists the
-// tasks of each concurrency-limited kind whose runs ended. The leader's
-// releaser does the same for slots freed otherwise (an expired lease) and
-// for rate limits; this makes a freed slot used at once.
-func (p *processor) releaseSlots(ctx context.Context, freed map[string][]uuid.UUID) {
-	for kind, ids := range freed {
-		if _, err := p.store.FreeSlots(ctx, kind, ids...); err != nil {
-			p.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
+// freeKindSlots gives back, off the caller's path, the kind slots held by
+// finished runs and hands them to parked tasks of their kinds
+// (task.Store.FreeSlots): done lists the tasks whose runs ended, by kind;
+// only concurrency-limited kinds hold slots. The leader's releaser does
+// the same for slots freed otherwise (an expired lease) and for rate
+// limits; this makes a freed slot used at once. ctx is the worker's I/O;
+// wait waits for the frees under way.
+func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UUID) {
+	limits := a.limits(ctx)
+	freed := map[string][]uuid.UUID{}
+	for kind, ids := range done {
+		if limits[kind].Concurrency > 0 {
+			freed[kind] = ids
 		}
 	}
+	if len(freed) == 0 {
+		return
+	}
+	a.freeing.Add(1)
+	go func() {
+		defer a.freeing.Done()
+		for kind, ids := range freed {
+			if _, err := a.store.FreeSlots(ctx, kind, ids...); err != nil {
+				a.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
+			}
+		}
+	}()
 }
+
+// wait waits for the frees of kind slots under way.
+func (a *admission) wait() { a.freeing.Wait() }

@@ -1,15 +1,11 @@
 package ingest
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ingest-worker/ingest/internal/promreg"
-	"github.com/ingest-worker/ingest/stream"
 )
 
 // Values of the result label (docs/ARCHITECTURE.md §6).
@@ -38,9 +34,9 @@ type metrics struct {
 	throttled *prometheus.CounterVec
 }
 
-// newMetrics registers the worker metrics, and the stream gauges when g
-// is not nil.
-func newMetrics(reg prometheus.Registerer, g *stream.Group, reclaimIdle time.Duration, log *slog.Logger) (*metrics, error) {
+// newMetrics registers the worker metrics (the queue's gauges are its
+// mode's: see streamCollector).
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ingest_task_process_total",
@@ -76,14 +72,6 @@ func newMetrics(reg prometheus.Registerer, g *stream.Group, reclaimIdle time.Dur
 	for _, r := range results {
 		m.total.WithLabelValues(r)
 	}
-	if g == nil {
-		return m, nil // Kafka mode: no stream to read
-	}
-	// A second worker of the same stream in this process shares the first
-	// one's collector.
-	if _, err := promreg.Register[prometheus.Collector](reg, newStreamCollector(g, reclaimIdle, log)); err != nil {
-		return nil, err
-	}
 	return m, nil
 }
 
@@ -93,63 +81,4 @@ func (m *metrics) observe(result string, since time.Time) {
 	}
 	m.total.WithLabelValues(result).Inc()
 	m.seconds.WithLabelValues(result).Observe(time.Since(since).Seconds())
-}
-
-// streamCollector reads ingest_stream_length, ingest_stream_pending and
-// ingest_stream_pending_overdue_seconds from Redis at scrape time.
-type streamCollector struct {
-	g           *stream.Group
-	reclaimIdle time.Duration
-	log         *slog.Logger
-	length      *prometheus.Desc
-	pending     *prometheus.Desc
-	overdue     *prometheus.Desc
-}
-
-// overdueScan is how many overdue pending entries one scrape looks at.
-const overdueScan = 100
-
-// collectTimeout bounds the Redis calls of one scrape.
-const collectTimeout = 2 * time.Second
-
-func newStreamCollector(g *stream.Group, reclaimIdle time.Duration, log *slog.Logger) *streamCollector {
-	cfg := g.Config()
-	return &streamCollector{
-		g:           g,
-		reclaimIdle: reclaimIdle,
-		log:         log,
-		length: prometheus.NewDesc("ingest_stream_length", "Entries in the task stream (XLEN).",
-			nil, prometheus.Labels{"stream": cfg.Stream}),
-		pending: prometheus.NewDesc("ingest_stream_pending", "Entries delivered and not yet acknowledged (XPENDING).",
-			nil, prometheus.Labels{"stream": cfg.Stream, "group": cfg.Group}),
-		overdue: prometheus.NewDesc("ingest_stream_pending_overdue_seconds",
-			fmt.Sprintf("How long the most overdue pending entry has been idle beyond the reclaim idle time (0: none); a lower bound when more than %d are overdue.", overdueScan),
-			nil, prometheus.Labels{"stream": cfg.Stream, "group": cfg.Group}),
-	}
-}
-
-func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- c.length
-	ch <- c.pending
-	ch <- c.overdue
-}
-
-// Collect leaves out what Redis does not answer: a failed read of these
-// gauges must not fail the others.
-func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
-	defer cancel()
-	length, pending, err := c.g.Stats(ctx)
-	if err != nil {
-		c.log.Warn("read stream metrics failed", "err", err)
-		return
-	}
-	ch <- prometheus.MustNewConstMetric(c.length, prometheus.GaugeValue, float64(length))
-	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
-	overdue, err := c.g.Overdue(ctx, c.reclaimIdle, overdueScan)
-	if err != nil {
-		c.log.Warn("read overdue pending entries failed", "err", err)
-		return
-	}
-	ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, overdue.Seconds())
 }

@@ -63,16 +63,14 @@ func newBouncerBundle(t *testing.T) *bouncerBundle {
 
 // config is a Service configuration with quick timings and listen as its
 // LISTEN source.
-func (b *bouncerBundle) config(consumer string, listen pgsession.Source) ingest.ServiceConfig {
-	return ingest.ServiceConfig{
+func (b *bouncerBundle) config(consumer string, listen pgsession.Source) ingest.Config {
+	return ingest.Config{
 		Listen: listen,
 		Store:  task.Config{Stream: b.stream, Backoff: task.Backoff{Base: 20 * time.Millisecond, Max: 100 * time.Millisecond, Jitter: 0.1}},
-		Worker: ingest.Config{
-			Stream: b.stream, DLQ: b.dlq, Consumer: consumer, Concurrency: 16,
-			TaskLease: time.Second, ReclaimIdle: 500 * time.Millisecond, Block: 100 * time.Millisecond,
-			ShutdownTimeout: 5 * time.Second,
-		},
-		Reclaim: reclaim.Config{Interval: 100 * time.Millisecond},
+		Stream: b.stream, DLQ: b.dlq, Consumer: consumer, Concurrency: 16,
+		TaskLease: time.Second, ReclaimIdle: 500 * time.Millisecond, Block: 100 * time.Millisecond,
+		ShutdownTimeout: 5 * time.Second,
+		Reclaim:         reclaim.Config{Interval: 100 * time.Millisecond},
 		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond,
 			Backoff:     backoff.Policy{Base: 20 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: 0.1},
 			MaxAttempts: 1000, Lease: 2 * time.Second, PublishTimeout: 500 * time.Millisecond},
@@ -84,7 +82,7 @@ func (b *bouncerBundle) config(consumer string, listen pgsession.Source) ingest.
 }
 
 // run runs a Service of cfg on the bouncer's pool until the test ends.
-func (b *bouncerBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler) *ingest.Service {
+func (b *bouncerBundle) run(cfg ingest.Config, handlers map[string]ingest.Handler) *ingest.Service {
 	b.t.Helper()
 	return runService(b.t, cfg, b.pool, b.rdb, handlers, slog.LevelError)
 }
@@ -244,7 +242,7 @@ func TestServiceThroughPgBouncerListensDirectly(t *testing.T) {
 	b := newBouncerBundle(t)
 	cfg := b.config("w1", pgsession.Source{Conn: b.db.Pool.Config().ConnConfig.Copy()})
 	cfg.Relay.PublishInterval = time.Hour
-	cfg.Worker.TaskLease, cfg.Worker.ReclaimIdle = time.Minute, time.Hour
+	cfg.TaskLease, cfg.ReclaimIdle = time.Minute, time.Hour
 	cfg.Reclaim.Interval = time.Second
 	cfg.Maintenance.Rescuer.Grace = time.Hour
 	var done atomic.Int64

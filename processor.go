@@ -6,20 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/tracing"
-	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -27,8 +21,9 @@ import (
 // unreachable) becomes claimable again.
 const startRetryDelay = 5 * time.Second
 
-// parkTimeout bounds the XCLAIM that hands entries back during shutdown.
-const parkTimeout = 5 * time.Second
+// handBackTimeout bounds the XCLAIM that hands entries back during
+// shutdown.
+const handBackTimeout = 5 * time.Second
 
 // errLeaseLost is the cause of a handler context cancelled because the
 // heartbeat found the task's lease taken over.
@@ -55,30 +50,13 @@ type delivery struct {
 	received    time.Time
 }
 
-// redisDelivery parses a stream entry.
-func redisDelivery(m redis.XMessage, now time.Time) delivery {
-	d := delivery{id: m.ID, received: now, kind: stream.FieldString(m, stream.FieldKind),
-		rawTaskID: stream.FieldString(m, stream.FieldTaskID)}
-	e, err := stream.ParseEntry(m)
-	switch {
-	case errors.Is(err, stream.ErrDeleted):
-		d.deleted = true
-	case err != nil:
-		d.err = err
-		d.kind = e.Kind
-	default:
-		d.taskID, d.kind, d.traceparent = e.TaskID, e.Kind, e.Traceparent
-	}
-	return d
-}
-
 // run is one started task: its handler runs, or its outcome is not yet
 // committed.
 type run struct {
 	d      delivery
 	task   Task
 	cancel context.CancelCauseFunc
-	// returned is set once the handler returned (under processor.mu).
+	// returned is set once the handler returned (under inflight.mu).
 	returned bool
 	// lost is set once the heartbeat found the lease lost, or the handler
 	// outran its timeout by a lease (under mu).
@@ -98,29 +76,28 @@ type run struct {
 type outcome struct {
 	r   *run
 	err error
-	// released: cut off by shutdown; hand the task back, no failure.
+	// released: cut off by shutdown; release the task (RETRYING, due now,
+	// no failure counted) and hand its entry back.
 	released bool
 	// timedOut: the run hit the task timeout.
 	timedOut bool
 }
 
-// letter is an entry to dead-letter.
-type letter struct {
-	d      delivery
-	entry  dlq.Entry
-	result string // metric result: dead or poison
-}
-
 // processor is the Sink: it starts delivered entries as one batch, runs
-// handlers in bounded slots and settles every entry (ack, idle time, DLQ).
-// It owns the completer (outcomes → Postgres → Redis) and the heartbeat
-// (lease renewal, idle-time refresh); launch starts them and shutdown
+// handlers in bounded slots and settles every entry (ack, idle time, DLQ;
+// settle.go). Its parts each own their state: inflight (slots, messages in
+// flight, runs, draining), admission (the kinds' pauses and limits), the
+// completer (outcomes → Postgres → transport; completer.go) and the
+// heartbeat (lease renewal, idle-time refresh, cancel notices;
+// heartbeat.go, cancel.go). launch starts the goroutines and shutdown
 // stops everything in order.
 type processor struct {
 	processorDeps
 	cfg Config
-	// kinds caches the paused and limited kinds (see kindLimits).
-	kinds kindCache
+	// inflight holds the slots, the messages in flight and the runs.
+	inflight *inflight
+	// admission applies the kinds' pauses and limits to starts.
+	admission *admission
 	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
 	// by launch, read by the completer.
 	onSucceeded func([]uuid.UUID)
@@ -133,13 +110,6 @@ type processor struct {
 	handlerCtx   context.Context
 	stopHandlers context.CancelCauseFunc
 
-	mu       sync.Mutex
-	free     int                  // free handler slots
-	draining bool                 // shutting down: start nothing new
-	inflight map[string]bool      // entry ids being handled here
-	running  map[string]*run      // by entry id
-	byTask   map[uuid.UUID]string // task id → entry id of its run
-
 	// settleMu serialises the heartbeat's refresh of idle times with the
 	// settling of entries (ack, idle time set, leaving the in-flight set),
 	// so a refresh never overwrites the idle time an entry was settled with.
@@ -151,10 +121,10 @@ type processor struct {
 	// cancelListener tracks the LISTEN loop for cancel requests (cancel.go).
 	cancelListener sync.WaitGroup
 
-	freed    chan struct{} // signalled when slots are released
-	outcomes chan outcome  // handlers → completer; capacity = Concurrency
+	outcomes chan outcome // handlers → completer; capacity = Concurrency
 	work     sync.WaitGroup
-	retries  sync.WaitGroup // DLQ writes being retried, slots of finished runs being given back
+	retries  sync.WaitGroup // DLQ writes being retried
+	abandons sync.WaitGroup // entries of abandoned runs being handed over
 
 	// The completer's and the heartbeat's lifecycles (see start, shutdown).
 	stopCompleter, completerDone chan struct{}
@@ -175,11 +145,8 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 	p := &processor{
 		processorDeps: deps,
 		cfg:           cfg,
-		free:          cfg.Concurrency,
-		inflight:      map[string]bool{},
-		running:       map[string]*run{},
-		byTask:        map[uuid.UUID]string{},
-		freed:         make(chan struct{}, 1),
+		inflight:      newInflight(cfg.Concurrency),
+		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
 		// Every outcome holds a slot until the completer settles it, so
 		// handlers never block on this channel.
 		outcomes:      make(chan outcome, cfg.Concurrency),
@@ -225,16 +192,16 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 //     stops).
 func (p *processor) shutdown() {
 	// 1.
-	p.drain()
-	p.log.Info("worker stopping: waiting for running handlers", "running", p.runningCount(), "timeout", p.cfg.ShutdownTimeout)
+	p.inflight.drain()
+	p.log.Info("worker stopping: waiting for running handlers", "running", p.inflight.runningCount(), "timeout", p.cfg.ShutdownTimeout)
 	// 2.
 	workDone := p.workDone()
 	if !waitFor(workDone, p.cfg.ShutdownTimeout) {
 		// 3.
-		p.log.Warn("shutdown timeout: cancelling running handlers", "running", p.runningCount())
+		p.log.Warn("shutdown timeout: cancelling running handlers", "running", p.inflight.runningCount())
 		p.stopHandlers(errShutdown)
 		if !waitFor(workDone, hardStopWait) {
-			p.log.Error("handlers ignore cancellation; their tasks are recovered when their leases expire", "running", p.runningCount())
+			p.log.Error("handlers ignore cancellation; their tasks are recovered when their leases expire", "running", p.inflight.runningCount())
 		}
 	}
 	// 4.
@@ -248,6 +215,8 @@ func (p *processor) shutdown() {
 	<-p.heartbeatDone
 	p.stopIO()
 	p.retries.Wait()
+	p.abandons.Wait()
+	p.admission.wait()
 	p.cancelListener.Wait()
 }
 
@@ -275,104 +244,43 @@ func waitFor(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// Binding implements stream.BoundSink: the reclaimer feeding this processor
-// claims into the worker's consumer with the worker's reclaim idle time,
-// and takes over the entries of expired leases after the worker's lease.
-func (p *processor) Binding() stream.Binding {
-	return stream.Binding{Stream: p.cfg.Stream, Group: p.cfg.Group, Consumer: p.cfg.Consumer, ClaimIdle: p.cfg.ReclaimIdle,
-		Lease: p.cfg.TaskLease}
-}
-
 // Reserve implements stream.Sink.
-func (p *processor) Reserve(n int) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n = max(0, min(n, p.free))
-	p.free -= n
-	return n
-}
+func (p *processor) Reserve(n int) int { return p.inflight.reserve(n) }
 
 // SlotFreed implements stream.SlotNotifier.
-func (p *processor) SlotFreed() <-chan struct{} { return p.freed }
+func (p *processor) SlotFreed() <-chan struct{} { return p.inflight.freed }
 
-func (p *processor) releaseLocked(n int) {
-	if n <= 0 {
+// process takes parsed deliveries of any transport: it starts their tasks
+// in one store call on a goroutine of its own and returns at once. ctx
+// bounds only the hand-back of entries delivered during shutdown; the
+// handling of the entries belongs to the worker (see worker.run).
+func (p *processor) process(ctx context.Context, msgs []delivery, reserved int) {
+	// The batch counts as work from its admission on (under the lock that
+	// drain takes), so shutdown waits for a batch admitted before drain.
+	batch, handBack, again := p.inflight.admit(msgs, reserved, func() { p.work.Add(1) })
+	for _, id := range again {
+		p.log.Debug("entry delivered again while handled here", "message_id", id)
+	}
+	if len(handBack) > 0 {
+		p.handBack(ctx, handBack)
+	}
+	if len(batch) == 0 {
 		return
 	}
-	p.free += n
-	select {
-	case p.freed <- struct{}{}:
-	default:
-	}
+	go func() {
+		defer p.work.Done()
+		p.start(batch)
+	}()
 }
 
-// Process implements stream.Sink: it starts the entries' tasks in one store
-// call on a goroutine of its own and returns at once. ctx bounds only the
-// hand-back of entries delivered during shutdown; the handling of the
-// entries belongs to the worker (see Worker.Run).
-func (p *processor) Process(ctx context.Context, msgs []redis.XMessage, reserved int) {
-	now := time.Now()
-	ds := make([]delivery, len(msgs))
-	for i, m := range msgs {
-		ds[i] = redisDelivery(m, now)
-	}
-	p.process(ctx, ds, reserved)
-}
-
-// process is Process for parsed deliveries of any transport.
-func (p *processor) process(ctx context.Context, msgs []delivery, reserved int) {
-	p.mu.Lock()
-	if over := len(msgs) - reserved; over > 0 {
-		p.free -= over // a caller broke the protocol; keep the count exact
-	}
-	p.releaseLocked(reserved - len(msgs))
-	var batch []delivery
-	var park []string
-	for _, m := range msgs {
-		switch {
-		case p.inflight[m.id]:
-			// Delivered again (reclaimed, own-PEL re-read, redelivered
-			// after a rebalance) while it is handled here: this handling
-			// settles it.
-			p.releaseLocked(1)
-			p.log.Debug("entry delivered again while handled here", "message_id", m.id)
-		case p.draining:
-			p.releaseLocked(1)
-			park = append(park, m.id)
-		default:
-			p.inflight[m.id] = true
-			batch = append(batch, m)
-		}
-	}
-	if len(batch) > 0 {
-		p.work.Add(1)
-	}
-	p.mu.Unlock()
-	if len(park) > 0 {
-		p.park(ctx, park)
-	}
-	if len(batch) > 0 {
-		go func() {
-			defer p.work.Done()
-			p.start(batch)
-		}()
-	}
-}
-
-// park hands back entries delivered during shutdown, for another worker.
-func (p *processor) park(ctx context.Context, ids []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), parkTimeout)
+// handBack hands back entries delivered during shutdown, for another
+// worker.
+func (p *processor) handBack(ctx context.Context, ids []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	defer cancel()
-	if err := p.tr.park(ctx, ids); err != nil {
+	if err := p.tr.handBack(ctx, ids); err != nil {
 		p.log.Warn("hand back entries delivered during shutdown failed; they are reclaimed later", "err", err)
 	}
-}
-
-// drain makes Process start nothing from now on.
-func (p *processor) drain() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.draining = true
 }
 
 // workDone returns a channel closed once every start batch and handler has
@@ -384,34 +292,6 @@ func (p *processor) workDone() <-chan struct{} {
 		close(ch)
 	}()
 	return ch
-}
-
-func (p *processor) runningCount() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.running)
-}
-
-// settled ends the handling of entries: they leave the in-flight set and
-// give back their slots.
-func (p *processor) settled(ds ...delivery) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.forgetLocked(ds)
-	p.releaseLocked(len(ds))
-}
-
-// forgetLocked removes entries from the in-flight set, keeping their slots.
-func (p *processor) forgetLocked(ds []delivery) {
-	for _, d := range ds {
-		if r, ok := p.running[d.id]; ok {
-			delete(p.running, d.id)
-			if p.byTask[r.task.ID] == d.id {
-				delete(p.byTask, r.task.ID)
-			}
-		}
-		delete(p.inflight, d.id)
-	}
 }
 
 // start starts the tasks of one read in one store call and settles or
@@ -445,8 +325,8 @@ func (p *processor) start(batch []delivery) {
 	}
 	// Tasks of a paused kind are parked, not started: their entries are
 	// acknowledged and a resume publishes them again.
-	limits := p.kindLimits(ctx)
-	if parked := p.parkPaused(ctx, valid, limits); len(parked) > 0 {
+	limits := p.admission.limits(ctx)
+	if parked := p.admission.parkPaused(ctx, valid, limits); len(parked) > 0 {
 		kept := valid[:0]
 		ids = ids[:0]
 		for _, d := range valid {
@@ -461,7 +341,7 @@ func (p *processor) start(batch []delivery) {
 	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
-		res, err := p.startAll(ctx, valid, ids, limits)
+		res, err := p.admission.start(ctx, valid, ids, limits)
 		if err != nil {
 			p.log.Error("start tasks failed; their entries come back later", "count", len(ids), "err", err)
 			for _, d := range valid {
@@ -475,61 +355,67 @@ func (p *processor) start(batch []delivery) {
 			results[r.ID] = r
 		}
 	}
-	first := map[uuid.UUID]bool{}
+	seen := map[uuid.UUID]bool{}
 	for _, d := range valid {
 		id := d.taskID
 		r := results[id]
-		isFirst := !first[id]
-		first[id] = true
+		dup := seen[id]
+		seen[id] = true
 		log := p.log.With("task_id", id, "message_id", d.id)
-		switch {
-		case r.Outcome == task.Started && isFirst:
-			if r.TookOver {
-				log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
-					traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
-			}
+		if dup && (r.Outcome == task.Started || r.Outcome == task.TakenOver || r.Outcome == task.DiedOnTakeover) {
+			// Another entry of this read runs (or buried) the task.
+			log.Debug("duplicate entry of a task started by this read; acknowledging it")
+			acks, settle = append(acks, d.id), append(settle, d)
+			metric[d.id] = resultSkipped
+			continue
+		}
+		switch r.Outcome {
+		case task.Started:
 			p.dispatch(d, r.Task)
 			continue
-		case r.Outcome == task.Started || (r.Died && !isFirst):
-			// Another entry of this batch runs (or buried) the task.
-			log.Debug("duplicate entry of a task started by this read; acknowledging it")
-			acks = append(acks, d.id)
-			metric[d.id] = resultSkipped
-		case r.Died:
+		case task.TakenOver:
+			log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
+				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
+			p.dispatch(d, r.Task)
+			continue
+		case task.DiedOnTakeover:
 			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,
 				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
 			letters = append(letters, p.taskLetter(d, r.Task, resultDead, now))
 			continue
-		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status == task.Dead:
-			// A redelivery after a crash between the DEAD commit and the
-			// DLQ write, or a duplicate entry: the DLQ gets this death once.
-			log.Debug("task already DEAD; making sure its death is dead-lettered")
-			letters = append(letters, p.taskLetter(d, r.Task, resultSkipped, now))
-			continue
-		case r.Outcome == task.Skipped && r.Task != nil && r.Task.Status.Terminal():
+		case task.Finished, task.CancelledOnTakeover:
+			if r.Task.Status == task.Dead {
+				// A redelivery after a crash between the DEAD commit and
+				// the DLQ write, or a duplicate entry: the DLQ gets this
+				// death once.
+				log.Debug("task already DEAD; making sure its death is dead-lettered")
+				letters = append(letters, p.taskLetter(d, r.Task, resultSkipped, now))
+				continue
+			}
 			log.Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
 			acks = append(acks, d.id)
 			metric[d.id] = resultSkipped
-		case r.Outcome == task.Skipped && r.Task != nil && p.runsHere(r.Task):
-			log.Debug("duplicate entry of a task running here; acknowledging it")
-			acks = append(acks, d.id)
+		case task.LeaseHeld:
+			if p.runsHere(r.Task) {
+				log.Debug("duplicate entry of a task running here; acknowledging it")
+				acks = append(acks, d.id)
+			} else {
+				// Another worker holds a live lease: look again when it expires.
+				later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
+			}
 			metric[d.id] = resultSkipped
-		case r.Outcome == task.Skipped && r.Task != nil:
-			// Another worker holds a live lease: look again when it expires.
-			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.LeaseUntil, now)})
-			metric[d.id] = resultSkipped
-		case r.Outcome == task.Throttled && r.Parked:
+		case task.ParkedAtLimit:
 			log.Debug("task parked (its kind is at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultThrottled
-		case r.Outcome == task.Throttled:
+		case task.Throttled:
 			later = append(later, deferral{id: d.id, taskID: id, at: now.Add(throttleRetry)})
 			metric[d.id] = resultThrottled
-		case r.Outcome == task.NotDue && r.Task != nil && r.Task.Parked():
+		case task.Parked:
 			log.Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultPaused
-		case r.Outcome == task.NotDue && r.Task != nil:
+		case task.NotDue:
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.NextRetryAt, now)})
 			metric[d.id] = resultNotDue
 		default: // NotFound
@@ -551,85 +437,10 @@ func timeOr(t *time.Time, now time.Time) time.Time {
 	return *t
 }
 
-// settle acknowledges acks and defers later through the transport, then
-// ends the handling of ds, counting each under its result in metric.
-//
-// A deferred entry leaves the in-flight set before the transport makes it
-// claimable: the reclaimer may hand it back at once (a retry due now), and
-// a redelivery of an entry still in flight here is ignored, so it would
-// wait a whole reclaim idle time. Acknowledged entries leave it after the
-// XACK, so a redelivery in between is still ignored.
-func (p *processor) settle(acks []string, later []deferral, ds []delivery, metric map[string]string) {
-	p.settleMu.Lock()
-	defer p.settleMu.Unlock()
-	rest := ds
-	if len(later) > 0 {
-		deferred := make(map[string]bool, len(later))
-		for _, l := range later {
-			deferred[l.id] = true
-		}
-		var first []delivery
-		rest = make([]delivery, 0, len(ds))
-		for _, d := range ds {
-			if deferred[d.id] {
-				first = append(first, d)
-			} else {
-				rest = append(rest, d)
-			}
-		}
-		p.mu.Lock()
-		p.forgetLocked(first)
-		p.mu.Unlock()
-	}
-	if err := p.tr.settle(p.ioCtx, acks, later); err != nil {
-		p.log.Warn("acknowledge / defer entries failed; they are delivered again later", "err", err)
-	}
-	for _, d := range ds {
-		p.met.observe(metric[d.id], d.received)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.forgetLocked(rest)
-	p.releaseLocked(len(ds))
-}
-
 // runsHere reports whether t is RUNNING under this worker's lease for a
 // run of another entry.
 func (p *processor) runsHere(t *task.Task) bool {
-	if t.Status != task.Running || t.LeaseOwner != p.cfg.Consumer {
-		return false
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.byTask[t.ID]
-	return ok
-}
-
-func (p *processor) poison(d delivery, kind, reason string, now time.Time) letter {
-	p.log.Warn("entry of no task: dead-lettering it", "message_id", d.id, "err", reason)
-	return letter{d: d, result: resultPoison, entry: dlq.Entry{
-		TaskID:    stream.Truncate(d.rawTaskID, 200),
-		Kind:      stream.Truncate(kind, 200),
-		LastError: reason,
-		SourceID:  d.id,
-		DeadAt:    now,
-	}}
-}
-
-func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time.Time) letter {
-	e := dlq.Entry{
-		TaskID:       t.ID.String(),
-		Kind:         t.Kind,
-		AttemptCount: t.AttemptCount,
-		LastError:    t.LastError,
-		SourceID:     d.id,
-		DeadAt:       now,
-	}
-	if t.FinishedAt != nil {
-		e.DeadAt = *t.FinishedAt
-		e.Death = t.ID.String() + ":" + strconv.FormatInt(t.FinishedAt.UnixMicro(), 10)
-	}
-	return letter{d: d, result: result, entry: e}
+	return t.Status == task.Running && t.LeaseOwner == p.cfg.Consumer && p.inflight.runs(t.ID)
 }
 
 // dispatch runs the handler of a started task in its slot.
@@ -645,11 +456,8 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 	}}
 	hctx, r.span = startAttempt(hctx, r.task, tp)
 	r.traceID = tracing.TraceID(hctx)
-	p.mu.Lock()
-	p.running[d.id] = r
-	p.byTask[t.ID] = d.id
+	p.inflight.add(r)
 	p.work.Add(1)
-	p.mu.Unlock()
 	go func() {
 		defer p.work.Done()
 		p.execute(hctx, r)
@@ -678,126 +486,7 @@ func (p *processor) execute(ctx context.Context, r *run) {
 			o.timedOut = true
 		}
 	}
-	p.mu.Lock()
-	r.returned = true
-	p.mu.Unlock()
+	p.inflight.returned(r)
 	r.cancel(nil)
 	p.outcomes <- o
-}
-
-// call runs h, turning a panic into an error with the panic value and a
-// short stack.
-func call(ctx context.Context, h Handler, t Task) (err error) {
-	if h == nil {
-		return fmt.Errorf("no handler registered for task kind %q", t.Kind)
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("panic: %v\n%s", v, shortStack())
-		}
-	}()
-	return h(ctx, t)
-}
-
-// shortStack returns up to 8 frames of the panicking goroutine, below the
-// runtime's panic machinery.
-func shortStack() string {
-	pcs := make([]uintptr, 32)
-	n := runtime.Callers(3, pcs)
-	frames := runtime.CallersFrames(pcs[:n])
-	var b strings.Builder
-	count := 0
-	for {
-		f, more := frames.Next()
-		if !strings.HasPrefix(f.Function, "runtime.") {
-			fmt.Fprintf(&b, "%s\n\t%s:%d\n", f.Function, f.File, f.Line)
-			count++
-		}
-		if !more || count == 8 || strings.HasSuffix(f.Function, "ingest.call") {
-			break
-		}
-	}
-	return strings.TrimRight(b.String(), "\n")
-}
-
-// deadLetter writes letters to the DLQ (each with its ack, atomically). A
-// write that fails keeps its entry here, pending and kept fresh by the
-// heartbeat, and is retried until it succeeds or the worker stops.
-//
-// A retried entry gives back its handler slot at once (a broken DLQ must not
-// stall healthy tasks) but stays in the in-flight set, so a redelivery of it
-// is ignored.
-func (p *processor) deadLetter(letters []letter) {
-	for _, l := range letters {
-		if err := p.writeLetter(l); err != nil {
-			p.log.Error("dead-letter failed; the entry stays pending and the write is retried",
-				"task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
-			p.mu.Lock()
-			p.releaseLocked(1)
-			p.mu.Unlock()
-			p.retries.Add(1)
-			go p.retryLetter(l)
-			continue
-		}
-		p.settled(l.d)
-	}
-}
-
-// writeLetter runs the DLQ script for l and counts it.
-func (p *processor) writeLetter(l letter) error {
-	written, err := p.tr.deadLetter(p.ioCtx, l.entry)
-	if err != nil {
-		return err
-	}
-	if written {
-		p.met.dlq.Inc()
-	}
-	p.met.observe(l.result, l.d.received)
-	return nil
-}
-
-func (p *processor) forget(d delivery) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.forgetLocked([]delivery{d})
-}
-
-func (p *processor) retryLetter(l letter) {
-	defer p.retries.Done()
-	delay := 200 * time.Millisecond
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	for {
-		select {
-		case <-p.ioCtx.Done():
-			p.log.Error("worker stopped before the dead-letter could be written; the entry stays pending",
-				"task_id", l.entry.TaskID, "message_id", l.d.id)
-			p.forget(l.d)
-			return
-		case <-t.C:
-		}
-		err := p.writeLetter(l)
-		if err == nil {
-			p.forget(l.d)
-			p.log.Info("dead-letter written after retrying", "task_id", l.entry.TaskID, "message_id", l.d.id)
-			return
-		}
-		p.log.Debug("dead-letter retry failed", "task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
-		delay = min(2*delay, 5*time.Second)
-		t.Reset(delay)
-	}
-}
-
-// heldEntries returns the ids of entries kept for a DLQ retry or a
-// pending completion, which the heartbeat keeps fresh without a lease.
-func (p *processor) heldEntries() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var ids []string
-	for id := range p.inflight {
-		if _, ok := p.running[id]; !ok {
-			ids = append(ids, id)
-		}
-	}
-	return ids
 }

@@ -17,7 +17,9 @@ import (
 	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/kafka"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -51,12 +53,12 @@ func TestKafkaUnreachableBrokerThenRedrive(t *testing.T) {
 	var mu sync.Mutex
 	ran := map[uuid.UUID]int{}
 	reg := prometheus.NewRegistry()
-	svc, err := ingest.NewKafkaService(ingest.ServiceConfig{
-		Store:  store.Config(),
-		Worker: ingest.Config{Consumer: "w-5-2", TaskLease: time.Second},
+	svc, err := ingest.NewService(ingest.Config{
+		Store:    store.Config(),
+		Consumer: "w-5-2", TaskLease: time.Second,
 		Relay: outbox.RelayConfig{MaxAttempts: maxAttempts, PublishInterval: 20 * time.Millisecond, PublishTimeout: time.Second,
 			Backoff: backoff.Policy{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond}},
-	}, kcfg, db, slog.New(logs), reg)
+	}, db, ingest.Kafka(kcfg), slog.New(logs), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,5 +159,44 @@ func TestKafkaUnreachableBrokerThenRedrive(t *testing.T) {
 		if ran[id] != 1 {
 			t.Errorf("task %s ran %d times, want 1", id, ran[id])
 		}
+	}
+}
+
+// TestKafkaServiceKeepsItsConfig: a Kafka-mode service reports the
+// configuration it runs with (Service.Config), the queue's identity taken
+// from the Kafka configuration, and the maintenance settings it is given
+// (the releaser, Listen, retention) reach its maintainer, while the
+// services of Redis mode (reclaimer, rescuer, idle-consumer cleanup,
+// stream trimming) are off.
+func TestKafkaServiceKeepsItsConfig(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDatabase(t).Pool
+	listen := pgsession.Source{None: true}
+	cfg := ingest.Config{
+		Consumer: "k-1", Concurrency: 3, TaskLease: 2 * time.Second, Listen: listen,
+		Maintenance: maintenance.Config{
+			Releaser:         maintenance.ReleaserConfig{Interval: 7 * time.Second},
+			ReleaserDisabled: false,
+			Retention:        maintenance.RetentionConfig{Age: 5 * time.Hour, Interval: 11 * time.Second},
+		},
+	}
+	kcfg := kafka.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "tasks-k", Group: "group-k"}
+	svc, err := ingest.NewService(cfg, db, ingest.Kafka(kcfg), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := svc.Config()
+	if got.Consumer != "k-1" || got.Concurrency != 3 || got.TaskLease != 2*time.Second || got.Stream != "tasks-k" || got.Group != "group-k" ||
+		got.Store.Stream != "tasks-k" || got.Relay.ID != "k-1" || got.Listen != listen || !got.ReclaimDisabled {
+		t.Fatalf("Service.Config() = %+v; want the configuration given, on topic tasks-k of group group-k", got)
+	}
+	m := svc.Maintainer().Config()
+	if m.Releaser.Interval != 7*time.Second || m.ReleaserDisabled || m.Listen != listen ||
+		m.Retention.Age != 5*time.Hour || m.Retention.Interval != 11*time.Second || m.Elector.ID != "k-1" {
+		t.Errorf("maintainer config %+v: the releaser, Listen, retention or elector settings given were dropped", m)
+	}
+	if !m.RescuerDisabled || !m.ConsumersDisabled || !m.Retention.DisableTrim || m.Retention.DLQ != "" ||
+		len(m.Retention.Streams) != 1 || m.Retention.Streams[0] != "tasks-k" {
+		t.Errorf("maintainer config %+v: want no rescuer, no consumer cleanup, no trimming and no DLQ stream in Kafka mode", m)
 	}
 }

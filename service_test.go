@@ -19,6 +19,7 @@ import (
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/kafka"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
@@ -49,15 +50,13 @@ func newServiceBundle(t *testing.T) *serviceBundle {
 	return b
 }
 
-// fastConfig is a ServiceConfig with intervals short enough for tests.
-func (b *serviceBundle) fastConfig(consumer string) ingest.ServiceConfig {
-	return ingest.ServiceConfig{
-		Worker: ingest.Config{
-			Stream: b.stream, DLQ: b.dlq, Consumer: consumer, Concurrency: 32,
-			TaskLease: time.Second, ReclaimIdle: 500 * time.Millisecond, Block: 100 * time.Millisecond,
-			ShutdownTimeout: 5 * time.Second,
-		},
-		Reclaim: reclaim.Config{Interval: 100 * time.Millisecond},
+// fastConfig is a Config with intervals short enough for tests.
+func (b *serviceBundle) fastConfig(consumer string) ingest.Config {
+	return ingest.Config{
+		Stream: b.stream, DLQ: b.dlq, Consumer: consumer, Concurrency: 32,
+		TaskLease: time.Second, ReclaimIdle: 500 * time.Millisecond, Block: 100 * time.Millisecond,
+		ShutdownTimeout: 5 * time.Second,
+		Reclaim:         reclaim.Config{Interval: 100 * time.Millisecond},
 		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond,
 			Backoff:     backoff.Policy{Base: 20 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: 0.1},
 			MaxAttempts: 1000, Lease: 2 * time.Second, PublishTimeout: 500 * time.Millisecond},
@@ -69,7 +68,7 @@ func (b *serviceBundle) fastConfig(consumer string) ingest.ServiceConfig {
 }
 
 // start runs a Service with handler h for kind "k" until the test ends.
-func (b *serviceBundle) start(cfg ingest.ServiceConfig, h ingest.Handler) {
+func (b *serviceBundle) start(cfg ingest.Config, h ingest.Handler) {
 	b.t.Helper()
 	b.run(cfg, map[string]ingest.Handler{"k": h}, slog.LevelError)
 }
@@ -77,7 +76,7 @@ func (b *serviceBundle) start(cfg ingest.ServiceConfig, h ingest.Handler) {
 // run runs a Service of cfg (with the bundle's store configuration) with
 // handlers until the test ends, logging at level and above, and returns
 // it.
-func (b *serviceBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
+func (b *serviceBundle) run(cfg ingest.Config, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
 	b.t.Helper()
 	cfg.Store = b.store.Config()
 	return runService(b.t, cfg, b.db.Pool, b.rdb, handlers, level)
@@ -85,10 +84,10 @@ func (b *serviceBundle) run(cfg ingest.ServiceConfig, handlers map[string]ingest
 
 // runService runs a Service of cfg on pool and rdb with handlers until the
 // test ends, logging at level and above, and returns it.
-func runService(t *testing.T, cfg ingest.ServiceConfig, pool *pgxpool.Pool, rdb redis.UniversalClient, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
+func runService(t *testing.T, cfg ingest.Config, pool *pgxpool.Pool, rdb redis.UniversalClient, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	svc, err := ingest.NewService(cfg, pool, rdb, logger, prometheus.NewRegistry())
+	svc, err := ingest.NewService(cfg, pool, ingest.Redis(rdb), logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +100,7 @@ func runService(t *testing.T, cfg ingest.ServiceConfig, pool *pgxpool.Pool, rdb 
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("service %s: %v", cfg.Worker.Consumer, err)
+			t.Errorf("service %s: %v", cfg.Consumer, err)
 		}
 	})
 	return svc
@@ -234,68 +233,66 @@ func TestServiceSurvivesRedisLosingEverything(t *testing.T) {
 	}
 }
 
-// TestServiceConfigDerivesTheQueueFromWorker: the queue's identity is set
-// once, in Worker; every other copy is derived from it, and a copy set to
-// another value is refused, naming the field.
-func TestServiceConfigDerivesTheQueueFromWorker(t *testing.T) {
+// TestConfigPassesTheQueueDown: the queue's identity is set once (Stream,
+// Group, Consumer, ReclaimIdle, TaskLease); WithDefaults passes it down to
+// every component, replacing a copy set apart.
+func TestConfigPassesTheQueueDown(t *testing.T) {
 	t.Parallel()
-	w := ingest.Config{Stream: "s", Group: "g", Consumer: "me", ReclaimIdle: time.Minute, TaskLease: 20 * time.Second}
-	c := ingest.ServiceConfig{Worker: w}.WithDefaults()
-	if c.Store.Stream != "s" || c.Reclaim.Stream != "s" || c.Reclaim.Group != "g" || c.Reclaim.Consumer != "me" ||
-		c.Reclaim.MinIdle != time.Minute || c.Reclaim.LeaseIdle != 20*time.Second || c.Relay.ID != "me" || c.Maintenance.Rescuer.Stream != "s" ||
-		c.Maintenance.Rescuer.Group != "g" || len(c.Maintenance.Retention.Streams) != 1 || c.Maintenance.Retention.Streams[0] != "s" ||
-		c.Maintenance.Consumers.Consumer != "me" || c.Maintenance.Elector.ID != "me" {
-		t.Fatalf("WithDefaults did not derive every copy from Worker: %+v", c)
-	}
-	if err := c.Validate(); err != nil {
-		t.Fatalf("derived configuration: Validate = %v", err)
-	}
-	for field, cfg := range map[string]ingest.ServiceConfig{
-		"Reclaim.MinIdle":                {Worker: w, Reclaim: reclaim.Config{MinIdle: time.Second}},
-		"Reclaim.LeaseIdle":              {Worker: w, Reclaim: reclaim.Config{LeaseIdle: time.Second}},
-		"Reclaim.Consumer":               {Worker: w, Reclaim: reclaim.Config{Consumer: "other"}},
-		"Store.Stream":                   {Worker: w, Store: task.Config{Stream: "other"}},
-		"Maintenance.Rescuer.Group":      {Worker: w, Maintenance: maintenance.Config{Rescuer: maintenance.RescuerConfig{Group: "other"}}},
-		"Maintenance.Consumers.Consumer": {Worker: w, Maintenance: maintenance.Config{Consumers: maintenance.ConsumersConfig{Consumer: "other"}}},
-	} {
-		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), field) {
-			t.Errorf("%s set apart from Worker: Validate = %v, want an error naming it", field, err)
+	base := ingest.Config{Stream: "s", Group: "g", Consumer: "me", ReclaimIdle: time.Minute, TaskLease: 20 * time.Second}
+	apart := base
+	apart.Store = task.Config{Stream: "other"}
+	apart.Reclaim = reclaim.Config{Stream: "other", Group: "other", Consumer: "other", MinIdle: time.Second, LeaseIdle: time.Second}
+	apart.Maintenance = maintenance.Config{Rescuer: maintenance.RescuerConfig{Stream: "other", Group: "other"},
+		Consumers: maintenance.ConsumersConfig{Stream: "other", Group: "other", Consumer: "other"}}
+	for name, cfg := range map[string]ingest.Config{"zero": base, "set apart": apart} {
+		c := cfg.WithDefaults()
+		if c.Store.Stream != "s" || c.Reclaim.Stream != "s" || c.Reclaim.Group != "g" || c.Reclaim.Consumer != "me" ||
+			c.Reclaim.MinIdle != time.Minute || c.Reclaim.LeaseIdle != 20*time.Second || c.Relay.ID != "me" || c.Maintenance.Rescuer.Stream != "s" ||
+			c.Maintenance.Rescuer.Group != "g" || len(c.Maintenance.Retention.Streams) != 1 || c.Maintenance.Retention.Streams[0] != "s" ||
+			c.Maintenance.Consumers.Stream != "s" || c.Maintenance.Consumers.Group != "g" ||
+			c.Maintenance.Consumers.Consumer != "me" || c.Maintenance.Elector.ID != "me" {
+			t.Fatalf("%s: WithDefaults did not pass the queue's identity down: %+v", name, c)
 		}
-	}
-	off := ingest.ServiceConfig{Worker: w, Reclaim: reclaim.Config{MinIdle: time.Second}, ReclaimDisabled: true}
-	if err := off.Validate(); err != nil {
-		t.Errorf("a disabled reclaimer's fields are not used: Validate = %v", err)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: Validate = %v", name, err)
+		}
 	}
 }
 
-// TestHandWiredReclaimerTakesTheWorkersIdleTime: a reclaimer fed by a
-// worker's sink claims with the worker's reclaim idle time and takes over
-// expired leases after the worker's lease, whatever the caller wires; a
-// different one is refused.
-func TestHandWiredReclaimerTakesTheWorkersIdleTime(t *testing.T) {
+// TestConfigErrorsNameTheSettingOnce: a bad setting, of the worker or of
+// a component, is reported as "ingest: <setting>: ...", once, in either
+// queue mode, and NewService builds nothing.
+func TestConfigErrorsNameTheSettingOnce(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDatabase(t)
-	rdb := testenv.Redis(t)
-	stream, _ := testenv.Keys(t)
-	store, err := task.NewStore(task.Config{Stream: stream}, db.Pool)
-	if err != nil {
-		t.Fatal(err)
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer rdb.Close()
+	queues := map[string]func() ingest.Queue{
+		"redis": func() ingest.Queue { return ingest.Redis(rdb) },
+		"kafka": func() ingest.Queue { return ingest.Kafka(kafka.Config{Brokers: []string{"127.0.0.1:1"}}) },
 	}
-	w, err := ingest.New(ingest.Config{Stream: stream, Consumer: "w", TaskLease: 3 * time.Second, ReclaimIdle: 2 * time.Second}, store, rdb, nil, nil)
-	if err != nil {
-		t.Fatal(err)
+	for mode, queue := range queues {
+		for _, tc := range []struct {
+			cfg    ingest.Config
+			prefix string
+		}{
+			{ingest.Config{Concurrency: -1}, "ingest: Config.Concurrency: must be between 1 and"},
+			{ingest.Config{TaskLease: time.Millisecond}, "ingest: Config.TaskLease: "},
+			{ingest.Config{Store: task.Config{MaxAttempts: -1}}, "ingest: Config.Store: "},
+			{ingest.Config{Relay: outbox.RelayConfig{BatchSize: -1}}, "ingest: Config.Relay: "},
+		} {
+			_, err := ingest.NewService(tc.cfg, db.Pool, queue(), nil, nil)
+			if err == nil || !strings.HasPrefix(err.Error(), tc.prefix) {
+				t.Errorf("%s: %+v: error %v, want one starting %q", mode, tc.cfg, err, tc.prefix)
+				continue
+			}
+			if msg := err.Error(); strings.Count(msg, "ingest:") != 1 || strings.Count(msg, "config:") > 1 {
+				t.Errorf("%s: error %q names its setting more than once", mode, msg)
+			}
+		}
 	}
-	r, err := reclaim.New(reclaim.Config{Interval: time.Second}, rdb, db.Pool, w.Sink(), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := r.Config(); c.MinIdle != 2*time.Second || c.LeaseIdle != 3*time.Second || c.Stream != stream || c.Consumer != "w" {
-		t.Errorf("reclaimer config %+v, want the worker's stream, consumer, idle time and lease", c)
-	}
-	if _, err := reclaim.New(reclaim.Config{MinIdle: time.Second}, rdb, db.Pool, w.Sink(), nil, nil); err == nil || !strings.Contains(err.Error(), "MinIdle") {
-		t.Errorf("MinIdle out of step with the worker: New = %v, want an error naming MinIdle", err)
-	}
-	if _, err := reclaim.New(reclaim.Config{LeaseIdle: time.Second}, rdb, db.Pool, w.Sink(), nil, nil); err == nil || !strings.Contains(err.Error(), "LeaseIdle") {
-		t.Errorf("LeaseIdle out of step with the worker: New = %v, want an error naming LeaseIdle", err)
+	_, err := ingest.NewService(ingest.Config{Stream: "s"}, db.Pool, queues["kafka"](), nil, nil)
+	if err == nil || !strings.HasPrefix(err.Error(), "ingest: Config.Stream: ") {
+		t.Errorf("Kafka mode with a stream set: error %v, want one naming Config.Stream", err)
 	}
 }

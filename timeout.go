@@ -2,43 +2,10 @@ package ingest
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/ingest-worker/ingest/task"
 )
-
-// HandlerOptions are the per-kind settings of a handler (see
-// Worker.HandleWith).
-//
-// Timeouts. A run's deadline is the task's own timeout (timeout_ms, set at
-// creation), else its kind's Timeout, else the worker's Config.TaskTimeout
-// (INGEST_TASK_TIMEOUT_MS); 0 at every level: none. When it passes, the
-// handler's context is cancelled; the run is a failed attempt whose
-// last_error starts "task timeout after", and it is retried or goes DEAD
-// like any other failure.
-//
-// A handler that ignores its context keeps its slot until it returns, but
-// not its task: once the deadline plus one lease (Config.TaskLease) has
-// passed without the handler returning, the heartbeat stops renewing the
-// task's lease and its entry's idle time, and the entry is handed to the
-// worker's abandoned consumer (stream.AbandonedConsumer), so after the
-// lease expires another worker's reclaimer takes the task over (a failed
-// attempt, like a crash; package reclaim). Whatever the stuck handler
-// returns later is refused by the lease guard. In Kafka mode the record
-// stays with this worker, so the task waits for the handler to return.
-type HandlerOptions struct {
-	// Timeout is the default deadline of the kind's runs; 0: the worker's.
-	Timeout time.Duration
-}
-
-// Validate names a bad option.
-func (o HandlerOptions) Validate() error {
-	if o.Timeout < 0 {
-		return fmt.Errorf("invalid Timeout: must be >= 0 (0: the worker's), got %s", o.Timeout)
-	}
-	return nil
-}
 
 // timeoutOf returns the deadline of a run of t (0: none): the task's own
 // timeout, else its kind's, else the worker's.
@@ -57,17 +24,14 @@ func (p *processor) timeoutOf(t *task.Task) time.Duration {
 // taken over (see HandlerOptions). The handler's goroutine and slot stay
 // until it returns.
 func (p *processor) abandonAfterTimeout(r *run, timeout time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if r.returned || r.lost {
+	if !p.inflight.abandoned(r) {
 		return
 	}
-	r.lost = true
 	p.log.Error("handler ignores its timeout: no longer renewing its task's lease, which another worker takes over once it expires",
 		"task_id", r.task.ID, "kind", r.task.Kind, "attempt", r.task.Attempt, "timeout", timeout, "lease", p.cfg.TaskLease)
-	p.retries.Add(1)
+	p.abandons.Add(1)
 	go func() {
-		defer p.retries.Done()
+		defer p.abandons.Done()
 		p.abandon(r)
 	}()
 }
@@ -84,10 +48,7 @@ func (p *processor) abandonAfterTimeout(r *run, timeout time.Duration) {
 func (p *processor) abandon(r *run) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
-	p.mu.Lock()
-	returned := r.returned
-	p.mu.Unlock()
-	if returned {
+	if p.inflight.hasReturned(r) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(p.ioCtx, p.cfg.TaskLease/3)

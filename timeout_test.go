@@ -202,7 +202,9 @@ func TestHandlerIgnoringTimeoutTakenOverWithDefaultReclaimIdle(t *testing.T) {
 // 100 ms and otherwise w's settings, until the test ends.
 func (bd *bundle) reclaimer(w *ingest.Worker) {
 	bd.t.Helper()
-	r, err := reclaim.New(reclaim.Config{Interval: 100 * time.Millisecond}, bd.rdb, bd.db, w.Sink(), slog.New(bd.logs), nil)
+	cfg := w.Config().Reclaim // the worker's stream, consumer, idle time and lease
+	cfg.Interval = 100 * time.Millisecond
+	r, err := reclaim.New(cfg, bd.rdb, bd.db, w.Sink(), slog.New(bd.logs), nil)
 	if err != nil {
 		bd.t.Fatal(err)
 	}

@@ -371,9 +371,9 @@ func describedMetrics(t *testing.T) map[string][]string {
 	rdb := testenv.Redis(t)
 	streamKey, dlqKey := testenv.Keys(t)
 	reg := &recorder{Registerer: prometheus.NewRegistry()}
-	if _, err := ingest.NewService(ingest.ServiceConfig{
-		Worker: ingest.Config{Stream: streamKey, DLQ: dlqKey, Consumer: "describe"},
-	}, db.Pool, rdb, nil, reg); err != nil {
+	if _, err := ingest.NewService(ingest.Config{
+		Stream: streamKey, DLQ: dlqKey, Consumer: "describe",
+	}, db.Pool, ingest.Redis(rdb), nil, reg); err != nil {
 		t.Fatal(err)
 	}
 	ch := make(chan *prometheus.Desc)

@@ -99,30 +99,3 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// boundTo returns c serving binding b: fields left zero take b's values;
-// a field set to another value is an error naming it.
-func (c Config) boundTo(b stream.Binding) (Config, error) {
-	type pair struct {
-		field     string
-		own, want string
-	}
-	for _, p := range []pair{
-		{"Stream", c.Stream, b.Stream},
-		{"Group", c.Group, b.Group},
-		{"Consumer", c.Consumer, b.Consumer},
-	} {
-		if p.own != "" && p.own != p.want {
-			return c, fmt.Errorf("field %s is %q but the sink serves %q: leave it zero to take the sink's", p.field, p.own, p.want)
-		}
-	}
-	if c.MinIdle != 0 && c.MinIdle != b.ClaimIdle {
-		return c, fmt.Errorf("field MinIdle is %s but the sink leaves entries pending relative to %s: leave it zero to take the sink's", c.MinIdle, b.ClaimIdle)
-	}
-	if c.LeaseIdle != 0 && b.Lease != 0 && c.LeaseIdle != b.Lease {
-		return c, fmt.Errorf("field LeaseIdle is %s but the sink starts tasks with a lease of %s: leave it zero to take the sink's", c.LeaseIdle, b.Lease)
-	}
-	c.Stream, c.Group, c.Consumer, c.MinIdle = b.Stream, b.Group, b.Consumer, b.ClaimIdle
-	c.LeaseIdle = cmp.Or(b.Lease, c.LeaseIdle)
-	return c, nil
-}

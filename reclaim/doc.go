@@ -9,7 +9,8 @@
 // XAUTOCLAIM for at most that many entries; with no free slot it skips the
 // round. Claimed entries go to the Sink exactly like a fresh delivery, so the
 // task store's guarded start decides what happens (STARTED, or NOT_DUE /
-// SKIPPED for entries claimed early or already finished elsewhere). The
+// LEASE_HELD / FINISHED for entries claimed early or already finished
+// elsewhere). The
 // reclaimer never acks anything: the Sink does, after the outcome is
 // committed in Postgres. Delivery stays at-least-once.
 //

@@ -11,7 +11,6 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -73,34 +73,26 @@ func helperMain() int {
 	if ms := os.Getenv(helperDefaultsLease); ms != "" {
 		return helperService(ctx, pool, rdb, logger, consumer, ms)
 	}
-	w, err := ingest.New(ingest.Config{
+	svc, err := ingest.NewService(ingest.Config{
 		Stream: os.Getenv(helperStream), Group: group, DLQ: os.Getenv(helperDLQ), Consumer: consumer,
 		Concurrency: 16, TaskLease: helperLease, ReclaimIdle: helperMinIdle,
 		Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
-	}, store, rdb, logger, nil)
+		Store:         store.Config(),
+		Reclaim:       reclaim.Config{Interval: 100 * time.Millisecond},
+		RelayDisabled: true,
+		// The worker and its reclaimer only: no leader's services.
+		Maintenance: maintenance.Config{RescuerDisabled: true, RetentionDisabled: true, ConsumersDisabled: true, ReleaserDisabled: true},
+	}, pool, ingest.Redis(rdb), logger, nil)
 	if err != nil {
 		return fail(err)
 	}
-	w.Handle("ok", func(context.Context, ingest.Task) error { return nil })
-	w.Handle("kill", func(ctx context.Context, _ ingest.Task) error {
+	svc.Handle("ok", func(context.Context, ingest.Task) error { return nil })
+	svc.Handle("kill", func(ctx context.Context, _ ingest.Task) error {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		<-ctx.Done()
 		return ctx.Err()
 	})
-	rc, err := reclaim.New(reclaim.Config{Stream: os.Getenv(helperStream), Group: group, Consumer: consumer,
-		Interval: 100 * time.Millisecond, MinIdle: helperMinIdle}, rdb, pool, w.Sink(), logger, nil)
-	if err != nil {
-		return fail(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = rc.Run(ctx)
-	}()
-	err = w.Run(ctx)
-	wg.Wait()
-	if err != nil {
+	if err := svc.Run(ctx); err != nil {
 		return fail(err)
 	}
 	return 0
@@ -116,10 +108,8 @@ func helperService(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client, l
 		logger.Error("helper worker", "err", err)
 		return 2
 	}
-	svc, err := ingest.NewService(ingest.ServiceConfig{Worker: ingest.Config{
-		Stream: os.Getenv(helperStream), Group: group, DLQ: os.Getenv(helperDLQ), Consumer: consumer,
-		TaskLease: time.Duration(ms) * time.Millisecond,
-	}}, pool, rdb, logger, nil)
+	svc, err := ingest.NewService(ingest.Config{Stream: os.Getenv(helperStream), Group: group, DLQ: os.Getenv(helperDLQ), Consumer: consumer,
+		TaskLease: time.Duration(ms) * time.Millisecond}, pool, ingest.Redis(rdb), logger, nil)
 	if err != nil {
 		logger.Error("helper worker", "err", err)
 		return 2

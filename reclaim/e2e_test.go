@@ -1,6 +1,6 @@
 package reclaim_test
 
-// End-to-end tests: a real ingest.Worker fed by a Reclaimer, on real
+// End-to-end tests: a real ingest.Service (its worker fed by its Reclaimer), on real
 // PostgreSQL and a real redis-server.
 
 import (
@@ -22,6 +22,7 @@ import (
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/task"
@@ -122,8 +123,7 @@ type workerOpts struct {
 
 // running is a started worker.
 type running struct {
-	w    *ingest.Worker
-	r    *reclaim.Reclaimer
+	svc  *ingest.Service
 	reg  *prometheus.Registry
 	stop func()
 }
@@ -132,43 +132,32 @@ func startWorker(t *testing.T, e *env, o workerOpts) *running {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	reg := prometheus.NewRegistry()
-	w, err := ingest.New(ingest.Config{
+	svc, err := ingest.NewService(ingest.Config{
 		Stream: e.stream, Group: group, DLQ: e.dlq, Consumer: o.name,
 		Concurrency: o.concurrency, TaskLease: o.lease, ReclaimIdle: o.minIdle,
 		Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
-	}, e.store, e.rdb, logger, reg)
+		Store:         e.store.Config(),
+		Reclaim:       reclaim.Config{Interval: o.interval},
+		Relay:         outbox.RelayConfig{PublishInterval: 50 * time.Millisecond},
+		RelayDisabled: !o.relay,
+		// The worker and its reclaimer only: no leader's services.
+		Maintenance: maintenance.Config{RescuerDisabled: true, RetentionDisabled: true, ConsumersDisabled: true, ReleaserDisabled: true},
+	}, e.pool(), ingest.Redis(e.rdb), logger, reg)
 	if err != nil {
-		t.Fatalf("ingest.New: %v", err)
+		t.Fatalf("ingest.NewService: %v", err)
 	}
 	for kind, h := range o.handlers {
-		w.Handle(kind, h)
-	}
-	rc, err := reclaim.New(reclaim.Config{
-		Stream: e.stream, Group: group, Consumer: o.name, Interval: o.interval, MinIdle: o.minIdle,
-	}, e.rdb, e.pool(), w.Sink(), logger, reg)
-	if err != nil {
-		t.Fatalf("reclaim.New: %v", err)
+		svc.Handle(kind, h)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	goRun := func(name string, run func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := run(ctx); err != nil {
-				t.Errorf("%s: %v", name, err)
-			}
-		}()
-	}
-	goRun("worker", w.Run)
-	goRun("reclaimer", rc.Run)
-	if o.relay {
-		relay, err := outbox.NewRelay(outbox.RelayConfig{PublishInterval: 50 * time.Millisecond}, e.pool(), e.rdb, logger, nil)
-		if err != nil {
-			t.Fatalf("outbox.NewRelay: %v", err)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := svc.Run(ctx); err != nil {
+			t.Errorf("service: %v", err)
 		}
-		goRun("relay", relay.Run)
-	}
+	}()
 	var once sync.Once
 	stop := func() {
 		once.Do(func() {
@@ -177,7 +166,7 @@ func startWorker(t *testing.T, e *env, o workerOpts) *running {
 		})
 	}
 	t.Cleanup(stop)
-	return &running{w: w, r: rc, reg: reg, stop: stop}
+	return &running{svc: svc, reg: reg, stop: stop}
 }
 
 type testWriter struct{ t *testing.T }

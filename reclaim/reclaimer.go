@@ -54,20 +54,11 @@ func (r *Reclaimer) OnGroupLost(f func()) { r.groupLost = f }
 const maxBacklog = 100_000
 
 // New returns a Reclaimer. sink is the processing path of fresh deliveries;
+// cfg's Stream, Group, Consumer, MinIdle and LeaseIdle must be those of the
+// worker behind sink (ingest.Config passes its own down), so that the
+// reclaimer claims with the idle time the worker leaves its entries with.
 // reg receives the metrics (nil: none are registered).
-//
-// When sink is a stream.BoundSink (a worker's, see ingest.Worker.Sink), the
-// reclaimer serves its binding: Stream, Group, Consumer and MinIdle left
-// zero are taken from it, and one set to another value is an error, so a
-// reclaimer can never claim with another idle time than the worker leaves
-// its entries with.
 func New(cfg Config, rdb redis.UniversalClient, db *pgxpool.Pool, sink stream.Sink, logger *slog.Logger, reg prometheus.Registerer) (*Reclaimer, error) {
-	if bs, ok := sink.(stream.BoundSink); ok {
-		var err error
-		if cfg, err = cfg.boundTo(bs.Binding()); err != nil {
-			return nil, fmt.Errorf("reclaim config: %w", err)
-		}
-	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

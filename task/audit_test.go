@@ -80,9 +80,9 @@ func TestAuditTrailProperty(t *testing.T) {
 				}
 				for _, r := range rs {
 					switch {
-					case r.Died:
+					case r.Outcome == task.DiedOnTakeover:
 						observe("takeover-dead", r.ID)
-					case r.TookOver:
+					case r.Outcome == task.TakenOver || r.Outcome == task.CancelledOnTakeover:
 						observe("takeover", r.ID)
 					case r.Outcome == task.Started:
 						observe("start", r.ID)

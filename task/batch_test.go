@@ -60,7 +60,6 @@ func (b *bundle) mixedSet(t *testing.T) map[string]uuid.UUID {
 // and the single-task path.
 type observed struct {
 	outcome           task.StartOutcome
-	tookOver, died    bool
 	applied           bool
 	status            task.State
 	attempts          int
@@ -104,7 +103,7 @@ func TestBatchMatchesSingleTaskPath(t *testing.T) {
 			out := map[uuid.UUID]observed{}
 			for _, r := range rs {
 				o := b.observe(t, r.ID)
-				o.outcome, o.tookOver, o.died = r.Outcome, r.TookOver, r.Died
+				o.outcome = r.Outcome
 				out[r.ID] = o
 			}
 			return out
@@ -159,15 +158,15 @@ func TestBatchMatchesSingleTaskPath(t *testing.T) {
 			got := op.run(b, t, ids)
 			if op.name == "Start" {
 				for name, want := range map[string]task.StartOutcome{
-					"queued": task.Started, "succeeded": task.Skipped, "dead": task.Skipped, "not_due": task.NotDue,
-					"due_retry": task.Started, "other_live_lease": task.Skipped, "expired_lease": task.Started,
-					"expired_last_attempt": task.Skipped, "mine_running": task.Skipped, "missing": task.NotFound,
+					"queued": task.Started, "succeeded": task.Finished, "dead": task.Finished, "not_due": task.NotDue,
+					"due_retry": task.Started, "other_live_lease": task.LeaseHeld, "expired_lease": task.TakenOver,
+					"expired_last_attempt": task.DiedOnTakeover, "mine_running": task.LeaseHeld, "missing": task.NotFound,
 				} {
 					if g := got[batchSet[name]].outcome; g != want {
 						t.Errorf("%s: outcome %s, want %s", name, g, want)
 					}
 				}
-				if o := got[batchSet["expired_last_attempt"]]; !o.died || o.status != task.Dead {
+				if o := got[batchSet["expired_last_attempt"]]; o.outcome != task.DiedOnTakeover || o.status != task.Dead {
 					t.Errorf("expired_last_attempt: %+v, want died, DEAD", o)
 				}
 			}

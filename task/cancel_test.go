@@ -84,7 +84,7 @@ func TestCancelWaiting(t *testing.T) {
 			if rec.AttemptCount != before.AttemptCount {
 				t.Fatalf("audit attempt_count %d, want %d", rec.AttemptCount, before.AttemptCount)
 			}
-			r2 := b.start(t, "w3", time.Minute, id, task.Skipped)
+			r2 := b.start(t, "w3", time.Minute, id, task.Finished)
 			if r2.Task.Status != task.Cancelled {
 				t.Fatalf("start after cancel = %+v", r2.Task)
 			}
@@ -197,8 +197,8 @@ func TestCancelExpiredLease(t *testing.T) {
 		b.start(t, "w1", time.Minute, id, task.Started)
 		b.cancel(t, id, "bye", task.CancelRequested)
 		b.expireLease(t, id)
-		r := b.start(t, "w2", time.Minute, id, task.Skipped)
-		if !r.TookOver || r.Died || r.Task.Status != task.Cancelled || r.Task.AttemptCount != 0 {
+		r := b.start(t, "w2", time.Minute, id, task.CancelledOnTakeover)
+		if r.Task.Status != task.Cancelled || r.Task.AttemptCount != 0 {
 			t.Fatalf("takeover of a cancel-requested task = %+v, task %+v; want CANCELLED, no attempt counted", r, r.Task)
 		}
 		b.wantCancelledAudit(t, id, task.Running, "bye")

@@ -82,7 +82,7 @@ func (b *bundle) startWhenDue(t *testing.T, owner string, lease time.Duration, i
 			t.Fatalf("Start(%s): %v", owner, err)
 		}
 		r := rs[0]
-		if r.Outcome == task.Started || r.Died {
+		if r.Outcome == task.Started || r.Outcome == task.TakenOver || r.Outcome == task.DiedOnTakeover {
 			return r
 		}
 		if r.Outcome == task.NotFound || (r.Task != nil && r.Task.Status.Terminal()) {

@@ -40,7 +40,7 @@ func TestPauseParksAndResumeReleases(t *testing.T) {
 		if !tk.Parked() || tk.Status != task.Queued {
 			t.Fatalf("task %s: %s next_retry_at %v, want QUEUED and parked", id, tk.Status, tk.NextRetryAt)
 		}
-		b.start(t, "w", time.Minute, id, task.NotDue)
+		b.start(t, "w", time.Minute, id, task.Parked)
 	}
 	if b.get(t, aLater).Parked() || b.get(t, other).Parked() {
 		t.Fatal("a delayed task or a task of another kind was parked")

@@ -331,12 +331,12 @@ RETURNING t.id`
 //   - as many as the kind's free slots and starts allow are started as
 //     Start starts them (tasks of another kind than their entry says are
 //     started without limit);
-//   - the due waiting ones beyond that are parked: Outcome Throttled with
-//     Parked set (their entries can be acknowledged: a worker that frees a
-//     slot, or the leader's releaser, wakes them);
+//   - the due waiting ones beyond that are parked: ParkedAtLimit (their
+//     entries can be acknowledged: a worker that frees a slot, or the
+//     leader's releaser, wakes them);
 //   - the others get the outcome Start would give them, or Throttled
-//     without Parked when they would have been taken over (RUNNING under
-//     an expired lease) and no slot is free: try them again later.
+//     when they would have been taken over (RUNNING under an expired
+//     lease) and no slot is free: try them again later.
 //
 // The starts are reserved first, under the kind's row lock (lockKindSQL
 // and reserveSQL, sent together). A kind with only a concurrency limit
@@ -416,7 +416,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 		started := map[uuid.UUID]bool{}
 		for _, r := range res {
 			byID[r.ID] = r
-			started[r.ID] = r.Outcome == Started
+			started[r.ID] = r.Outcome == Started || r.Outcome == TakenOver
 		}
 		var unused []uuid.UUID
 		for _, id := range newSlots {
@@ -433,7 +433,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 }
 
 // parkRest parks those of ids without a result in byID that are due and
-// waiting (Throttled, Parked) and records what Start would answer for the
+// waiting (ParkedAtLimit) and records what Start would answer for the
 // others (notStartedInto).
 func (s *Store) parkRest(ctx context.Context, q DB, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
 	var rest []uuid.UUID
@@ -454,7 +454,7 @@ func (s *Store) parkRest(ctx context.Context, q DB, ids []uuid.UUID, byID map[uu
 		return err
 	}
 	for _, id := range parked {
-		byID[id] = StartResult{ID: id, Outcome: Throttled, Parked: true}
+		byID[id] = StartResult{ID: id, Outcome: ParkedAtLimit}
 	}
 	var unparked []uuid.UUID
 	for _, id := range rest {
@@ -509,12 +509,14 @@ func (s *Store) notStartedInto(ctx context.Context, q DB, ids []uuid.UUID, byID 
 			return err
 		}
 		t.Payload = nil
-		r := StartResult{ID: t.ID, Task: &t, Outcome: Skipped}
+		r := StartResult{ID: t.ID, Task: &t, Outcome: Finished}
 		switch {
 		case t.Status == Queued || t.Status == Retrying:
-			r.Outcome = NotDue
+			r.Outcome = waitingOutcome(&t)
 		case t.Status == Running && expired != nil && *expired:
 			r = StartResult{ID: t.ID, Outcome: Throttled}
+		case t.Status == Running:
+			r.Outcome = LeaseHeld
 		}
 		byID[t.ID] = r
 	}

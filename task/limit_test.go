@@ -81,13 +81,13 @@ func TestConcurrencyLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	n, started := outcomes(rs)
-	if n[task.Started] != 2 || n[task.Throttled] != 3 {
+	if n[task.Started] != 2 || n[task.ParkedAtLimit] != 3 {
 		t.Fatalf("StartLimited = %v, want 2 started and 3 throttled", n)
 	}
 	for _, r := range rs {
-		if r.Outcome == task.Throttled {
-			if tk := b.get(t, r.ID); !r.Parked || !tk.Parked() || tk.AttemptCount != 0 || tk.ParkedNote() != "waiting for a slot" {
-				t.Fatalf("throttled task %s: parked %v, row %+v; want parked with no attempt", r.ID, r.Parked, tk)
+		if r.Outcome == task.ParkedAtLimit {
+			if tk := b.get(t, r.ID); !tk.Parked() || tk.AttemptCount != 0 || tk.ParkedNote() != "waiting for a slot" {
+				t.Fatalf("throttled task %s: row %+v; want parked with no attempt", r.ID, tk)
 			}
 		}
 	}
@@ -113,7 +113,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	}
 	// Every start of the kind goes through its limit: a plain Start of a
 	// parked task finds it not due.
-	b.start(t, "w2", time.Minute, ids[4], task.NotDue)
+	b.start(t, "w2", time.Minute, ids[4], task.Parked)
 	rs, err = b.store.StartLimited(b.ctx, "w2", time.Minute, "c", woken[0])
 	if n, _ := outcomes(rs); err != nil || n[task.Started] != 1 {
 		t.Fatalf("the released task: %v, %v; want started", n, err)
@@ -130,7 +130,7 @@ func TestConcurrencyLimit(t *testing.T) {
 	// The expired task's takeover needs a slot as any start: the released
 	// task took it, so the takeover is throttled and not parked.
 	rs, err = b.store.StartLimited(b.ctx, "w2", time.Minute, "c", woken[0], started[1])
-	if err != nil || rs[0].Outcome != task.Started || rs[1].Outcome != task.Throttled || rs[1].Parked {
+	if err != nil || rs[0].Outcome != task.Started || rs[1].Outcome != task.Throttled {
 		t.Fatalf("released task and takeover: %+v, %v; want started, then throttled unparked", rs, err)
 	}
 	if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE kind = 'c' AND status = 'RUNNING' AND lease_until > now()`); n != 2 {
@@ -163,7 +163,7 @@ func TestRateLimit(t *testing.T) {
 	}
 	first := time.Now()
 	rs, err := b.store.StartLimited(b.ctx, "w1", time.Minute, "r", ids...)
-	if n, _ := outcomes(rs); err != nil || n[task.Started] != 3 || n[task.Throttled] != 2 {
+	if n, _ := outcomes(rs); err != nil || n[task.Started] != 3 || n[task.ParkedAtLimit] != 2 {
 		t.Fatalf("StartLimited = %v, %v; want 3 started and 2 throttled", n, err)
 	}
 	if n := b.count(t, `SELECT sum(n) FROM ingest_kind k, unnest(k.rate_log, k.rate_log_n) AS x(at, n)
@@ -201,7 +201,7 @@ func TestStartLimitedPausedAndForeign(t *testing.T) {
 	p1, p2 := b.create(t, task.NewTask{Kind: "p"}).ID, b.create(t, task.NewTask{Kind: "p"}).ID
 	foreign := b.create(t, task.NewTask{Kind: "other"}).ID
 	rs, err := b.store.StartLimited(b.ctx, "w", time.Minute, "p", p1, foreign, p2)
-	if err != nil || rs[0].Outcome != task.Throttled || !rs[0].Parked || rs[1].Outcome != task.Started || rs[2].Outcome != task.Throttled {
+	if err != nil || rs[0].Outcome != task.ParkedAtLimit || rs[1].Outcome != task.Started || rs[2].Outcome != task.ParkedAtLimit {
 		t.Fatalf("StartLimited = %+v, %v; want p parked, the foreign task started", rs, err)
 	}
 	// Resuming a limited kind releases what its limit lets start.
@@ -272,11 +272,11 @@ func TestConcurrencyLimitUnderRacingStarters(t *testing.T) {
 				mu.Unlock()
 				for _, r := range rs {
 					switch {
-					case r.Outcome == task.Started:
+					case r.Outcome == task.Started || r.Outcome == task.TakenOver:
 						if res, err := b.store.Succeed(b.ctx, owner, r.ID); err != nil || !res[0].Applied {
 							t.Errorf("Succeed %s = %v, %v", r.ID, res, err)
 						}
-					case r.Outcome == task.Throttled && !r.Parked:
+					case r.Outcome == task.Throttled:
 						giveBack(r.ID)
 					}
 				}

@@ -73,7 +73,7 @@ func TestMaxAttemptsFollowsTheFailingStore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return rs[0].Died
+		return rs[0].Outcome == task.DiedOnTakeover
 	})
 	got, err := worker.Get(b.ctx, taken.ID)
 	if err != nil || got.Status != task.Dead || got.AttemptCount != 2 {

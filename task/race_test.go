@@ -56,12 +56,12 @@ func TestStartRace(t *testing.T) {
 				t.Fatalf("both w%d and w%d started the task", winner, i)
 			}
 			winner = i
-		case task.Skipped:
-			if r.Task == nil || r.Task.Status != task.Running || r.TookOver {
-				t.Fatalf("loser w%d: %+v, want SKIPPED seeing RUNNING", i, r)
+		case task.LeaseHeld:
+			if r.Task == nil || r.Task.Status != task.Running {
+				t.Fatalf("loser w%d: %+v, want LEASE_HELD seeing RUNNING", i, r)
 			}
 		default:
-			t.Fatalf("Start w%d = %s, want STARTED or SKIPPED", i, r.Outcome)
+			t.Fatalf("Start w%d = %s, want STARTED or LEASE_HELD", i, r.Outcome)
 		}
 	}
 	if winner < 0 {
@@ -200,11 +200,11 @@ func TestTakeover(t *testing.T) {
 		id := b.create(t, task.NewTask{}).ID
 		b.start(t, "w1", time.Second, id, task.Started)
 		// Under w1's live lease another worker is skipped...
-		b.start(t, "w2", time.Minute, id, task.Skipped)
+		b.start(t, "w2", time.Minute, id, task.LeaseHeld)
 		// ...and takes over once lease_until has passed.
 		r := b.startWhenDue(t, "w2", time.Minute, id)
-		if r.Outcome != task.Started || !r.TookOver || r.Died {
-			t.Fatalf("takeover = %+v, want STARTED with TookOver", r)
+		if r.Outcome != task.TakenOver {
+			t.Fatalf("takeover = %+v, want TAKEN_OVER", r)
 		}
 		if r.Task.AttemptCount != 1 || r.Task.LeaseOwner != "w2" || !strings.Contains(r.Task.LastError, "lease of w1 expired") {
 			t.Fatalf("task after takeover = %+v, want 1 attempt counted, w2's lease, w1's abandoned run as last_error", r.Task)
@@ -225,8 +225,8 @@ func TestTakeover(t *testing.T) {
 		b.failTimes(t, id, 2)
 		b.startWhenDue(t, "w1", 50*time.Millisecond, id)
 		r := b.startWhenDue(t, "w2", time.Minute, id)
-		if r.Outcome != task.Skipped || !r.TookOver || !r.Died {
-			t.Fatalf("takeover at the last attempt = %+v, want SKIPPED with TookOver and Died", r)
+		if r.Outcome != task.DiedOnTakeover {
+			t.Fatalf("takeover at the last attempt = %+v, want DIED_ON_TAKEOVER", r)
 		}
 		if r.Task.Status != task.Dead || r.Task.AttemptCount != 3 || r.Task.FinishedAt == nil || r.Task.LeaseOwner != "" {
 			t.Fatalf("task = %+v, want DEAD with 3 of 3 attempts, finished, no lease", r.Task)
@@ -244,11 +244,11 @@ func TestTakeover(t *testing.T) {
 		id := b.create(t, task.NewTask{}).ID
 		b.start(t, "w1", time.Minute, id, task.Started)
 		b.expireLease(t, id)
-		b.start(t, "w2", time.Minute, id, task.Started)
+		b.start(t, "w2", time.Minute, id, task.TakenOver)
 		b.expireLease(t, id)
-		r := b.start(t, "w3", time.Minute, id, task.Started)
-		if !r.TookOver || r.Task.AttemptCount != 2 {
-			t.Fatalf("second takeover = %+v, want TookOver at attempt 2", r)
+		r := b.start(t, "w3", time.Minute, id, task.TakenOver)
+		if r.Task.AttemptCount != 2 {
+			t.Fatalf("second takeover = %+v, want TAKEN_OVER at attempt 2", r)
 		}
 		lostLease(t, b, id, "w1", task.Running)
 		lostLease(t, b, id, "w2", task.Running)

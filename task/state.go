@@ -65,22 +65,57 @@ func CanTransition(from, to State) bool {
 	return false
 }
 
-// StartOutcome is the result of trying to start one task.
+// StartOutcome is the result of trying to start one task: a closed set,
+// one value for each thing a worker does differently with the message
+// that carried the task.
 type StartOutcome string
 
 const (
-	// Started: the task is RUNNING under the caller's lease.
+	// Started: the task was QUEUED or RETRYING and due; it is RUNNING
+	// under the caller's lease.
 	Started StartOutcome = "STARTED"
-	// Skipped: the task is terminal, or RUNNING under another live lease,
-	// or this call's takeover used up its last attempt and moved it to DEAD
-	// (StartResult.Died).
-	Skipped StartOutcome = "SKIPPED"
-	// NotDue: the task is RETRYING (or QUEUED) with next_retry_at in the
+	// TakenOver: the task was RUNNING under an expired lease; the
+	// abandoned run counted as a failed attempt and the task is RUNNING
+	// under the caller's lease.
+	TakenOver StartOutcome = "TAKEN_OVER"
+	// DiedOnTakeover: the task was RUNNING under an expired lease and the
+	// abandoned run was its last attempt: this call moved it to DEAD, and
+	// the caller dead-letters its message.
+	DiedOnTakeover StartOutcome = "DIED_ON_TAKEOVER"
+	// CancelledOnTakeover: the task was RUNNING under an expired lease
+	// with a cancel request: this call moved it to CANCELLED, no attempt
+	// counted.
+	CancelledOnTakeover StartOutcome = "CANCELLED_ON_TAKEOVER"
+	// Finished: the task had already finished (SUCCEEDED, DEAD or
+	// CANCELLED; Task.Status says which).
+	Finished StartOutcome = "FINISHED"
+	// LeaseHeld: the task is RUNNING under a live lease (another run's,
+	// possibly the caller's own under another message).
+	LeaseHeld StartOutcome = "LEASE_HELD"
+	// NotDue: the task is QUEUED or RETRYING with next_retry_at in the
 	// future.
 	NotDue StartOutcome = "NOT_DUE"
+	// Parked: the task waits parked (Task.Parked: its kind is paused or
+	// was at a limit) since before this call; the release of parked tasks
+	// publishes it again.
+	Parked StartOutcome = "PARKED"
+	// ParkedAtLimit: StartLimited parked the task, due and waiting,
+	// because its kind is at its concurrency or rate limit; a freed slot
+	// or the leader's releaser wakes it.
+	ParkedAtLimit StartOutcome = "PARKED_AT_LIMIT"
+	// Throttled: StartLimited held back the takeover of the task (RUNNING
+	// under an expired lease) because its kind is at a limit; it did not
+	// change: try again later.
+	Throttled StartOutcome = "THROTTLED"
 	// NotFound: no task has that id.
 	NotFound StartOutcome = "NOT_FOUND"
-	// Throttled: the task's kind is at its concurrency or rate limit
-	// (StartLimited); the task did not start.
-	Throttled StartOutcome = "THROTTLED"
 )
+
+// waitingOutcome is the outcome of a QUEUED or RETRYING task that did not
+// start: Parked when parked, else NotDue.
+func waitingOutcome(t *Task) StartOutcome {
+	if t.Parked() {
+		return Parked
+	}
+	return NotDue
+}

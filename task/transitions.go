@@ -17,19 +17,10 @@ import (
 type StartResult struct {
 	ID      uuid.UUID
 	Outcome StartOutcome
-	// Task is the row after the call (nil when NotFound). When Started it
-	// carries the payload and the caller's lease.
+	// Task is the row after the call (nil when NotFound, ParkedAtLimit or
+	// Throttled). When Started or TakenOver it carries the payload and the
+	// caller's lease.
 	Task *Task
-	// TookOver is set when the task was RUNNING under an expired lease: the
-	// abandoned run was counted as a failed attempt.
-	TookOver bool
-	// Died is set when that takeover used up the last attempt: this call
-	// moved the task to DEAD (Outcome is Skipped) and the caller should
-	// dead-letter its stream entry.
-	Died bool
-	// Parked is set with Outcome Throttled when the task was parked: its
-	// entry can be acknowledged (see StartLimited).
-	Parked bool
 }
 
 // startSQL starts every due task of $1 under lease owner $2 for $3 ms, and
@@ -134,21 +125,22 @@ func (s *Store) startInto(ctx context.Context, q DB, owner string, lease time.Du
 		}
 		r := StartResult{ID: t.ID, Task: &t}
 		switch {
+		case started && from == Running && t.Status == Dead:
+			r.Outcome = DiedOnTakeover
+		case started && from == Running && t.Status == Cancelled:
+			r.Outcome = CancelledOnTakeover
 		case started && from == Running:
-			r.TookOver = true
-			r.Died = t.Status == Dead
-			r.Outcome = Started
-			if r.Died || t.Status == Cancelled {
-				r.Outcome = Skipped
-			}
+			r.Outcome = TakenOver
 		case started:
 			r.Outcome = Started
 		case from == Queued || from == Retrying:
-			r.Outcome = NotDue
+			r.Outcome = waitingOutcome(&t)
+		case from == Running:
+			r.Outcome = LeaseHeld
 		default:
-			r.Outcome = Skipped
+			r.Outcome = Finished
 		}
-		if r.Outcome != Started {
+		if r.Outcome != Started && r.Outcome != TakenOver {
 			t.Payload = nil
 		}
 		byID[t.ID] = r

@@ -46,7 +46,7 @@ func TestAllowedTransitions(t *testing.T) {
 			do: func(t *testing.T, id uuid.UUID) {
 				r := b.start(t, "w1", time.Minute, id, task.Started)
 				tk := r.Task
-				if r.TookOver || r.Died || tk.LeaseOwner != "w1" || string(tk.Payload) != `{"n": 1}` {
+				if tk.LeaseOwner != "w1" || string(tk.Payload) != `{"n": 1}` {
 					t.Fatalf("start result = %+v, task %+v; want a plain start with w1's lease and the payload", r, tk)
 				}
 				if tk.LeaseUntil == nil || tk.LeaseUntil.Sub(tk.UpdatedAt) != time.Minute {
@@ -59,7 +59,7 @@ func TestAllowedTransitions(t *testing.T) {
 			prepare: func(t *testing.T, id uuid.UUID) { b.failTimes(t, id, 1) },
 			do: func(t *testing.T, id uuid.UUID) {
 				r := b.startWhenDue(t, "w1", time.Minute, id)
-				if r.Outcome != task.Started || r.TookOver || r.Task.NextRetryAt != nil {
+				if r.Outcome != task.Started || r.Task.NextRetryAt != nil {
 					t.Fatalf("start result = %+v, want a plain start that clears next_retry_at", r)
 				}
 			},
@@ -71,9 +71,9 @@ func TestAllowedTransitions(t *testing.T) {
 				b.expireLease(t, id)
 			},
 			do: func(t *testing.T, id uuid.UUID) {
-				r := b.start(t, "w2", time.Minute, id, task.Started)
-				if !r.TookOver || r.Died || r.Task.LeaseOwner != "w2" || !strings.Contains(r.Task.LastError, "w1") {
-					t.Fatalf("takeover result = %+v, task %+v; want TookOver under w2 naming w1's abandoned run", r, r.Task)
+				r := b.start(t, "w2", time.Minute, id, task.TakenOver)
+				if r.Task.LeaseOwner != "w2" || !strings.Contains(r.Task.LastError, "w1") {
+					t.Fatalf("takeover result = %+v, task %+v; want TAKEN_OVER under w2 naming w1's abandoned run", r, r.Task)
 				}
 			},
 		},
@@ -159,8 +159,8 @@ func TestAllowedTransitions(t *testing.T) {
 				b.expireLease(t, id)
 			},
 			do: func(t *testing.T, id uuid.UUID) {
-				r := b.start(t, "w2", time.Minute, id, task.Skipped)
-				if !r.TookOver || !r.Died || r.Task.Status != task.Dead || r.Task.LeaseOwner != "" || r.Task.FinishedAt == nil || r.Task.Payload != nil {
+				r := b.start(t, "w2", time.Minute, id, task.DiedOnTakeover)
+				if r.Task.Status != task.Dead || r.Task.LeaseOwner != "" || r.Task.FinishedAt == nil || r.Task.Payload != nil {
 					t.Fatalf("takeover = %+v, task %+v; want Died, DEAD, finished, no lease, no payload", r, r.Task)
 				}
 			},
@@ -312,12 +312,15 @@ func TestRefusedTransitions(t *testing.T) {
 				t.Parallel()
 				id := st.make(t)
 				before := b.snapshot(t, id)
-				want := task.Skipped
-				if st.state == task.Retrying {
+				want := task.Finished
+				switch st.state {
+				case task.Retrying:
 					want = task.NotDue
+				case task.Running:
+					want = task.LeaseHeld
 				}
 				r := b.start(t, "w2", time.Minute, id, want)
-				if r.TookOver || r.Died || r.Task == nil || r.Task.Status != st.state || r.Task.Payload != nil {
+				if r.Task == nil || r.Task.Status != st.state || r.Task.Payload != nil {
 					t.Fatalf("start result = %+v, task %+v; want the unchanged %s task without payload", r, r.Task, st.state)
 				}
 				if after := b.snapshot(t, id); after != before {

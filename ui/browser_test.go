@@ -156,16 +156,16 @@ func TestBrowser(t *testing.T) {
 
 	// A real worker runs the tasks: emails succeed, image resizes fail
 	// once, embeds die (into the DLQ).
-	cfg := ingest.ServiceConfig{
-		Store: task.Config{Stream: stream, Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.1}},
-		Worker: ingest.Config{Stream: stream, DLQ: dlqKey, Consumer: "worker-1", Concurrency: 8,
-			TaskLease: 3 * time.Second, ReclaimIdle: 2 * time.Second, Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second},
+	cfg := ingest.Config{
+		Store:  task.Config{Stream: stream, Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.1}},
+		Stream: stream, DLQ: dlqKey, Consumer: "worker-1", Concurrency: 8,
+		TaskLease: 3 * time.Second, ReclaimIdle: 2 * time.Second, Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
 		Reclaim: reclaim.Config{Interval: 200 * time.Millisecond},
 		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond,
 			Backoff: backoff.Policy{Base: 20 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: 0.1}},
 		Maintenance: maintenance.Config{Rescuer: maintenance.RescuerConfig{Interval: time.Second, Grace: 2 * time.Second}},
 	}
-	svc, err := ingest.NewService(cfg, db.Pool, rdb, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	svc, err := ingest.NewService(cfg, db.Pool, ingest.Redis(rdb), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

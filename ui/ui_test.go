@@ -654,7 +654,7 @@ func TestParkedTasks(t *testing.T) {
 	}
 	running, waiting := b.create(t, task.NewTask{Kind: "l"}), b.create(t, task.NewTask{Kind: "l"})
 	rs, err := b.store.StartLimited(b.ctx, "w1", time.Minute, "l", running.ID, waiting.ID)
-	if err != nil || rs[0].Outcome != task.Started || !rs[1].Parked {
+	if err != nil || rs[0].Outcome != task.Started || rs[1].Outcome != task.ParkedAtLimit {
 		t.Fatalf("StartLimited = %+v, %v; want the first started, the second parked", rs, err)
 	}
 	c := b.client(t)

@@ -223,7 +223,7 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 	if err != nil {
 		return err
 	}
-	registerDemoHandlers(st.worker)
+	registerDemoHandlers(st.svc)
 	ln, err := st.listen()
 	if err != nil {
 		return err
@@ -311,7 +311,7 @@ type demoPayload struct {
 	Note      string `json:"note"`
 }
 
-func registerDemoHandlers(w *ingest.Worker) {
+func registerDemoHandlers(w *ingest.Service) {
 	work := func(ctx context.Context) error {
 		select {
 		case <-time.After(time.Duration(20+rand.IntN(180)) * time.Millisecond): // simulated work

@@ -10,21 +10,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	ingest "github.com/ingest-worker/ingest"
-	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/kafka"
-	"github.com/ingest-worker/ingest/maintenance"
-	"github.com/ingest-worker/ingest/migrations"
-	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -79,55 +72,6 @@ func (a *app) openQueueServers(ctx context.Context) (*pgxpool.Pool, redis.Univer
 		return nil, nil, nil, err
 	}
 	return pool, nil, pool.Close, nil
-}
-
-// newKafkaStack builds the stack of Kafka mode: the Kafka-mode service
-// (worker and relay) and the API. The schema must be current.
-func (a *app) newKafkaStack(ctx context.Context, pool *pgxpool.Pool, opts ...kgo.Opt) (*stack, error) {
-	if err := migrations.Check(ctx, pool); err != nil {
-		return nil, fmt.Errorf("schema check: %w", err)
-	}
-	c := a.cfg
-	listen, err := a.listenSource(ctx, pool)
-	if err != nil {
-		return nil, err
-	}
-	s := &stack{a: a, pool: pool, reg: prometheus.NewRegistry()}
-	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.svc, err = ingest.NewKafkaService(ingest.ServiceConfig{
-		Listen: listen,
-		Store:  a.kafkaStoreConfig(),
-		Worker: ingest.Config{
-			Consumer:        c.ConsumerName,
-			Concurrency:     c.WorkerConcurrency,
-			TaskLease:       c.TaskLease,
-			TaskTimeout:     c.TaskTimeout,
-			ShutdownTimeout: c.ShutdownTimeout,
-		},
-		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}, Retention: c.retention()},
-		Relay: outbox.RelayConfig{
-			BatchSize: c.KafkaPublishBatchSize, PublishInterval: c.KafkaPublishInterval,
-			MaxAttempts: c.KafkaMaxAttempts, Backoff: c.kafkaBackoff(),
-		},
-	}, c.kafkaConfig(), pool, a.log, s.reg, opts...)
-	if err != nil {
-		return nil, usageErr(err)
-	}
-	s.store, s.worker = s.svc.Store(), s.svc.Worker()
-	checks := s.checks()
-	delete(checks, "redis")
-	checks["kafka"] = func(ctx context.Context) error {
-		if err := s.worker.KafkaConsumer().Client().Ping(ctx); err != nil {
-			return fmt.Errorf("kafka brokers %s: %w", c.KafkaBrokers, err)
-		}
-		return nil
-	}
-	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
-		Periodic: s.svc.Maintainer().NextSlots, Registerer: s.reg}, s.store, checks, s.reg)
-	if err != nil {
-		return nil, usageErr(err)
-	}
-	return s, nil
 }
 
 // kafkaAdmin returns an admin client on the configured brokers.

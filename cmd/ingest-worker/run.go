@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/api"
@@ -94,7 +95,7 @@ func (a *app) runCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st.worker.HandleDefault(h)
+			st.svc.HandleDefault(h)
 			return st.run(ctx, nil)
 		},
 	}
@@ -106,14 +107,13 @@ func (a *app) runCommand() *cobra.Command {
 // the ingest.Service (worker, reclaimer, outbox relay, maintenance)
 // and the HTTP server.
 type stack struct {
-	a      *app
-	pool   *pgxpool.Pool
-	rdb    redis.UniversalClient
-	store  *task.Store
-	reg    *prometheus.Registry
-	svc    *ingest.Service
-	worker *ingest.Worker
-	api    *api.Server
+	a     *app
+	pool  *pgxpool.Pool
+	rdb   redis.UniversalClient
+	store *task.Store
+	reg   *prometheus.Registry
+	svc   *ingest.Service
+	api   *api.Server
 
 	stopping atomic.Bool
 }
@@ -149,56 +149,75 @@ func (a *app) startupChecks(ctx context.Context, pool *pgxpool.Pool, rdb redis.U
 
 // newStack checks the environment and builds the service and the API.
 // Configuration errors the components find are usage errors (exit 2).
-func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient) (*stack, error) {
-	if a.cfg.Queue == queueKafka {
-		return a.newKafkaStack(ctx, pool)
-	}
-	if err := a.startupChecks(ctx, pool, rdb); err != nil {
-		return nil, err
-	}
-	c := a.cfg
-	for _, w := range c.warnings() {
-		a.log.Warn(w)
-	}
-	listen, err := a.listenSource(ctx, pool)
+// opts are extra franz-go client options (Kafka mode; tests).
+func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opts ...kgo.Opt) (*stack, error) {
+	cfg, queue, err := a.queue(ctx, pool, rdb, opts...)
 	if err != nil {
 		return nil, err
 	}
+	c := a.cfg
+	if cfg.Listen, err = a.listenSource(ctx, pool); err != nil {
+		return nil, err
+	}
+	cfg.Consumer, cfg.Concurrency = c.ConsumerName, c.WorkerConcurrency
+	cfg.TaskLease, cfg.TaskTimeout, cfg.ShutdownTimeout = c.TaskLease, c.TaskTimeout, c.ShutdownTimeout
+	cfg.Maintenance = maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}, Retention: c.retention()}
 	s := &stack{a: a, pool: pool, rdb: rdb, reg: prometheus.NewRegistry()}
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.svc, err = ingest.NewService(ingest.ServiceConfig{
-		Listen: listen,
-		Store:  a.storeConfig(),
-		Worker: ingest.Config{
-			Stream:          c.StreamKey,
-			Group:           c.Group,
-			DLQ:             c.DLQStreamKey,
-			NoDLQ:           c.DLQStreamKey == "",
-			Consumer:        c.ConsumerName,
-			Concurrency:     c.WorkerConcurrency,
-			TaskLease:       c.TaskLease,
-			TaskTimeout:     c.TaskTimeout,
-			ShutdownTimeout: c.ShutdownTimeout,
-			ReclaimIdle:     c.reclaimIdle(),
-		},
+	if s.svc, err = ingest.NewService(cfg, pool, queue, a.log, s.reg); err != nil {
+		return nil, usageErr(err)
+	}
+	s.store = s.svc.Store()
+	checks := s.checks()
+	apiCfg := api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
+		Periodic: s.svc.Maintainer().NextSlots, Registerer: s.reg}
+	if rdb != nil {
+		apiCfg.DLQClient, apiCfg.DLQKey = rdb, c.DLQStreamKey
+	}
+	if s.api, err = api.New(apiCfg, s.store, checks, s.reg); err != nil {
+		return nil, usageErr(err)
+	}
+	return s, nil
+}
+
+// queue is the one place the binary picks its queue mode (INGEST_QUEUE):
+// it runs the mode's startup checks and returns the queue with the
+// mode's part of the service configuration (the queue's identity, the
+// store's retry policy, the reclaimer and relay settings).
+func (a *app) queue(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opts ...kgo.Opt) (ingest.Config, ingest.Queue, error) {
+	c := a.cfg
+	if c.Queue == queueKafka {
+		if err := migrations.Check(ctx, pool); err != nil {
+			return ingest.Config{}, nil, fmt.Errorf("schema check: %w", err)
+		}
+		return ingest.Config{
+			Store: a.kafkaStoreConfig(),
+			Relay: outbox.RelayConfig{
+				BatchSize: c.KafkaPublishBatchSize, PublishInterval: c.KafkaPublishInterval,
+				MaxAttempts: c.KafkaMaxAttempts, Backoff: c.kafkaBackoff(),
+			},
+		}, ingest.Kafka(c.kafkaConfig(), opts...), nil
+	}
+	if err := a.startupChecks(ctx, pool, rdb); err != nil {
+		return ingest.Config{}, nil, err
+	}
+	for _, w := range c.warnings() {
+		a.log.Warn(w)
+	}
+	return ingest.Config{
+		Stream:          c.StreamKey,
+		Group:           c.Group,
+		DLQ:             c.DLQStreamKey,
+		NoDLQ:           c.DLQStreamKey == "",
+		ReclaimIdle:     c.reclaimIdle(),
+		Store:           a.storeConfig(),
 		Reclaim:         reclaim.Config{Interval: c.ReclaimInterval, BatchSize: c.ReclaimBatchSize},
 		ReclaimDisabled: !c.ReclaimEnabled,
 		Relay: outbox.RelayConfig{
 			BatchSize: c.OutboxPublishBatchSize, PublishInterval: c.OutboxPublishInterval,
 			MaxAttempts: c.OutboxMaxAttempts, Backoff: c.outboxBackoff(),
 		},
-		Maintenance: maintenance.Config{Periodic: maintenance.PeriodicConfig{Schedules: c.periodic()}, Retention: c.retention()},
-	}, pool, rdb, a.log, s.reg)
-	if err != nil {
-		return nil, usageErr(err)
-	}
-	s.store, s.worker = s.svc.Store(), s.svc.Worker()
-	s.api, err = api.New(api.Config{Token: c.APIToken, Logger: a.log.With("component", "api"), Actor: "api:" + c.ConsumerName,
-		Periodic: s.svc.Maintainer().NextSlots, DLQClient: rdb, DLQKey: c.DLQStreamKey, Registerer: s.reg}, s.store, s.checks(), s.reg)
-	if err != nil {
-		return nil, usageErr(err)
-	}
-	return s, nil
+	}, ingest.Redis(rdb), nil
 }
 
 // checks are the readiness checks of /readyz.
@@ -211,8 +230,9 @@ func (s *stack) checks() api.Checks {
 	}
 	return api.Checks{
 		"postgres": func(ctx context.Context) error { return scrub(s.pool.Ping(ctx)) },
-		"redis":    func(ctx context.Context) error { return scrub(s.rdb.Ping(ctx).Err()) },
-		"schema":   func(ctx context.Context) error { return scrub(migrations.Check(ctx, s.pool)) },
+		// The queue's servers: "redis" or "kafka".
+		s.a.cfg.Queue: func(ctx context.Context) error { return scrub(s.svc.Ping(ctx)) },
+		"schema":      func(ctx context.Context) error { return scrub(migrations.Check(ctx, s.pool)) },
 		"worker": func(context.Context) error {
 			if s.stopping.Load() {
 				return errors.New("shutting down")

@@ -96,7 +96,7 @@ const (
 // Options configures a run. Zero fields take the Default* values.
 type Options struct {
 	// Listen is where the service's LISTEN connections come from
-	// (ingest.ServiceConfig.Listen): the binary's INGEST_DATABASE_LISTEN_URL,
+	// (ingest.Config.Listen): the binary's INGEST_DATABASE_LISTEN_URL,
 	// or none behind a pooler.
 	Listen pgsession.Source
 	// Tasks is how many tasks are created and worked.
@@ -354,15 +354,13 @@ func Pad(n int) string { return strings.Repeat("x", n) }
 // returns.
 var errPlannedFailure = errors.New("bench: planned first-attempt failure")
 
-func (b *run) serviceConfig() ingest.ServiceConfig {
+func (b *run) serviceConfig() ingest.Config {
 	o := b.opts
-	cfg := ingest.ServiceConfig{
-		Worker: ingest.Config{
-			Stream: b.stream, DLQ: b.dlq, Consumer: "bench-" + b.id, Group: "bench",
-			Concurrency: o.Concurrency, ReadCount: o.ReadCount,
-			CompleteBatch: o.CompleteBatch, CompleteWindow: o.CompleteWindow,
-			Block: 200 * time.Millisecond, ShutdownTimeout: 10 * time.Second,
-		},
+	cfg := ingest.Config{
+		Stream: b.stream, DLQ: b.dlq, Consumer: "bench-" + b.id, Group: "bench",
+		Concurrency: o.Concurrency, ReadCount: o.ReadCount,
+		CompleteBatch: o.CompleteBatch, CompleteWindow: o.CompleteWindow,
+		Block: 200 * time.Millisecond, ShutdownTimeout: 10 * time.Second,
 		Store:       b.storeConfig(),
 		Reclaim:     reclaim.Config{BatchSize: 1000},
 		Relay:       outbox.RelayConfig{BatchSize: o.RelayBatch},
@@ -458,7 +456,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	svc, err := ingest.NewService(b.serviceConfig(), b.traced, b.rdb, logger, prometheus.NewRegistry())
+	svc, err := ingest.NewService(b.serviceConfig(), b.traced, ingest.Redis(b.rdb), logger, prometheus.NewRegistry())
 	if err != nil {
 		return rep, err
 	}

@@ -57,8 +57,8 @@ func runScaleChild(spec string) int {
 	}
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
-	cfg := ingest.ServiceConfig{Worker: ingest.Config{Stream: f[2], Consumer: f[3]}}
-	svc, err := ingest.NewService(cfg, pool, rdb, logger, prometheus.NewRegistry())
+	cfg := ingest.Config{Stream: f[2], Consumer: f[3]}
+	svc, err := ingest.NewService(cfg, pool, ingest.Redis(rdb), logger, prometheus.NewRegistry())
 	if err != nil {
 		logger.Error("NewService", "err", err)
 		return 1

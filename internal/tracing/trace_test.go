@@ -90,10 +90,10 @@ func newService(t *testing.T, consumer string, h ingest.Handler, logs io.Writer)
 func startService(t *testing.T, db *testenv.Database, rdb *redis.Client, consumer string, h ingest.Handler, logs io.Writer) *ingest.Service {
 	t.Helper()
 	// The default stream and DLQ: each test has a redis-server of its own.
-	cfg := ingest.ServiceConfig{
-		Store: task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.1}},
-		Worker: ingest.Config{Consumer: consumer, TaskLease: time.Second,
-			ReclaimIdle: 300 * time.Millisecond, Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second},
+	cfg := ingest.Config{
+		Store:    task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond, Jitter: 0.1}},
+		Consumer: consumer, TaskLease: time.Second,
+		ReclaimIdle: 300 * time.Millisecond, Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
 		Reclaim: reclaim.Config{Interval: 100 * time.Millisecond},
 		Relay: outbox.RelayConfig{PublishInterval: 100 * time.Millisecond,
 			Backoff: backoff.Policy{Base: 20 * time.Millisecond, Max: 300 * time.Millisecond, Jitter: 0.1}},
@@ -106,7 +106,7 @@ func startService(t *testing.T, db *testenv.Database, rdb *redis.Client, consume
 	if logs != nil {
 		logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}
-	svc, err := ingest.NewService(cfg, db.Pool, rdb, logger, prometheus.NewRegistry())
+	svc, err := ingest.NewService(cfg, db.Pool, ingest.Redis(rdb), logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -147,18 +147,16 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	cfg := ingest.ServiceConfig{
-		Store: task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.1}},
-		Worker: ingest.Config{
-			Stream: stream, DLQ: dlq, Consumer: consumer, Concurrency: concurrency,
-			TaskLease:       millis("CHAOS_TASK_LEASE_MS", 3000),
-			ReclaimIdle:     millis("CHAOS_RECLAIM_IDLE_MS", 4000),
-			Block:           200 * time.Millisecond,
-			ShutdownTimeout: 2 * time.Second,
-		},
-		Reclaim:       reclaim.Config{Interval: millis("CHAOS_RECLAIM_INTERVAL_MS", 200)},
-		Relay:         relayCfg,
-		RelayDisabled: env("CHAOS_RELAY", "on") == "off",
+	cfg := ingest.Config{
+		Store:  task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: time.Second, Jitter: 0.1}},
+		Stream: stream, DLQ: dlq, Consumer: consumer, Concurrency: concurrency,
+		TaskLease:       millis("CHAOS_TASK_LEASE_MS", 3000),
+		ReclaimIdle:     millis("CHAOS_RECLAIM_IDLE_MS", 4000),
+		Block:           200 * time.Millisecond,
+		ShutdownTimeout: 2 * time.Second,
+		Reclaim:         reclaim.Config{Interval: millis("CHAOS_RECLAIM_INTERVAL_MS", 200)},
+		Relay:           relayCfg,
+		RelayDisabled:   env("CHAOS_RELAY", "on") == "off",
 		Maintenance: maintenance.Config{
 			Rescuer:   maintenance.RescuerConfig{Interval: 300 * time.Millisecond, Grace: time.Second},
 			Retention: maintenance.RetentionConfig{Interval: 500 * time.Millisecond},
@@ -166,7 +164,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			Periodic:  maintenance.PeriodicConfig{Schedules: schedules, Interval: 100 * time.Millisecond},
 		},
 	}
-	svc, err := ingest.NewService(cfg, pool, rdb, logger, prometheus.NewRegistry())
+	svc, err := ingest.NewService(cfg, pool, ingest.Redis(rdb), logger, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}

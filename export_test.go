@@ -1,0 +1,54 @@
+package ingest
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ingest-worker/ingest/kafka"
+	"github.com/ingest-worker/ingest/stream"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// Worker is the engine of a Service without the service around it (no
+// reclaimer, relay or maintainer), for the tests of this package.
+type Worker = worker
+
+// New returns a Redis-mode worker on store.
+func New(cfg Config, store *task.Store, rdb redis.UniversalClient, logger *slog.Logger, reg prometheus.Registerer) (*Worker, error) {
+	return newBareWorker(Redis(rdb), cfg, store, nil, logger, reg)
+}
+
+// NewKafka returns a Kafka-mode worker on store; pool is where deferred
+// tasks get their outbox rows.
+func NewKafka(cfg Config, kcfg kafka.Config, store *task.Store, pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer, opts ...kgo.Opt) (*Worker, error) {
+	return newBareWorker(Kafka(kcfg, opts...), cfg, store, pool, logger, reg)
+}
+
+func newBareWorker(q Queue, cfg Config, store *task.Store, pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer) (*worker, error) {
+	cfg, err := q.bind(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return q.newWorker(cfg, store, pool, logger, reg)
+}
+
+func (w *worker) Config() Config                { return w.cfg }
+func (w *worker) Handle(kind string, h Handler) { w.handlers.handle(kind, h, HandlerOptions{}) }
+func (w *worker) HandleDefault(h Handler)       { w.handlers.handleDefault(h) }
+func (w *worker) Run(ctx context.Context) error { return w.run(ctx) }
+func (w *worker) Sink() stream.Sink             { return redisSink{w.proc} }
+func (w *worker) HandleWith(kind string, h Handler, opts HandlerOptions) {
+	w.handlers.handle(kind, h, opts)
+}
