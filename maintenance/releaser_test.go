@@ -35,7 +35,11 @@ func TestReleaserWakesParkedTasks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	two, rate, yes := 2, task.Rate{Count: 1, Per: 300 * time.Millisecond}, true
+	// The leases and the rate window must outlast the time from the starts
+	// to the first pass below on a loaded machine (200 ms and 300 ms did
+	// not, in CI): nothing may be free at that pass.
+	const hold = 5 * time.Second
+	two, rate, yes := 2, task.Rate{Count: 1, Per: hold}, true
 	for kind, u := range map[string]task.KindUpdate{
 		"c": {Concurrency: &two}, "r": {Rate: &rate}, "p": {Paused: &yes},
 	} {
@@ -71,7 +75,7 @@ func TestReleaserWakesParkedTasks(t *testing.T) {
 		return started
 	}
 	cs := create("c", 6)
-	if n := startAll("c", cs, 200*time.Millisecond); n != 2 {
+	if n := startAll("c", cs, hold); n != 2 {
 		t.Fatalf("%d of c started, want 2 (its limit)", n)
 	}
 	rs := create("r", 3)
@@ -104,11 +108,10 @@ func TestReleaserWakesParkedTasks(t *testing.T) {
 	if want := map[string]float64{"c/limit": 4, "r/limit": 2, "p/paused": 1}; !maps.Equal(got, want) {
 		t.Fatalf("ingest_kind_waiting_tasks = %v, want %v", got, want)
 	}
-	// The two c leases expire (200 ms) and the rate window moves on
-	// (300 ms): 2 of c and 1 of r are released, and no more while they
-	// are in transit.
+	// The two c leases expire and the rate window moves on (hold): 2 of c
+	// and 1 of r are released, and no more while they are in transit.
 	var released int
-	testenv.Eventually(t, 5*time.Second, "the releaser releases 3", func() bool {
+	testenv.Eventually(t, 12*hold, "the releaser releases 3", func() bool {
 		n, err := r.RunOnce(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -2,7 +2,6 @@ package reclaim
 
 import (
 	"cmp"
-	"fmt"
 	"time"
 
 	"github.com/ingest-worker/ingest/internal/configerr"

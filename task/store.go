@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -126,7 +125,7 @@ func PublishWith(w outbox.Writer) Option {
 func NewStore(cfg Config, db DB, opts ...Option) (*Store, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("task store config: %w", err)
+		return nil, err // "task: <Setting>: ..."
 	}
 	s := &Store{db: db, cfg: cfg}
 	for _, o := range opts {
