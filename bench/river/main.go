@@ -70,7 +70,7 @@ import (
 	"github.com/riverqueue/river/rivertype"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ingest-worker/ingest/internal/bench"
+	"github.com/ingest-worker/ingest/bench"
 	"github.com/ingest-worker/ingest/webhook"
 )
 

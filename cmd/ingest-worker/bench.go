@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/ingest-worker/ingest/internal/bench"
+	"github.com/ingest-worker/ingest/bench"
 	"github.com/ingest-worker/ingest/internal/pgtemp"
 	"github.com/ingest-worker/ingest/migrations"
 	"github.com/ingest-worker/ingest/task"

@@ -64,7 +64,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	workerBin = filepath.Join(dir, "chaosworker")
-	if err := goBuild(workerBin, "github.com/ingest-worker/ingest/internal/chaos/chaosworker", raceEnabled); err != nil {
+	if err := goBuild(workerBin, "github.com/ingest-worker/ingest/cmd/chaosworker", raceEnabled); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -78,7 +78,7 @@ func runScaleChild(spec string) int {
 // the tasks off; it reports tasks/s and the most PostgreSQL connections
 // per process seen during the run. Run it with
 //
-//	go test -run '^$' -bench BenchmarkScaleProcesses -benchtime 1x ./internal/bench/
+//	go test -run '^$' -bench BenchmarkScaleProcesses -benchtime 1x ./bench/
 func BenchmarkScaleProcesses(b *testing.B) {
 	n := scaleTasks
 	if v, err := strconv.Atoi(os.Getenv("INGEST_SCALE_TASKS")); err == nil && v > 0 {

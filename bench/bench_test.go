@@ -14,7 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ingest-worker/ingest/internal/bench"
+	"github.com/ingest-worker/ingest/bench"
 	"github.com/ingest-worker/ingest/internal/testenv"
 )
 

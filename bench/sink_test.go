@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	ingest "github.com/ingest-worker/ingest"
-	"github.com/ingest-worker/ingest/internal/bench"
+	"github.com/ingest-worker/ingest/bench"
 	"github.com/ingest-worker/ingest/webhook"
 )
 
