@@ -197,8 +197,8 @@ func TestUpgradeParkedMark(t *testing.T) {
 	// A parked task does not start; a resume releases the parked ones
 	// only.
 	rs, err := store.Start(ctx, "w", time.Minute, parkedQueued, scheduled)
-	if err != nil || rs[0].Outcome != task.NotDue || rs[1].Outcome != task.NotDue {
-		t.Fatalf("Start = %+v, %v; want both not due", rs, err)
+	if err != nil || rs[0].Outcome != task.Parked || rs[1].Outcome != task.NotDue {
+		t.Fatalf("Start = %+v, %v; want the parked one PARKED, the scheduled one NOT_DUE", rs, err)
 	}
 	if released, err := store.SetPaused(ctx, "t", "up", false); err != nil || released != 2 {
 		t.Fatalf("resume = %d, %v; want 2 released", released, err)
