@@ -94,9 +94,9 @@ func (a *app) kindPauseCommand(pause bool) *cobra.Command {
 		Use:   use,
 		Short: short,
 		Long: short + `.
-A kind that has no tasks and no settings yet is refused (a typo would
-otherwise succeed and change nothing that exists); --force sets it anyway,
-for a kind whose tasks are still to come.`,
+A kind that has no tasks and no settings yet is set with a warning on
+stderr (a typo would otherwise succeed silently); --force silences it, for
+a kind whose tasks are still to come.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
@@ -121,7 +121,7 @@ for a kind whose tasks are still to come.`,
 			return nil
 		},
 	}
-	cmd.Flags().BoolVar(&force, "force", false, "change a kind that has no tasks and no settings yet")
+	cmd.Flags().BoolVar(&force, "force", false, "set a kind that has no tasks and no settings yet without a warning")
 	return cmd
 }
 
@@ -138,9 +138,9 @@ a crashed worker comes back when its lease expires); --rate 5/s, 300/m,
 10/500ms: at most that many starts in any window of that length. 0 removes a
 limit. Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
 consumer slot) and start as slots and starts free. A kind that has no tasks
-and no settings yet is refused (a typo would otherwise succeed and change
-nothing that exists); --force sets it anyway, for a kind whose tasks are
-still to come.`,
+and no settings yet is set with a warning on stderr (a typo would otherwise
+succeed silently); --force silences it, for a kind whose tasks are still to
+come.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
@@ -173,7 +173,7 @@ still to come.`,
 	}
 	rangeFlag(cmd.Flags(), &concurrency, "concurrency", "", task.ConcurrencyRange, 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&rate, "rate", "", "most starts per period across all workers: 5/s, 300/m, 10/500ms (0: no limit)")
-	cmd.Flags().BoolVar(&force, "force", false, "change a kind that has no tasks and no settings yet")
+	cmd.Flags().BoolVar(&force, "force", false, "set a kind that has no tasks and no settings yet without a warning")
 	return cmd
 }
 
@@ -212,7 +212,7 @@ func (a *app) changeKind(ctx context.Context, kind string, u task.KindUpdate, fo
 		if _, known, err := store.Kind(ctx, kind); err != nil {
 			return task.KindInfo{}, 0, err
 		} else if !known {
-			return task.KindInfo{}, 0, usagef("kind %q has no tasks and no settings: check the name ('ingest-worker kind list' shows the kinds), or give --force to set it before its first task", kind)
+			a.notef("warning: kind %q has no tasks and no settings yet; setting it anyway: check the name ('ingest-worker kind list' shows the kinds); --force silences this warning\n", kind)
 		}
 	}
 	released, err := store.SetKind(ctx, a.actor(), kind, u)

@@ -44,9 +44,9 @@ func TestDLQReplayOfATaskID(t *testing.T) {
 }
 
 // TestKindChangeOfAnUnknownKind: kind pause, resume and set of a kind that
-// has neither tasks nor settings are refused with a message naming the
-// kind, and change nothing; --force changes it; a kind with tasks needs no
-// --force.
+// has neither tasks nor settings warn on stderr, naming the kind and
+// --force, and set it; --force sets one without the warning; a kind with
+// tasks draws no warning.
 func TestKindChangeOfAnUnknownKind(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -64,19 +64,21 @@ func TestKindChangeOfAnUnknownKind(t *testing.T) {
 		{"kind", "resume", "typo.kind"},
 		{"kind", "set", "typo.kind", "--concurrency", "2"},
 	} {
+		kind := "typo." + args[1]
+		args[2] = kind
 		code, stdout, stderr := runCLI(t, env, args...)
-		if code != exitUsage || !strings.Contains(stderr, `"typo.kind" has no tasks and no settings`) || !strings.Contains(stderr, "--force") {
-			t.Errorf("%q: exit %d, stdout %q, stderr %q; want a usage error naming the kind and --force", args, code, stdout, stderr)
+		if code != 0 || !strings.Contains(stderr, "warning: kind \""+kind+"\" has no tasks and no settings") || !strings.Contains(stderr, "--force") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want success with a warning naming the kind and --force", args, code, stdout, stderr)
+		}
+		if _, known, err := store.Kind(ctx, kind); err != nil || !known {
+			t.Errorf("after %q the kind is not known: %v, %v", args, known, err)
 		}
 	}
-	if _, known, err := store.Kind(ctx, "typo.kind"); err != nil || known {
-		t.Fatalf("after the refused changes the kind is known: %v, %v", known, err)
+	if code, stdout, stderr := runCLI(t, env, "kind", "pause", "known.kind"); code != 0 || !strings.Contains(stdout, "paused") || stderr != "" {
+		t.Fatalf("kind pause of a kind with tasks: exit %d, stdout %q, stderr %q; want no warning", code, stdout, stderr)
 	}
-	if code, stdout, stderr := runCLI(t, env, "kind", "pause", "known.kind"); code != 0 || !strings.Contains(stdout, "paused") {
-		t.Fatalf("kind pause of a kind with tasks: exit %d, stdout %q, stderr %q", code, stdout, stderr)
-	}
-	if code, stdout, stderr := runCLI(t, env, "kind", "pause", "future.kind", "--force"); code != 0 || !strings.Contains(stdout, "paused") {
-		t.Fatalf("kind pause --force: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	if code, stdout, stderr := runCLI(t, env, "kind", "pause", "future.kind", "--force"); code != 0 || !strings.Contains(stdout, "paused") || strings.Contains(stderr, "warning") {
+		t.Fatalf("kind pause --force: exit %d, stdout %q, stderr %q; want no warning", code, stdout, stderr)
 	}
 	if k, known, err := store.Kind(ctx, "future.kind"); err != nil || !known || !k.Paused {
 		t.Fatalf("after kind pause --force: %+v, %v, %v; want it paused", k, known, err)
