@@ -106,9 +106,11 @@ func testSeedRecipe(t *testing.T, bin string, workers, tasks int) {
 	if retryingRows != len(ids) {
 		t.Errorf("audit rows RUNNING→RETRYING with attempt_count 1: %d, want %d", retryingRows, len(ids))
 	}
-	if len(sawRetrying) == 0 {
-		t.Errorf("no task was seen RETRYING with attempt_count 1 between its attempts")
-	}
+	// The audit rows above prove each task was RETRYING between its
+	// attempts; catching a row in that state by polling depends on the
+	// machine's speed (a loaded one may poll past the whole window), so it
+	// is only reported.
+	t.Logf("tasks seen RETRYING with attempt_count 1 by polling: %d of %d", len(sawRetrying), len(ids))
 	for _, id := range ids {
 		if n := rc.count(id); n != 2 {
 			t.Errorf("task %s ran %d times, want 2", id, n)
