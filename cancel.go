@@ -20,14 +20,14 @@ const (
 
 // startCancelListener runs the cancel listener until the worker's I/O
 // stops (unless Config.CancelListenDisabled); shutdown waits for it.
-func (p *processor) startCancelListener() {
-	if p.cfg.CancelListenDisabled {
+func (h *heartbeater) startCancelListener() {
+	if !h.listen {
 		return
 	}
-	p.cancelListener.Add(1)
+	h.listener.Add(1)
 	go func() {
-		defer p.cancelListener.Done()
-		p.runCancelListener(p.ioCtx)
+		defer h.listener.Done()
+		h.runCancelListener(h.ioCtx)
 	}()
 }
 
@@ -36,33 +36,33 @@ func (p *processor) startCancelListener() {
 // cancelled. A lost connection is re-established with backoff; requests
 // made meanwhile reach the handlers at the next lease renewal (the
 // heartbeat), within TaskLease/3.
-func (p *processor) runCancelListener(ctx context.Context) {
+func (h *heartbeater) runCancelListener(ctx context.Context) {
 	delay := cancelListenRetryMin
 	connects := 0
 	for {
 		connected := false
-		err := p.store.ListenCancels(ctx, func() {
+		err := h.store.ListenCancels(ctx, func() {
 			connected = true
 			if connects++; connects > 1 {
-				p.log.Info("cancel LISTEN connection re-established")
+				h.log.Info("cancel LISTEN connection re-established")
 			}
-		}, func(id uuid.UUID) { p.cancelRun(id, "notification") })
+		}, func(id uuid.UUID) { h.cancelRun(id, "notification") })
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, pgsession.ErrNone) {
-			p.log.Info("cancel requests are not LISTENed for (no PostgreSQL session: the database URL goes through a transaction pooler and no direct listen URL is set); running tasks are cancelled at their next lease renewal")
+			h.log.Info("cancel requests are not LISTENed for (no PostgreSQL session: the database URL goes through a transaction pooler and no direct listen URL is set); running tasks are cancelled at their next lease renewal")
 			return
 		}
 		if errors.Is(err, task.ErrNoListen) {
-			p.log.Warn("cannot LISTEN for cancel requests; running tasks are cancelled at their next lease renewal", "err", err)
+			h.log.Warn("cannot LISTEN for cancel requests; running tasks are cancelled at their next lease renewal", "err", err)
 			return
 		}
 		if connected {
 			delay = cancelListenRetryMin
 		}
 		wait := time.Duration(float64(delay) * (0.5 + rand.Float64()/2))
-		p.log.Warn("cancel LISTEN connection lost; cancel requests reach handlers at the next lease renewal until it is back", "err", err, "retry_in", wait)
+		h.log.Warn("cancel LISTEN connection lost; cancel requests reach handlers at the next lease renewal until it is back", "err", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -77,9 +77,9 @@ func (p *processor) runCancelListener(ctx context.Context) {
 // cancelRun cancels the handler of task id, with cause ErrCancelled, if it
 // runs here and has not returned; via names how the request arrived. The
 // run's completion then writes CANCELLED (the request is in the row).
-func (p *processor) cancelRun(id uuid.UUID, via string) {
-	p.inflight.cancelled(id, func(mid string, r *run) {
+func (h *heartbeater) cancelRun(id uuid.UUID, via string) {
+	h.inflight.cancelled(id, func(mid string, r *run) {
 		r.cancel(ErrCancelled)
-		p.log.Info("task cancelled by an operator; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt, "via", via)
+		h.log.Info("task cancelled by an operator; cancelling its handler", "task_id", id, "message_id", mid, "attempt", r.task.Attempt, "via", via)
 	})
 }

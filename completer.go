@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -10,23 +11,89 @@ import (
 	"github.com/ingest-worker/ingest/task"
 )
 
-// runCompleter records handler outcomes in batches: it gathers outcomes
-// for at most Config.CompleteWindow or Config.CompleteBatch of them, and
-// hands each batch to one of Config.CompleteParallel flushers, which make
-// one store call per kind of outcome (succeed, fail, release) and then
-// acknowledge, set idle times and dead-letter in Redis. While a flusher
-// waits for its commit, the next batch is gathered and flushed. It returns
-// when stop is closed, after recording what is queued.
-func (p *processor) runCompleter(stop <-chan struct{}) {
-	max, window := p.cfg.CompleteBatch, p.cfg.CompleteWindow
+// settler is where the completer hands recorded outcomes: the processor's
+// settling of messages and its DLQ writes (settle.go).
+type settler interface {
+	settle(acks []string, later []deferral, ds []delivery, metric map[string]string)
+	deadLetter(letters []letter)
+}
+
+// completer records handler outcomes in Postgres, then hands their
+// messages to the settler (the commit comes before any ack) and frees the
+// kind slots of finished tasks. It owns the outcome channel, the batching
+// and the flushers.
+type completer struct {
+	store     *task.Store
+	settler   settler
+	admission *admission
+	log       *slog.Logger
+	owner     string // the worker's consumer name, the lease owner
+	// max, window and parallel are Config.CompleteBatch, CompleteWindow
+	// and CompleteParallel.
+	max, parallel int
+	window        time.Duration
+	// ioCtx carries the store calls; cancelled last at shutdown.
+	ioCtx context.Context
+	// in carries outcomes from handlers; capacity = Concurrency. Every
+	// outcome holds a slot until the completer settles it, so handlers
+	// never block on it.
+	in chan outcome
+	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
+	// by start.
+	onSucceeded func([]uuid.UUID)
+	stop, done  chan struct{}
+}
+
+// newCompleter returns the completer of a worker configured by cfg.
+func newCompleter(ioCtx context.Context, cfg Config, store *task.Store, s settler, adm *admission, log *slog.Logger) *completer {
+	return &completer{
+		store: store, settler: s, admission: adm, log: log, owner: cfg.Consumer,
+		max: cfg.CompleteBatch, parallel: cfg.CompleteParallel, window: cfg.CompleteWindow,
+		ioCtx: ioCtx, in: make(chan outcome, cfg.Concurrency),
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+}
+
+// start runs the completer on its own goroutine until stopWithin.
+// onSucceeded is the benchmark hook (nil: none).
+func (c *completer) start(onSucceeded func([]uuid.UUID)) {
+	c.onSucceeded = onSucceeded
+	go func() {
+		defer close(c.done)
+		c.run(c.stop)
+	}()
+}
+
+// add hands the completer the outcome of a run.
+func (c *completer) add(o outcome) { c.in <- o }
+
+// stopWithin tells the completer to record what is queued and stop, and
+// reports whether it stopped within d (else see wait).
+func (c *completer) stopWithin(d time.Duration) bool {
+	close(c.stop)
+	return waitFor(c.done, d)
+}
+
+// wait waits until the completer has stopped.
+func (c *completer) wait() { <-c.done }
+
+// run records handler outcomes in batches: it gathers outcomes for at most
+// Config.CompleteWindow or Config.CompleteBatch of them, and hands each
+// batch to one of Config.CompleteParallel flushers, which make one store
+// call per kind of outcome (succeed, fail, release) and then acknowledge,
+// set idle times and dead-letter in Redis. While a flusher waits for its
+// commit, the next batch is gathered and flushed. It returns when stop is
+// closed, after recording what is queued.
+func (c *completer) run(stop <-chan struct{}) {
+	max, window := c.max, c.window
 	flush := make(chan []outcome)
 	var flushers sync.WaitGroup
-	for range p.cfg.CompleteParallel {
+	for range c.parallel {
 		flushers.Add(1)
 		go func() {
 			defer flushers.Done()
 			for batch := range flush {
-				p.complete(batch)
+				c.complete(batch)
 			}
 		}()
 	}
@@ -38,14 +105,14 @@ func (p *processor) runCompleter(stop <-chan struct{}) {
 	timer.Stop()
 	for {
 		select {
-		case o := <-p.outcomes:
+		case o := <-c.in:
 			batch := make([]outcome, 1, max)
 			batch[0] = o
 			timer.Reset(window)
 		gather:
 			for len(batch) < max {
 				select {
-				case o := <-p.outcomes:
+				case o := <-c.in:
 					batch = append(batch, o)
 				case <-timer.C:
 					break gather
@@ -59,7 +126,7 @@ func (p *processor) runCompleter(stop <-chan struct{}) {
 			drain:
 				for len(batch) < max {
 					select {
-					case o := <-p.outcomes:
+					case o := <-c.in:
 						batch = append(batch, o)
 					default:
 						break drain
@@ -75,7 +142,7 @@ func (p *processor) runCompleter(stop <-chan struct{}) {
 }
 
 // complete records one batch of outcomes.
-func (p *processor) complete(batch []outcome) {
+func (c *completer) complete(batch []outcome) {
 	var succ, rel []uuid.UUID
 	var fails []task.Failure
 	byTask := make(map[uuid.UUID]outcome, len(batch))
@@ -93,12 +160,12 @@ func (p *processor) complete(batch []outcome) {
 			fails = append(fails, f)
 		}
 	}
-	me := p.cfg.Consumer
+	me := c.owner
 	var results []task.Result
-	results = append(results, p.storeCall("succeed", len(succ), func(ctx context.Context) ([]task.Result, error) {
-		return p.store.Succeed(ctx, me, succ...)
+	results = append(results, c.storeCall("succeed", len(succ), func(ctx context.Context) ([]task.Result, error) {
+		return c.store.Succeed(ctx, me, succ...)
 	})...)
-	if hook := p.onSucceeded; hook != nil && len(results) > 0 {
+	if hook := c.onSucceeded; hook != nil && len(results) > 0 {
 		done := make([]uuid.UUID, 0, len(results))
 		for _, r := range results {
 			if r.Applied {
@@ -107,12 +174,12 @@ func (p *processor) complete(batch []outcome) {
 		}
 		hook(done)
 	}
-	results = append(results, p.storeCall("fail", len(fails), func(ctx context.Context) ([]task.Result, error) {
-		return p.store.Fail(ctx, me, fails...)
+	results = append(results, c.storeCall("fail", len(fails), func(ctx context.Context) ([]task.Result, error) {
+		return c.store.Fail(ctx, me, fails...)
 	})...)
 	nRel := len(results)
-	results = append(results, p.storeCall("release", len(rel), func(ctx context.Context) ([]task.Result, error) {
-		return p.store.Release(ctx, me, rel...)
+	results = append(results, c.storeCall("release", len(rel), func(ctx context.Context) ([]task.Result, error) {
+		return c.store.Release(ctx, me, rel...)
 	})...)
 
 	now := time.Now()
@@ -132,32 +199,32 @@ func (p *processor) complete(batch []outcome) {
 		released := i >= nRel
 		switch {
 		case !res.Applied:
-			p.conflict(o, res)
+			c.conflict(o, res)
 			metric[d.id] = resultConflict
 		case res.Status == task.Cancelled:
 			// Whatever the handler returned: the cancel request committed
 			// first. Terminal, no DLQ entry.
-			p.log.Info("task cancelled", "task_id", res.ID, "message_id", d.id, "attempt", o.r.task.Attempt, "err", o.err)
+			c.log.Info("task cancelled", "task_id", res.ID, "message_id", d.id, "attempt", o.r.task.Attempt, "err", o.err)
 			acks = append(acks, d.id)
 			metric[d.id] = resultCancelled
 		case released:
-			p.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
+			c.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
 			later = append(later, deferral{id: d.id, taskID: res.ID, at: now})
 			metric[d.id] = resultReleased
 		case res.Status == task.Succeeded:
 			acks = append(acks, d.id)
 			metric[d.id] = resultSucceeded
 		case res.Status == task.Retrying:
-			p.log.Info("task failed; retrying", "task_id", res.ID, "message_id", d.id,
+			c.log.Info("task failed; retrying", "task_id", res.ID, "message_id", d.id,
 				"attempt", o.r.task.Attempt, "next_retry_at", res.NextRetryAt, "err", o.err, o.r.traceAttr())
 			later = append(later, deferral{id: d.id, taskID: res.ID, at: timeOr(res.NextRetryAt, now)})
 			metric[d.id] = resultRetry
 		case res.Status == task.Dead:
-			p.log.Warn("task failed: DEAD", "task_id", res.ID, "message_id", d.id,
+			c.log.Warn("task failed: DEAD", "task_id", res.ID, "message_id", d.id,
 				"attempt", o.r.task.Attempt, "permanent", IsPermanent(o.err), "err", o.err, o.r.traceAttr())
 			metric[d.id] = resultDead // for the attempt span; not settled here
 			t := &task.Task{ID: res.ID, Kind: o.r.task.Kind, AttemptCount: res.AttemptCount, LastError: res.LastError, FinishedAt: res.FinishedAt}
-			letters = append(letters, p.taskLetter(d, t, resultDead, now))
+			letters = append(letters, taskLetter(d, t, resultDead, now))
 			continue
 		}
 		settle = append(settle, d)
@@ -174,8 +241,8 @@ func (p *processor) complete(batch []outcome) {
 	for _, o := range byTask {
 		o.r.endAttempt(metric[o.r.d.id], o.err, o.timedOut)
 	}
-	p.settle(acks, later, settle, metric)
-	p.deadLetter(letters)
+	c.settler.settle(acks, later, settle, metric)
+	c.settler.deadLetter(letters)
 	done := map[string][]uuid.UUID{}
 	for _, res := range results {
 		if o, ok := byTask[res.ID]; ok && res.Applied {
@@ -184,40 +251,40 @@ func (p *processor) complete(batch []outcome) {
 	}
 	// Off the completer's path: the next outcomes need not wait (shutdown
 	// waits for it).
-	p.admission.freeKindSlots(p.ioCtx, done)
+	c.admission.freeKindSlots(c.ioCtx, done)
 }
 
 // conflict reports a completion whose guard matched nothing: the lease was
 // lost (taken over after it expired). Nothing changed; the entry is left to
 // whoever holds the task now.
-func (p *processor) conflict(o outcome, res task.Result) {
-	p.log.Warn("task outcome not recorded: lease lost", "task_id", res.ID, "message_id", o.r.d.id,
+func (c *completer) conflict(o outcome, res task.Result) {
+	c.log.Warn("task outcome not recorded: lease lost", "task_id", res.ID, "message_id", o.r.d.id,
 		"attempt", o.r.task.Attempt, "status", res.Status, "lease_owner", res.LeaseOwner,
 		"attempt_count", res.AttemptCount, "err", o.err, o.r.traceAttr())
 }
 
 // storeCall runs a store call of n tasks, retrying with backoff while it
 // fails, until the worker's I/O is cancelled (then it returns nil).
-func (p *processor) storeCall(op string, n int, f func(context.Context) ([]task.Result, error)) []task.Result {
+func (c *completer) storeCall(op string, n int, f func(context.Context) ([]task.Result, error)) []task.Result {
 	if n == 0 {
 		return nil
 	}
 	delay := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		res, err := f(p.ioCtx)
+		res, err := f(c.ioCtx)
 		if err == nil {
 			return res
 		}
-		if p.ioCtx.Err() != nil {
-			p.log.Error("recording outcomes failed at shutdown; their entries stay pending", "op", op, "count", n, "err", err)
+		if c.ioCtx.Err() != nil {
+			c.log.Error("recording outcomes failed at shutdown; their entries stay pending", "op", op, "count", n, "err", err)
 			return nil
 		}
 		if attempt == 1 {
-			p.log.Error("recording outcomes failed; retrying", "op", op, "count", n, "err", err)
+			c.log.Error("recording outcomes failed; retrying", "op", op, "count", n, "err", err)
 		}
 		t := time.NewTimer(delay)
 		select {
-		case <-p.ioCtx.Done():
+		case <-c.ioCtx.Done():
 		case <-t.C:
 		}
 		t.Stop()

@@ -9,8 +9,10 @@
 // docs/ARCHITECTURE.md describes the whole path.
 //
 // It owns the worker engine: the processor (processor.go: start, dispatch,
-// execute, shutdown), its completer, heartbeat, cancel listener and
-// per-kind admission, and each queue mode's consumer, transport and
+// execute, shutdown) and its parts, each owning its state: the in-flight
+// set (inflight.go), per-kind admission (kinds.go), the completer
+// (completer.go) and the heartbeater with its cancel listener
+// (heartbeat.go, cancel.go), and each queue mode's consumer, transport and
 // gauges (queue_redis.go, queue_kafka.go).
 //
 // # The worker's contract

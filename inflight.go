@@ -10,7 +10,7 @@ import (
 // handler slots, the messages in flight here, the runs of started tasks
 // (by message and by task) and whether it is draining. One lock guards it
 // all, and the flags of each run (returned, lost, cancelled). It does no
-// I/O: the processor, the heartbeat and the completer ask it and act.
+// I/O: the processor, the heartbeater and the completer ask it and act.
 type inflight struct {
 	mu       sync.Mutex
 	free     int                  // free handler slots

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -62,7 +61,7 @@ type run struct {
 	// outran its timeout by a lease (under mu).
 	lost bool
 	// cancelled is set once an operator's cancel reached the handler
-	// (under mu; see cancelRun).
+	// (under mu; see heartbeater.cancelRun).
 	cancelled bool
 	// span is the attempt's span (see startAttempt), ended by the
 	// completer; traceID is its trace id for log lines ("" when none).
@@ -88,7 +87,7 @@ type outcome struct {
 // settle.go). Its parts each own their state: inflight (slots, messages in
 // flight, runs, draining), admission (the kinds' pauses and limits), the
 // completer (outcomes → Postgres → transport; completer.go) and the
-// heartbeat (lease renewal, idle-time refresh, cancel notices;
+// heartbeater (lease renewal, idle-time refresh, cancel notices;
 // heartbeat.go, cancel.go). launch starts the goroutines and shutdown
 // stops everything in order.
 type processor struct {
@@ -98,9 +97,11 @@ type processor struct {
 	inflight *inflight
 	// admission applies the kinds' pauses and limits to starts.
 	admission *admission
-	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
-	// by launch, read by the completer.
-	onSucceeded func([]uuid.UUID)
+	// completer records handlers' outcomes and settles their messages.
+	completer *completer
+	// heartbeater renews the runs' leases, keeps their entries fresh and
+	// carries cancel requests to them.
+	heartbeater *heartbeater
 
 	// ioCtx carries all Redis and Postgres I/O; cancelled last at shutdown.
 	ioCtx  context.Context
@@ -114,21 +115,10 @@ type processor struct {
 	// settling of entries (ack, idle time set, leaving the in-flight set),
 	// so a refresh never overwrites the idle time an entry was settled with.
 	settleMu sync.Mutex
-	// touching is set while a heartbeat's idle-time refresh runs (touches
-	// tracks it for shutdown).
-	touching atomic.Bool
-	touches  sync.WaitGroup
-	// cancelListener tracks the LISTEN loop for cancel requests (cancel.go).
-	cancelListener sync.WaitGroup
 
-	outcomes chan outcome // handlers → completer; capacity = Concurrency
 	work     sync.WaitGroup
 	retries  sync.WaitGroup // DLQ writes being retried
 	abandons sync.WaitGroup // entries of abandoned runs being handed over
-
-	// The completer's and the heartbeat's lifecycles (see start, shutdown).
-	stopCompleter, completerDone chan struct{}
-	stopHeartbeat, heartbeatDone chan struct{}
 }
 
 // processorDeps are the processor's collaborators.
@@ -147,32 +137,19 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 		cfg:           cfg,
 		inflight:      newInflight(cfg.Concurrency),
 		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
-		// Every outcome holds a slot until the completer settles it, so
-		// handlers never block on this channel.
-		outcomes:      make(chan outcome, cfg.Concurrency),
-		stopCompleter: make(chan struct{}),
-		completerDone: make(chan struct{}),
-		stopHeartbeat: make(chan struct{}),
-		heartbeatDone: make(chan struct{}),
 	}
 	p.ioCtx, p.stopIO = context.WithCancel(context.Background())
 	p.handlerCtx, p.stopHandlers = context.WithCancelCause(p.ioCtx)
+	p.completer = newCompleter(p.ioCtx, cfg, deps.store, p, p.admission, deps.log)
+	p.heartbeater = newHeartbeater(p.ioCtx, cfg, deps.store, deps.tr, p.inflight, &p.settleMu, deps.log)
 	return p
 }
 
-// launch starts the completer and the heartbeat. onSucceeded is the
-// benchmark hook (nil: none).
+// launch starts the completer, the heartbeat and the cancel listener.
+// onSucceeded is the benchmark hook (nil: none).
 func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
-	p.onSucceeded = onSucceeded
-	go func() {
-		defer close(p.completerDone)
-		p.runCompleter(p.stopCompleter)
-	}()
-	go func() {
-		defer close(p.heartbeatDone)
-		p.runHeartbeat(p.stopHeartbeat)
-	}()
-	p.startCancelListener()
+	p.completer.start(onSucceeded)
+	p.heartbeater.start()
 }
 
 // shutdown stops the processor once the readers feeding it have stopped,
@@ -205,19 +182,17 @@ func (p *processor) shutdown() {
 		}
 	}
 	// 4.
-	close(p.stopCompleter)
-	if !waitFor(p.completerDone, finalFlushTimeout) {
+	if !p.completer.stopWithin(finalFlushTimeout) {
 		p.log.Error("recording the last outcomes timed out; their entries stay pending")
 		p.stopIO()
-		<-p.completerDone
+		p.completer.wait()
 	}
-	close(p.stopHeartbeat)
-	<-p.heartbeatDone
+	p.heartbeater.stopBeating()
 	p.stopIO()
 	p.retries.Wait()
 	p.abandons.Wait()
 	p.admission.wait()
-	p.cancelListener.Wait()
+	p.heartbeater.waitListener()
 }
 
 // hardStopWait is how long shutdown waits, after cancelling handlers at the end
@@ -381,7 +356,7 @@ func (p *processor) start(batch []delivery) {
 		case task.DiedOnTakeover:
 			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,
 				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
-			letters = append(letters, p.taskLetter(d, r.Task, resultDead, now))
+			letters = append(letters, taskLetter(d, r.Task, resultDead, now))
 			continue
 		case task.Finished, task.CancelledOnTakeover:
 			if r.Task.Status == task.Dead {
@@ -389,7 +364,7 @@ func (p *processor) start(batch []delivery) {
 				// the DLQ write, or a duplicate entry: the DLQ gets this
 				// death once.
 				log.Debug("task already DEAD; making sure its death is dead-lettered")
-				letters = append(letters, p.taskLetter(d, r.Task, resultSkipped, now))
+				letters = append(letters, taskLetter(d, r.Task, resultSkipped, now))
 				continue
 			}
 			log.Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
@@ -488,5 +463,5 @@ func (p *processor) execute(ctx context.Context, r *run) {
 	}
 	p.inflight.returned(r)
 	r.cancel(nil)
-	p.outcomes <- o
+	p.completer.add(o)
 }

@@ -72,7 +72,7 @@ func (p *processor) poison(d delivery, kind, reason string, now time.Time) lette
 }
 
 // taskLetter returns the letter of d, the message of t, a DEAD task.
-func (p *processor) taskLetter(d delivery, t *task.Task, result string, now time.Time) letter {
+func taskLetter(d delivery, t *task.Task, result string, now time.Time) letter {
 	e := dlq.Entry{
 		TaskID:       t.ID.String(),
 		Kind:         t.Kind,
