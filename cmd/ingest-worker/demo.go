@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -143,30 +142,12 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 
 	// The queue: Kafka (in-process kfake unless configured), or Redis
 	// (in-process unless configured).
-	redisCLI := ""
-	if a.cfg.Queue == queueKafka {
-		stop, err := a.demoKafka(say)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	} else if !a.setByUser("INGEST_REDIS_URL") {
-		m := miniredis.NewMiniRedis()
-		if err := m.StartAddr("127.0.0.1:0"); err != nil {
-			return fmt.Errorf("start the in-process Redis: %w", err)
-		}
-		defer m.Close()
-		a.cfg.RedisURL, a.cfg.RedisCluster = "redis://"+m.Addr()+"/0", false
-		redisCLI = "redis-cli -p " + m.Port()
-		say("Redis:      in-process (miniredis) on %s\n", m.Addr())
-	} else {
-		redisCLI = "redis-cli -u '" + redact.DSN(a.cfg.RedisURL) + "'"
-		if a.cfg.RedisCluster { // one node, following redirects (-c)
-			first, _, _ := strings.Cut(a.cfg.RedisURL, "?")
-			redisCLI = "redis-cli -c -u '" + redact.DSN(first) + "'"
-		}
-		say("Redis:      %s\n", redact.DSN(a.cfg.RedisURL))
+	mode := a.mode()
+	queueCLI, stopQueue, err := mode.demoServers(say)
+	if err != nil {
+		return err
 	}
+	defer stopQueue()
 
 	// PostgreSQL: throwaway unless configured.
 	if !a.setByUser("INGEST_DATABASE_URL") {
@@ -202,7 +183,7 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 		say("PostgreSQL: %s\n", a.dbShown())
 	}
 
-	pool, rdb, closeAll, err := a.openQueueServers(ctx)
+	pool, rdb, closeAll, err := mode.openServers(ctx)
 	if err != nil {
 		return err
 	}
@@ -263,7 +244,7 @@ func (a *app) demo(ctx context.Context, keep bool, timeout time.Duration) error 
 	}
 	sum.ElapsedMS = time.Since(start).Milliseconds()
 	sum.RedisURL, sum.DatabaseURL, sum.HTTPAddr = redact.DSN(a.cfg.RedisURL), redact.DSN(a.cfg.DatabaseURL), httpAddr
-	sum.Commands = a.demoCommands(redisCLI, httpAddr, ids, sum)
+	sum.Commands = a.demoCommands(queueCLI, httpAddr, ids, sum)
 	if a.json {
 		if err := a.printJSON(sum); err != nil {
 			return err
@@ -494,30 +475,14 @@ func (a *app) demoSummary(ctx context.Context, pool *pgxpool.Pool, rdb redis.Uni
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if a.cfg.Queue == queueKafka {
-		if sum.DLQ, err = a.demoKafkaDLQ(ctx, ids); err != nil {
-			return nil, err
-		}
-	} else if a.cfg.DLQStreamKey != "" {
-		idSet := make(map[string]bool, len(ids))
-		for _, id := range ids {
-			idSet[id.String()] = true
-		}
-		entries, err := dlq.List(ctx, rdb, a.cfg.DLQStreamKey, dlq.ListParams{Count: 1000})
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range entries {
-			if idSet[e.TaskID] {
-				sum.DLQ = append(sum.DLQ, e)
-			}
-		}
+	if sum.DLQ, err = a.mode().demoDLQ(ctx, rdb, ids); err != nil {
+		return nil, err
 	}
 	return sum, nil
 }
 
 // demoCommands are the commands to look at what the demo did.
-func (a *app) demoCommands(redisCLI, httpAddr string, ids []uuid.UUID, sum *demoSummary) []string {
+func (a *app) demoCommands(queueCLI, httpAddr string, ids []uuid.UUID, sum *demoSummary) []string {
 	psql := "psql '" + redact.DSN(a.cfg.DatabaseURL) + "'"
 	if a.cfg.DatabaseURL == "" {
 		psql = "psql"
@@ -526,31 +491,15 @@ func (a *app) demoCommands(redisCLI, httpAddr string, ids []uuid.UUID, sum *demo
 	if len(sum.DLQ) > 0 {
 		example = sum.DLQ[0].TaskID
 	}
-	s, g, d := a.cfg.StreamKey, a.cfg.Group, a.cfg.DLQStreamKey
-	var cmds []string
-	if a.cfg.Queue != queueKafka {
-		cmds = append(cmds,
-			fmt.Sprintf("%s XPENDING %s %s", redisCLI, s, g),
-			fmt.Sprintf("%s XINFO GROUPS %s", redisCLI, s),
-			// Not XRANGE of the task stream: retention trims the entries
-			// every group has acknowledged, so after the demo it is empty.
-			// XINFO STREAM counts every entry ever added.
-			fmt.Sprintf("%s XINFO STREAM %s", redisCLI, s),
-		)
-		if d != "" && len(sum.DLQ) > 0 {
-			cmds = append(cmds, fmt.Sprintf("%s XRANGE %s - + COUNT 5", redisCLI, d))
-		}
-	}
+	mode := a.mode()
+	cmds := mode.demoCommands(queueCLI, sum)
 	cmds = append(cmds,
 		psql+` -c "SELECT kind, status, count(*), sum(attempt_count) AS failed_attempts FROM ingest_task WHERE kind LIKE 'demo.%' GROUP BY 1, 2 ORDER BY 1, 2"`,
 		psql+` -c "SELECT id,status,attempt_count,next_retry_at,last_error,updated_at FROM ingest_task WHERE id='`+example+`'"`,
 		psql+` -c "SELECT * FROM ingest_task_transition WHERE task_id='`+example+`' ORDER BY id"`,
 		psql+` -c "SELECT id,status,attempt_count,next_retry_at,last_error,created_at,sent_at FROM outbox_event ORDER BY created_at DESC LIMIT 20"`,
 	)
-	env := fmt.Sprintf("INGEST_DATABASE_URL='%s' INGEST_REDIS_URL='%s'", redact.DSN(a.cfg.DatabaseURL), redact.DSN(a.cfg.RedisURL))
-	if a.cfg.Queue == queueKafka {
-		env = fmt.Sprintf("INGEST_DATABASE_URL='%s' INGEST_QUEUE=kafka KAFKA_BOOTSTRAP_SERVERS='%s'", redact.DSN(a.cfg.DatabaseURL), a.cfg.KafkaBrokers)
-	}
+	env := mode.demoEnv()
 	cmds = append(cmds,
 		env+" ingest-worker task show "+example,
 		env+" ingest-worker pending",
@@ -590,11 +539,7 @@ func (a *app) printDemoSummary(sum *demoSummary, keep bool) {
 	}
 	a.table([]string{"KIND", "TASKS", "SUCCEEDED", "DEAD", "CANCELLED", "NOT FINISHED"}, rows)
 
-	dlqName := a.cfg.DLQStreamKey
-	if a.cfg.Queue == queueKafka {
-		dlqName = "topic " + a.cfg.KafkaDLQTopic
-	}
-	a.printf("\nDLQ (%s): %d entries\n", dlqName, len(sum.DLQ))
+	a.printf("\nDLQ (%s): %d entries\n", a.mode().dlqName(), len(sum.DLQ))
 	if len(sum.DLQ) > 0 {
 		a.printDLQ(sum.DLQ)
 	}

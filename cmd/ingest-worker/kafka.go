@@ -15,16 +15,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/kafka"
+	"github.com/ingest-worker/ingest/migrations"
+	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
-)
-
-// Values of INGEST_QUEUE.
-const (
-	queueRedis = "redis"
-	queueKafka = "kafka"
 )
 
 // kafkaConfig is the Kafka clients' configuration (INGEST_QUEUE=kafka).
@@ -50,29 +48,88 @@ func (c *Config) kafkaBackoff() backoff.Policy {
 	return backoff.Policy{Base: c.KafkaRetryBaseBackoff, Max: c.KafkaRetryMaxBackoff, Jitter: backoff.DefaultJitter}
 }
 
-// kafkaStoreConfig is the task store's configuration in Kafka mode: new
-// tasks' outbox rows go to the task topic.
-func (a *app) kafkaStoreConfig() task.Config {
+// kafkaMode is the Kafka queue mode (INGEST_QUEUE=kafka): a Kafka
+// consumer group carries the tasks; Redis is not used.
+type kafkaMode struct{ a *app }
+
+func (m kafkaMode) service(ctx context.Context, pool *pgxpool.Pool, _ redis.UniversalClient, opts ...kgo.Opt) (ingest.Config, ingest.Queue, error) {
+	c := m.a.cfg
+	if err := migrations.Check(ctx, pool); err != nil {
+		return ingest.Config{}, nil, fmt.Errorf("schema check: %w", err)
+	}
+	return ingest.Config{
+		Store: m.storeConfig(),
+		Relay: outbox.RelayConfig{
+			BatchSize: c.KafkaPublishBatchSize, PublishInterval: c.KafkaPublishInterval,
+			MaxAttempts: c.KafkaMaxAttempts, Backoff: c.kafkaBackoff(),
+		},
+	}, ingest.Kafka(c.kafkaConfig(), opts...), nil
+}
+
+// storeConfig: new tasks' outbox rows go to the task topic.
+func (m kafkaMode) storeConfig() task.Config {
+	c := m.a.cfg
 	return task.Config{
-		Stream:          a.cfg.KafkaTopic,
-		MaxAttempts:     a.cfg.KafkaMaxAttempts,
-		MaxPayloadBytes: a.cfg.MaxPayloadBytes,
-		Backoff:         a.cfg.kafkaBackoff(),
+		Stream:          c.KafkaTopic,
+		MaxAttempts:     c.KafkaMaxAttempts,
+		MaxPayloadBytes: c.MaxPayloadBytes,
+		Backoff:         c.kafkaBackoff(),
 	}
 }
 
-// openQueueServers connects to what the queue mode needs: PostgreSQL and
-// Redis, or (Kafka mode) PostgreSQL only, rdb nil.
-func (a *app) openQueueServers(ctx context.Context) (*pgxpool.Pool, redis.UniversalClient, func(), error) {
-	if a.cfg.Queue != queueKafka {
-		return a.openServers(ctx)
-	}
-	pool, err := a.openDB(ctx)
+// openServers connects to PostgreSQL only: rdb is nil.
+func (m kafkaMode) openServers(ctx context.Context) (*pgxpool.Pool, redis.UniversalClient, func(), error) {
+	pool, err := m.a.openDB(ctx)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	return pool, nil, pool.Close, nil
 }
+
+// dlqStream: the DLQ topic's records are not removed.
+func (m kafkaMode) dlqStream() string { return "" }
+
+func (m kafkaMode) runAttrs() []any {
+	a, c := m.a, m.a.cfg
+	return []any{"consumer", c.ConsumerName, "queue", queueKafka, "topic", c.KafkaTopic, "group", c.KafkaGroup,
+		"concurrency", c.WorkerConcurrency, "kafka", c.KafkaBrokers, "database", a.dbShown()}
+}
+
+// pending prints the group's lag per partition of the task topic.
+func (m kafkaMode) pending(ctx context.Context, _ int64) error {
+	rep, err := m.a.kafkaPendingReport(ctx)
+	if err != nil {
+		return err
+	}
+	if m.a.json {
+		return m.a.printJSON(rep)
+	}
+	m.a.printKafkaPending(rep)
+	return nil
+}
+
+func (m kafkaMode) showQueue(ctx context.Context, d *taskDetail) {
+	d.Kafka = m.a.kafkaTaskOf(ctx, d.Outbox)
+}
+
+func (m kafkaMode) demoServers(say func(string, ...any)) (string, func(), error) {
+	stop, err := m.a.demoKafka(say)
+	return "", stop, err
+}
+
+func (m kafkaMode) demoDLQ(ctx context.Context, _ redis.UniversalClient, ids []uuid.UUID) ([]dlq.Entry, error) {
+	return m.a.demoKafkaDLQ(ctx, ids)
+}
+
+// demoCommands: none; the follow-up commands (pending, task show) show
+// the group's view.
+func (m kafkaMode) demoCommands(string, *demoSummary) []string { return nil }
+
+func (m kafkaMode) demoEnv() string {
+	return fmt.Sprintf("INGEST_DATABASE_URL='%s' INGEST_QUEUE=kafka KAFKA_BOOTSTRAP_SERVERS='%s'", redact.DSN(m.a.cfg.DatabaseURL), m.a.cfg.KafkaBrokers)
+}
+
+func (m kafkaMode) dlqName() string { return "topic " + m.a.cfg.KafkaDLQTopic }
 
 // kafkaAdmin returns an admin client on the configured brokers.
 func (a *app) kafkaAdmin() (*kadm.Client, func(), error) {

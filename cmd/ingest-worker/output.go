@@ -207,18 +207,8 @@ func (a *app) openServers(ctx context.Context) (pool *pgxpool.Pool, rdb redis.Un
 	return pool, rdb, func() { rdb.Close(); pool.Close() }, nil
 }
 
-// storeConfig is the task store's configuration.
-func (a *app) storeConfig() task.Config {
-	if a.cfg.Queue == queueKafka {
-		return a.kafkaStoreConfig()
-	}
-	return task.Config{
-		Stream:          a.cfg.StreamKey,
-		MaxAttempts:     a.cfg.MaxAttempts,
-		MaxPayloadBytes: a.cfg.MaxPayloadBytes,
-		Backoff:         a.cfg.taskBackoff(),
-	}
-}
+// storeConfig is the task store's configuration (the queue mode's).
+func (a *app) storeConfig() task.Config { return a.mode().storeConfig() }
 
 // openStore connects to PostgreSQL and returns the task store on it.
 func (a *app) openStore(ctx context.Context) (*task.Store, *pgxpool.Pool, error) {

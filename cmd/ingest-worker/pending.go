@@ -80,32 +80,7 @@ not yet published to Redis) and the tasks per status.`,
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			if a.cfg.Queue == queueKafka {
-				rep, err := a.kafkaPendingReport(ctx)
-				if err != nil {
-					return err
-				}
-				if a.json {
-					return a.printJSON(rep)
-				}
-				a.printKafkaPending(rep)
-				return nil
-			}
-			pool, rdb, closeAll, err := a.openServers(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeAll()
-			rep, err := a.pendingReport(ctx, pool, rdb, oldest)
-			if err != nil {
-				return err
-			}
-			if a.json {
-				return a.printJSON(rep)
-			}
-			a.printPending(rep)
-			return nil
+			return a.mode().pending(cmd.Context(), oldest)
 		},
 	}
 	rangeFlag(cmd.Flags(), &oldest, "oldest", "", oldestRange, 5, "how many of the oldest pending entries to show")

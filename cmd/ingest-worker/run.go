@@ -18,11 +18,8 @@ import (
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/api"
-	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/migrations"
-	"github.com/ingest-worker/ingest/outbox"
-	"github.com/ingest-worker/ingest/reclaim"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
@@ -86,7 +83,7 @@ func (a *app) runCommand() *cobra.Command {
 				return err
 			}
 			defer stopTracing()
-			pool, rdb, closeAll, err := a.openQueueServers(ctx)
+			pool, rdb, closeAll, err := a.mode().openServers(ctx)
 			if err != nil {
 				return err
 			}
@@ -151,7 +148,7 @@ func (a *app) startupChecks(ctx context.Context, pool *pgxpool.Pool, rdb redis.U
 // Configuration errors the components find are usage errors (exit 2).
 // opts are extra franz-go client options (Kafka mode; tests).
 func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opts ...kgo.Opt) (*stack, error) {
-	cfg, queue, err := a.queue(ctx, pool, rdb, opts...)
+	cfg, queue, err := a.mode().service(ctx, pool, rdb, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -178,46 +175,6 @@ func (a *app) newStack(ctx context.Context, pool *pgxpool.Pool, rdb redis.Univer
 		return nil, usageErr(err)
 	}
 	return s, nil
-}
-
-// queue is the one place the binary picks its queue mode (INGEST_QUEUE):
-// it runs the mode's startup checks and returns the queue with the
-// mode's part of the service configuration (the queue's identity, the
-// store's retry policy, the reclaimer and relay settings).
-func (a *app) queue(ctx context.Context, pool *pgxpool.Pool, rdb redis.UniversalClient, opts ...kgo.Opt) (ingest.Config, ingest.Queue, error) {
-	c := a.cfg
-	if c.Queue == queueKafka {
-		if err := migrations.Check(ctx, pool); err != nil {
-			return ingest.Config{}, nil, fmt.Errorf("schema check: %w", err)
-		}
-		return ingest.Config{
-			Store: a.kafkaStoreConfig(),
-			Relay: outbox.RelayConfig{
-				BatchSize: c.KafkaPublishBatchSize, PublishInterval: c.KafkaPublishInterval,
-				MaxAttempts: c.KafkaMaxAttempts, Backoff: c.kafkaBackoff(),
-			},
-		}, ingest.Kafka(c.kafkaConfig(), opts...), nil
-	}
-	if err := a.startupChecks(ctx, pool, rdb); err != nil {
-		return ingest.Config{}, nil, err
-	}
-	for _, w := range c.warnings() {
-		a.log.Warn(w)
-	}
-	return ingest.Config{
-		Stream:          c.StreamKey,
-		Group:           c.Group,
-		DLQ:             c.DLQStreamKey,
-		NoDLQ:           c.DLQStreamKey == "",
-		ReclaimIdle:     c.reclaimIdle(),
-		Store:           a.storeConfig(),
-		Reclaim:         reclaim.Config{Interval: c.ReclaimInterval, BatchSize: c.ReclaimBatchSize},
-		ReclaimDisabled: !c.ReclaimEnabled,
-		Relay: outbox.RelayConfig{
-			BatchSize: c.OutboxPublishBatchSize, PublishInterval: c.OutboxPublishInterval,
-			MaxAttempts: c.OutboxMaxAttempts, Backoff: c.outboxBackoff(),
-		},
-	}, ingest.Redis(rdb), nil
 }
 
 // checks are the readiness checks of /readyz.
@@ -297,12 +254,7 @@ func (s *stack) run(ctx context.Context, ln net.Listener) error {
 
 	svcDone := make(chan error, 1)
 	go func() { svcDone <- s.svc.Run(runCtx) }()
-	attrs := []any{"consumer", s.a.cfg.ConsumerName, "stream", s.a.cfg.StreamKey, "group", s.a.cfg.Group,
-		"concurrency", s.a.cfg.WorkerConcurrency, "redis", redact.DSN(s.a.cfg.RedisURL), "database", s.a.dbShown()}
-	if s.a.cfg.Queue == queueKafka {
-		attrs = []any{"consumer", s.a.cfg.ConsumerName, "queue", queueKafka, "topic", s.a.cfg.KafkaTopic, "group", s.a.cfg.KafkaGroup,
-			"concurrency", s.a.cfg.WorkerConcurrency, "kafka", s.a.cfg.KafkaBrokers, "database", s.a.dbShown()}
-	}
+	attrs := s.a.mode().runAttrs()
 	if ln != nil {
 		attrs = append(attrs, "http", ln.Addr().String(), "http_allowed_hosts", allowedHosts)
 	}

@@ -100,7 +100,7 @@ when an id was not redriven.`,
 				rdb   redis.UniversalClient
 				key   string
 			)
-			if a.cfg.Queue == queueKafka || a.cfg.DLQStreamKey == "" || dryRun {
+			if a.mode().dlqStream() == "" || dryRun {
 				// No DLQ stream to clean up: Redis is not needed.
 				s, pool, err := a.openStore(ctx)
 				if err != nil {
@@ -267,16 +267,7 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 			}
 			d.Redis.Stream, d.Redis.Group = a.cfg.StreamKey, a.cfg.Group
 			d.Redis.Entries, d.Redis.DLQ = []entryState{}, []dlq.Entry{}
-			if a.cfg.Queue == queueKafka {
-				d.Kafka = a.kafkaTaskOf(ctx, d.Outbox)
-			} else if rdb, err := a.openRedis(ctx); err != nil {
-				d.Redis.Error = a.scrub.String(err.Error())
-			} else {
-				defer rdb.Close()
-				if err := a.redisStateOf(ctx, rdb, &d); err != nil {
-					d.Redis.Error = a.scrub.String(err.Error())
-				}
-			}
+			a.mode().showQueue(ctx, &d)
 			if a.json {
 				return a.printJSON(d)
 			}

@@ -33,22 +33,16 @@ func parseTaskIDs(args []string) ([]uuid.UUID, error) {
 // stream's and the DLQ's); rdb is nil in Kafka mode, and key, the DLQ
 // stream, is "" there and when there is no DLQ.
 func (a *app) openWithRedis(ctx context.Context) (store *task.Store, pool *pgxpool.Pool, rdb redis.UniversalClient, key string, closeAll func(), err error) {
-	if a.cfg.Queue == queueKafka {
-		store, pool, err = a.openStore(ctx)
-		if err != nil {
-			return nil, nil, nil, "", nil, err
-		}
-		return store, pool, nil, "", pool.Close, nil
-	}
-	pool, rdb, closeAll, err = a.openServers(ctx)
+	m := a.mode()
+	pool, rdb, closeAll, err = m.openServers(ctx)
 	if err != nil {
 		return nil, nil, nil, "", nil, err
 	}
-	if store, err = task.NewStore(a.storeConfig(), pool); err != nil {
+	if store, err = task.NewStore(m.storeConfig(), pool); err != nil {
 		closeAll()
 		return nil, nil, nil, "", nil, usageErr(err)
 	}
-	return store, pool, rdb, a.cfg.DLQStreamKey, closeAll, nil
+	return store, pool, rdb, m.dlqStream(), closeAll, nil
 }
 
 // idOutcome is one line of the output of task delete and task redrive.

@@ -112,23 +112,11 @@ func (a *app) uiCommand() *cobra.Command {
 				return usagef("INGEST_HTTP_ADDR is empty: set the address the dashboard listens on")
 			}
 			ctx := cmd.Context()
-			var (
-				pool *pgxpool.Pool
-				rdb  redis.UniversalClient
-				err  error
-			)
-			if a.cfg.Queue == queueKafka {
-				if pool, err = a.openDB(ctx); err != nil {
-					return err
-				}
-				defer pool.Close()
-			} else {
-				var closeAll func()
-				if pool, rdb, closeAll, err = a.openServers(ctx); err != nil {
-					return err
-				}
-				defer closeAll()
+			pool, rdb, closeAll, err := a.mode().openServers(ctx)
+			if err != nil {
+				return err
 			}
+			defer closeAll()
 			if err := migrations.Check(ctx, pool); err != nil {
 				return fmt.Errorf("schema check: %w", err)
 			}
