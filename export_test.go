@@ -30,16 +30,9 @@ func NewKafka(cfg Config, kcfg kafka.Config, store *task.Store, pool *pgxpool.Po
 }
 
 func newBareWorker(q Queue, cfg Config, store *task.Store, pool *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer) (*worker, error) {
-	cfg, err := q.bind(cfg)
+	cfg, logger, err := prepare(q, cfg, logger)
 	if err != nil {
 		return nil, err
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
 	}
 	return q.newWorker(cfg, store, pool, logger, reg)
 }

@@ -48,16 +48,9 @@ func NewService(cfg Config, pool *pgxpool.Pool, queue Queue, logger *slog.Logger
 	if pool == nil {
 		return nil, errors.New("ingest: NewService: nil Postgres pool")
 	}
-	cfg, err := queue.bind(cfg)
+	cfg, logger, err := prepare(queue, cfg, logger)
 	if err != nil {
 		return nil, err
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
 	}
 	svc := &Service{cfg: cfg, log: logger}
 	if err := svc.build(pool, queue, reg); err != nil {
@@ -65,6 +58,24 @@ func NewService(cfg Config, pool *pgxpool.Pool, queue Queue, logger *slog.Logger
 		return nil, err
 	}
 	return svc, nil
+}
+
+// prepare is what every engine built on queue starts with: the queue's
+// identity bound into cfg, the defaults, the validation, and a logger
+// (discarding, when nil).
+func prepare(queue Queue, cfg Config, logger *slog.Logger) (Config, *slog.Logger, error) {
+	cfg, err := queue.bind(cfg)
+	if err != nil {
+		return cfg, nil, err
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, logger, nil
 }
 
 // build builds the components of s.cfg on queue, in dependency order.
