@@ -7,6 +7,8 @@ import (
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/ingest-worker/ingest/stream"
 )
 
 //go:embed delete_idle_consumers.lua
@@ -64,7 +66,7 @@ func (c *consumers) runOnce(ctx context.Context) (int, error) {
 		reply, err := deleteIdleConsumers.Run(ctx, c.rdb, []string{c.cfg.Stream},
 			c.cfg.Group, c.cfg.Consumer, c.cfg.IdleTimeout.Milliseconds(), maxConsumersPerCall).Slice()
 		if err != nil {
-			if isMissingGroup(err) {
+			if stream.IsMissing(err) {
 				return total, nil // nothing to clean; the consumers recreate the group
 			}
 			return total, fmt.Errorf("delete idle consumers of %s/%s: %w", c.cfg.Stream, c.cfg.Group, err)

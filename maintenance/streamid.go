@@ -43,10 +43,3 @@ func (id streamID) next() streamID {
 // on a missing key): stream.IsNoStream, under a name that the functions
 // with a parameter called stream can call.
 var isNoSuchKey = stream.IsNoStream
-
-// isMissingGroup reports whether err says the stream or the group does not
-// exist (XINFO CONSUMERS failed).
-func isMissingGroup(err error) bool {
-	msg := err.Error()
-	return strings.Contains(msg, "NOGROUP") || strings.Contains(strings.ToLower(msg), "no such key")
-}

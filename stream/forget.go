@@ -17,9 +17,21 @@ type EntryRef struct {
 }
 
 // IsNoStream reports whether err says the stream key does not exist (XINFO
-// on a missing key).
+// on a missing key: "ERR no such key"; servers before Redis 6 say "ERR The
+// XINFO ...").
 func IsNoStream(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "no such key")
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(strings.ToLower(msg), "no such key") || strings.HasPrefix(msg, "ERR The XINFO")
+}
+
+// IsMissing reports whether err says the stream or its consumer group does
+// not exist: IsNoStream, or a NOGROUP error anywhere in the text (a Lua
+// script's error wraps the command's).
+func IsMissing(err error) bool {
+	return IsNoStream(err) || (err != nil && strings.Contains(err.Error(), "NOGROUP"))
 }
 
 // Forget removes entries whose tasks were deleted from their streams, for

@@ -73,3 +73,36 @@ func TestForget(t *testing.T) {
 		}
 	})
 }
+
+// TestIsMissing runs the commands whose "does not exist" answers the
+// callers treat as an empty stream, against each Redis backend, and checks
+// that IsMissing recognises each answer and nothing else.
+func TestIsMissing(t *testing.T) {
+	t.Parallel()
+	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
+		t.Parallel()
+		ctx := context.Background()
+		key, _ := testenv.Keys(t)
+		_, noStream := b.Client.XInfoGroups(ctx, key).Result()
+		if !stream.IsNoStream(noStream) || !stream.IsMissing(noStream) {
+			t.Errorf("XINFO GROUPS of a missing stream: %v not recognised", noStream)
+		}
+		if err := b.Client.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []string{"f", "v"}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, noGroup := b.Client.XInfoConsumers(ctx, key, "nogroup").Result()
+		if !stream.IsMissing(noGroup) {
+			t.Errorf("XINFO CONSUMERS of a missing group: %v not recognised", noGroup)
+		}
+		if err := b.Client.Set(ctx, key+"-string", "x", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		_, wrongType := b.Client.XInfoGroups(ctx, key+"-string").Result()
+		if wrongType == nil || stream.IsMissing(wrongType) {
+			t.Errorf("XINFO GROUPS of a string key: %v taken for a missing stream", wrongType)
+		}
+		if stream.IsMissing(nil) {
+			t.Error("stream.IsMissing(nil) = true")
+		}
+	})
+}

@@ -2,7 +2,6 @@ package ui
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,10 +11,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -353,7 +352,7 @@ func (h *Handler) readRedis(ctx context.Context) *redisView {
 	}
 	groups, gerr := rdb.XInfoGroups(ctx, rv.Stream).Result()
 	if gerr != nil {
-		if !noStream(gerr) {
+		if !stream.IsMissing(gerr) {
 			err = gerr
 		}
 		return rv
@@ -384,13 +383,4 @@ func (h *Handler) readRedis(ctx context.Context) *redisView {
 		return strings.Compare(a.Name, b.Name)
 	})
 	return rv
-}
-
-// noStream reports a Redis error meaning the stream or group is missing.
-func noStream(err error) bool {
-	if err == nil || errors.Is(err, redis.Nil) {
-		return err != nil
-	}
-	s := err.Error()
-	return strings.Contains(s, "no such key") || strings.HasPrefix(s, "NOGROUP") || strings.HasPrefix(s, "ERR The XINFO")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -97,7 +98,7 @@ func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb redis.U
 		return nil, fmt.Errorf("xlen %s: %w", rep.Stream, err)
 	}
 	groups, err := rdb.XInfoGroups(ctx, rep.Stream).Result()
-	if err != nil && !isNoSuchKey(err) {
+	if err != nil && !stream.IsMissing(err) {
 		return nil, fmt.Errorf("xinfo groups %s: %w", rep.Stream, err)
 	}
 	for _, g := range groups {
@@ -180,10 +181,6 @@ func entryAge(id string) time.Duration {
 		return 0
 	}
 	return time.Since(time.UnixMilli(n))
-}
-
-func isNoSuchKey(err error) bool {
-	return err != nil && (strings.Contains(err.Error(), "no such key") || strings.HasPrefix(err.Error(), "ERR The XINFO") || strings.Contains(err.Error(), "NOGROUP"))
 }
 
 func (a *app) printPending(r *pendingReport) {
