@@ -47,10 +47,11 @@ func configReference(t *testing.T) string {
 		workers = append(workers, "`"+c+"`")
 	}
 	slices.Sort(workers)
-	fmt.Fprintf(&b, "Used by: *every command* marks a global setting, a flag of every command,\n"+
-		"whose invalid value stops every command. *workers* marks a worker setting, a\n"+
-		"flag of `run`, `demo` and `config`, whose invalid value stops %s and\n"+
-		"the commands named after it; any other command warns and uses the default.\n"+
+	fmt.Fprintf(&b, "The column *used by* says which commands an invalid value stops:\n\n"+
+		"- *every command*: a global setting, a flag of every command;\n"+
+		"- *workers*: a worker setting, a flag of `run`, `demo` and `config`; it stops\n"+
+		"  %s and the commands named after it, while any other\n"+
+		"  command warns and uses the default.\n\n"+
 		"Secrets are masked wherever a value is shown.\n", strings.Join(workers, ", "))
 	g := -1
 	for _, s := range settings {
