@@ -15,7 +15,7 @@ import (
 )
 
 // TestRetentionPassBesideAWorker loads INGEST_RETENTION_PERF_ROWS expired
-// SUCCEEDED tasks (100000 for the figure in docs/OPERATIONS.md), each
+// SUCCEEDED tasks (100000 for the figure in docs/PERFORMANCE.md), each
 // with an audit row and an outbox row, and runs a worker's cycle (create,
 // start, succeed, four at a time) alone and then during a retention pass
 // that deletes them all. It logs the pass's rate and the worker's

@@ -17,7 +17,7 @@ import (
 )
 
 // TestOverviewPerformance loads INGEST_UI_PERF_ROWS tasks (1000000 for the
-// figure in docs/DASHBOARD.md) with an outbox row and a creation audit row each,
+// figure in docs/PERFORMANCE.md) with an outbox row and a creation audit row each,
 // the last 30,000 of them with a full audit trail within the charts'
 // window, then times the overview (uncached: every query, the audit
 // samples and the rendering) and logs the EXPLAIN ANALYZE of its queries.

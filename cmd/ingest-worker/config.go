@@ -138,6 +138,9 @@ type setting struct {
 	def   string // the default as text
 	typ   string // the value's type as shown in --help
 	usage string
+	// long is the setting's description in the configuration reference
+	// (docs/CONFIGURATION.md, Markdown) when it says more than usage.
+	long  string
 	scope scope
 	// alsoFor lists the commands ("task show", or "task" for all its
 	// subcommands) that use this worker setting besides workerCommands.
@@ -155,23 +158,27 @@ func (s setting) flagName() string {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.env, "INGEST_")), "_", "-")
 }
 
-// settings lists every setting; the configuration tables of README.md
-// (checked by TestDocsListEverySetting) and docs/ARCHITECTURE.md §5 follow
-// it.
+// settings lists every setting, in the order of the configuration
+// reference: docs/CONFIGURATION.md is generated from it and settingGroups
+// (TestGeneratedReferences), and docs/ARCHITECTURE.md §5 follows it.
 var settings = []setting{
 	{env: "INGEST_DATABASE_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
 		usage: "PostgreSQL URL or key=value DSN (empty: the standard PG* variables apply)",
+		long:  "PostgreSQL URL or key=value DSN; empty: the standard `PG*` variables apply",
 		set:   func(c *Config, v string) error { c.DatabaseURL = v; return checkDatabaseURL(v) }},
 	{env: "INGEST_DATABASE_LISTEN_URL", typ: "url", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
 		usage: "direct PostgreSQL connection (not through a pooler) for LISTEN and the migration lock, when INGEST_DATABASE_URL goes through a transaction-pooling PgBouncer (empty: LISTEN on INGEST_DATABASE_URL, or poll behind a pooler)",
+		long:  "a direct PostgreSQL connection to the same database, for what needs a session when `INGEST_DATABASE_URL` goes through a transaction-pooling PgBouncer: LISTEN, and `migrate`'s lock (see [PgBouncer](DEPLOYMENT.md#pgbouncer)); start-up refuses one that goes through a pooler or names another database. Empty: LISTEN on `INGEST_DATABASE_URL`; behind a pooler, none: poll",
 		set:   func(c *Config, v string) error { c.DatabaseListenURL = v; return checkDatabaseURL(v) }},
 	// INGEST_REDIS_CLUSTER comes before INGEST_REDIS_URL: it decides how
 	// the URL is read.
 	{env: "INGEST_REDIS_CLUSTER", def: "false", typ: "bool", scope: scopeGlobal,
 		usage: "Redis Cluster: INGEST_REDIS_URL is a cluster URL (redis://host:port?addr=host2:port2&addr=host3:port3)",
+		long:  "Redis Cluster: `INGEST_REDIS_URL` is a cluster URL (`redis://host:port?addr=host2:port2&addr=host3:port3`); the stream and DLQ keys must share a hash tag (start-up refuses otherwise; see [Redis Cluster](DEPLOYMENT.md#redis-cluster))",
 		set:   setBool(func(c *Config) *bool { return &c.RedisCluster })},
 	{env: "INGEST_REDIS_URL", def: "redis://127.0.0.1:6379/0", typ: "url", scope: scopeGlobal, secret: true,
 		usage: "Redis URL (rediss:// for TLS; with INGEST_REDIS_CLUSTER, ?addr=host:port for more cluster nodes)",
+		long:  "Redis URL; `rediss://` for TLS; with `INGEST_REDIS_CLUSTER`, more cluster nodes as `?addr=host:port`",
 		set: func(c *Config, v string) error {
 			c.RedisURL = v
 			if c.RedisCluster {
@@ -187,12 +194,15 @@ var settings = []setting{
 		set:   setString(func(c *Config) *string { return &c.Group })},
 	{env: "INGEST_REDIS_DLQ_STREAM_KEY", def: dlq.DefaultStream, typ: "key", scope: scopeGlobal, emptyMeansEmpty: true,
 		usage: "dead-letter stream key (empty: no DLQ stream, DEAD state only)",
+		long:  "dead-letter stream; empty: none (DEAD state only). On Redis Cluster it must share the task stream's hash tag: `{ingest}:tasks`, `{ingest}:tasks:dlq`",
 		set:   func(c *Config, v string) error { c.DLQStreamKey = v; return checkName(v) }},
 	{env: "INGEST_REDIS_MAX_ATTEMPTS", def: itoa(task.DefaultMaxAttempts), typ: "int", scope: scopeWorker, alsoFor: []string{"task"},
 		usage: "runs a task gets before it is DEAD (tasks created without max_attempts)",
+		long:  "runs a task gets before DEAD, for tasks created without `max_attempts` (stored as NULL): the setting of the worker that records the failure decides, whichever process created the task; a task's own `max_attempts` wins",
 		set:   setInt(func(c *Config) *int { return &c.MaxAttempts }, 1, task.MaxAttemptsLimit)},
 	{env: "INGEST_REDIS_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
 		usage: "retry delay after the first failure; doubles per failure (0: retry at once)",
+		long:  "retry delay after the first failure, doubling per failure, ±10% jitter; `0` (with max `0`): retry at once",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.RetryBaseBackoff }, 0)},
 	{env: "INGEST_REDIS_RETRY_MAX_BACKOFF_MS", def: ms(backoff.DefaultMax), typ: "ms", scope: scopeWorker,
 		usage: "longest retry delay",
@@ -202,9 +212,11 @@ var settings = []setting{
 		set:   setBool(func(c *Config) *bool { return &c.ReclaimEnabled })},
 	{env: "INGEST_REDIS_RECLAIM_INTERVAL_MS", def: ms(reclaim.DefaultInterval), typ: "ms", scope: scopeWorker,
 		usage: "time between reclaim rounds",
+		long:  "time between reclaim rounds; a due retry runs within about this much of its time",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimInterval }, 1)},
 	{env: "INGEST_REDIS_RECLAIM_IDLE_MS", def: ms(reclaim.DefaultMinIdle), typ: "ms", scope: scopeWorker,
 		usage: "idle time after which a pending entry's worker is taken for dead (running tasks are taken over once their lease expires)",
+		long:  "idle time after which a pending entry's worker is taken for dead (the running tasks of a worker silent for a lease are taken over once their lease expires, sooner); `0`: failed entries are re-driven at the next reclaim round. At or below `INGEST_TASK_LEASE_MS`/3 (the heartbeat) the reclaimer also claims running tasks' entries and hands them back (a start-up warning says so; the start guard never runs a task twice) and crashed workers are found by their leases",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimIdle }, 0)},
 	{env: "INGEST_REDIS_RECLAIM_BATCH_SIZE", def: itoa(reclaim.DefaultBatchSize), typ: "int", scope: scopeWorker,
 		usage: "entries claimed per XAUTOCLAIM",
@@ -214,6 +226,7 @@ var settings = []setting{
 		set:   setInt(func(c *Config) *int { return &c.OutboxMaxAttempts }, 1, outbox.MaxAttemptsLimit)},
 	{env: "INGEST_OUTBOX_RETRY_BASE_BACKOFF_MS", def: ms(backoff.DefaultBase), typ: "ms", scope: scopeWorker,
 		usage: "outbox publish retry delay after the first failure; doubles per failure (0: retry at once)",
+		long:  "publish retry delay after the first failure, doubling per failure, ±10% jitter (the tasks' formula); `0`: retry at once",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.OutboxRetryBaseBackoff }, 0)},
 	{env: "INGEST_OUTBOX_RETRY_MAX_BACKOFF_MS", def: ms(backoff.DefaultMax), typ: "ms", scope: scopeWorker,
 		usage: "longest outbox publish retry delay",
@@ -229,6 +242,7 @@ var settings = []setting{
 		set:   setInt(func(c *Config) *int { return &c.WorkerConcurrency }, 1, ingest.MaxConcurrency)},
 	{env: "INGEST_CONSUMER_NAME", def: "", typ: "name", scope: scopeWorker,
 		usage: "consumer name in the group (default hostname-pid)",
+		long:  "consumer name and lease owner; unique per live process. Default: hostname-pid",
 		set: func(c *Config, v string) error {
 			if v == "" {
 				c.ConsumerName, c.consumerNameFromDefault = defaultConsumerName(), true
@@ -242,18 +256,23 @@ var settings = []setting{
 		}},
 	{env: "INGEST_TASK_LEASE_MS", def: ms(ingest.DefaultTaskLease), typ: "ms", scope: scopeWorker,
 		usage: "lease of a running task; renewed by the heartbeat",
+		long:  "lease of a running task, renewed by the heartbeat every third of it; once it has expired and the worker has been silent for as long, another worker takes the task over (see [failure semantics](FAILURES.md))",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskLease }, 100)},
 	{env: "INGEST_TASK_TIMEOUT_MS", def: ms(ingest.DefaultTaskTimeout), typ: "ms", scope: scopeWorker,
 		usage: "default deadline of a handler run (a failed attempt) for tasks without timeout_ms; 0: none",
+		long:  "default deadline of a handler run for tasks without `timeout_ms` and kinds without their own (a failed attempt whose `last_error` says timeout); `0`: none",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.TaskTimeout }, 0)},
 	{env: "INGEST_SHUTDOWN_TIMEOUT_MS", def: ms(ingest.DefaultShutdownTimeout), typ: "ms", scope: scopeWorker,
 		usage: "grace period for running tasks on SIGTERM/SIGINT; later ones are handed back",
+		long:  "grace period of running tasks at SIGTERM/SIGINT; the tasks still running then are handed back (RETRYING, due at once, no failure counted)",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ShutdownTimeout }, 1)},
 	{env: "INGEST_MAX_PAYLOAD_BYTES", def: itoa(task.DefaultMaxPayloadBytes), typ: "bytes", scope: scopeWorker, alsoFor: []string{"enqueue", "bench"},
 		usage: "largest task payload accepted",
+		long:  "largest task payload (larger: 413 from the API)",
 		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, task.PayloadBytesRange.Min, task.PayloadBytesRange.Max)},
 	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true, alsoFor: []string{"healthcheck"},
 		usage: "HTTP listen address: /metrics, /healthz, /readyz, task API (empty: no HTTP server)",
+		long:  "`/metrics`, `/healthz`, `/readyz`, the task API and the [dashboard](DASHBOARD.md) (`/ui/`); empty (set but empty): no HTTP server",
 		set: func(c *Config, v string) error {
 			c.HTTPAddr = v
 			if v == "" {
@@ -270,6 +289,7 @@ var settings = []setting{
 		}},
 	{env: "INGEST_HTTP_ALLOWED_HOSTS", typ: "host,...", scope: scopeWorker,
 		usage: "Host names and addresses the HTTP server answers besides the loopback names and INGEST_HTTP_ADDR's host (with 0.0.0.0, [::] or no host: the machine's name and addresses), comma-separated; host:port for one port only; * for any",
+		long:  "the `Host` names and addresses the HTTP server answers besides the loopback names and `INGEST_HTTP_ADDR`'s host (with `0.0.0.0`, `[::]` or no host: the machine's host name and interface addresses), comma-separated (`host:port` for one port only; `*`: any host); any other Host gets 421 (see [security](SECURITY.md))",
 		set: func(c *Config, v string) error {
 			c.HTTPAllowedHosts = v
 			_, err := httpguard.ParseHosts(strings.Split(v, ","))
@@ -277,12 +297,15 @@ var settings = []setting{
 		}},
 	{env: "INGEST_API_TOKEN", typ: "token", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
 		usage: "when set, the task API requires Authorization: Bearer <token>",
+		long:  "when set, the task API requires `Authorization: Bearer <token>` and the dashboard a login with it; probes and metrics stay open. Empty: no auth. Prefer the variable: flags are visible in `ps`",
 		set:   func(c *Config, v string) error { c.APIToken = v; return nil }},
 	{env: "INGEST_UI_READONLY", def: "false", typ: "bool", scope: scopeWorker,
 		usage: "the web dashboard (/ui/) shows no action buttons and refuses actions with 403",
+		long:  "the web dashboard (`/ui/`, see [the dashboard](DASHBOARD.md)) shows no action buttons and refuses every action with 403",
 		set:   setBool(func(c *Config) *bool { return &c.UIReadOnly })},
 	{env: "INGEST_WEBHOOK_URL", typ: "url", scope: scopeWorker, secret: true, emptyMeansEmpty: true,
 		usage: "built-in handler: POST every task to this URL",
+		long:  "the built-in handler's target: every run is POSTed there (see [the webhook handler](GETTING-STARTED.md#the-built-in-webhook-handler))",
 		set: func(c *Config, v string) error {
 			c.WebhookURL = v
 			if v == "" {
@@ -295,6 +318,7 @@ var settings = []setting{
 		set:   setMillis(func(c *Config) *time.Duration { return &c.WebhookTimeout }, 1)},
 	{env: "INGEST_QUEUE", def: queueRedis, typ: "queue", scope: scopeGlobal,
 		usage: "the transport that carries tasks to workers: redis or kafka",
+		long:  "the transport that carries tasks to workers: `redis` or `kafka` (see [Kafka mode](KAFKA.md))",
 		set: func(c *Config, v string) error {
 			switch v = strings.ToLower(strings.TrimSpace(v)); v {
 			case queueRedis, queueKafka:
@@ -340,6 +364,7 @@ var settings = []setting{
 		set:   setMillis(func(c *Config) *time.Duration { return &c.KafkaPublishInterval }, 1)},
 	{env: "INGEST_PERIODIC", typ: "json", scope: scopeWorker, emptyMeansEmpty: true,
 		usage: `periodic tasks, e.g. [{"kind":"sync","every":"30s"},{"kind":"report","cron":"0 3 * * *","payload":{"x":1}}]`,
+		long:  "periodic tasks, a JSON array, e.g. `[{\"kind\":\"sync\",\"every\":\"30s\"},{\"kind\":\"report\",\"cron\":\"0 3 * * *\",\"payload\":{\"x\":1}}]` (see [scheduling](SCHEDULING.md)); empty: none",
 		set: func(c *Config, v string) error {
 			if _, err := maintenance.ParseSchedules("", []byte(v)); err != nil {
 				return err
@@ -349,6 +374,7 @@ var settings = []setting{
 		}},
 	{env: "INGEST_RETENTION_SUCCEEDED", def: goDuration(maintenance.DefaultRetentionSucceeded), typ: "duration", scope: scopeWorker,
 		usage: "SUCCEEDED tasks are deleted (with their audit and outbox rows) this long after they finished (Go duration: 24h, 720h; 0: kept forever)",
+		long:  "SUCCEEDED tasks are deleted this long after `finished_at`, with their audit and outbox rows (Go duration: `24h`, `720h`; `0`: kept forever; see [retention](OPERATIONS.md#retention))",
 		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionSucceeded })},
 	{env: "INGEST_RETENTION_CANCELLED", def: goDuration(maintenance.DefaultRetentionCancelled), typ: "duration", scope: scopeWorker,
 		usage: "CANCELLED tasks are deleted (with their audit and outbox rows) this long after they were cancelled (Go duration; 0: kept forever)",
@@ -358,6 +384,7 @@ var settings = []setting{
 		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionDead })},
 	{env: "INGEST_LOG_LEVEL", def: "info", typ: "level", scope: scopeGlobal,
 		usage: "debug, info, warn or error",
+		long:  "`debug`, `info`, `warn` or `error`",
 		set: func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "debug":
@@ -375,6 +402,7 @@ var settings = []setting{
 		}},
 	{env: "INGEST_LOG_FORMAT", def: "text", typ: "format", scope: scopeGlobal,
 		usage: "text or json",
+		long:  "`text` or `json` (logs go to stderr; the Redis client's own lines too, at WARN with `component=go-redis`)",
 		set: func(c *Config, v string) error {
 			switch strings.ToLower(v) {
 			case "text", "json":
@@ -383,6 +411,21 @@ var settings = []setting{
 			}
 			return fmt.Errorf("%q is not one of text, json", v)
 		}},
+}
+
+// settingGroups divide settings into the sections of the configuration
+// reference: each group starts at the setting named first and runs to the
+// next group's first.
+var settingGroups = []struct{ first, title string }{
+	{"INGEST_DATABASE_URL", "Connections"},
+	{"INGEST_REDIS_STREAM_KEY", "Redis stream, retries and the reclaimer"},
+	{"INGEST_OUTBOX_MAX_ATTEMPTS", "Outbox relay"},
+	{"INGEST_WORKER_CONCURRENCY", "Worker"},
+	{"INGEST_HTTP_ADDR", "HTTP server, task API and dashboard"},
+	{"INGEST_WEBHOOK_URL", "Webhook handler"},
+	{"INGEST_QUEUE", "Queue mode and Kafka"},
+	{"INGEST_PERIODIC", "Periodic tasks and retention"},
+	{"INGEST_LOG_LEVEL", "Logging"},
 }
 
 // periodic returns the schedules of INGEST_PERIODIC (validated when it

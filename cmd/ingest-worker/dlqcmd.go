@@ -110,7 +110,8 @@ func (a *app) dlqReplayCommand() *cobra.Command {
 QUEUED, with their attempts reset, and remove the entries. --all replays every
 entry of the DLQ. An entry whose task is no longer DEAD is removed without
 change; a poison entry (no valid task_id) or one whose task does not exist is
-kept and reported.`,
+kept and reported. A task id given instead of an entry id is refused (exit 2),
+naming the commands that take one: 'task redrive ID' and 'dlq discard --task ID'.`,
 		Example: `  ingest-worker dlq replay 1718000000000-0
   ingest-worker dlq replay --all`,
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -17,6 +17,10 @@
 //	INGEST_UPDATE_DOCS=1 go test ./internal/archdoc
 //
 // rewrites them in place (a new package's row takes the first sentence of
-// its package documentation as what it owns). The package has no code of
-// its own.
+// its package documentation as what it owns).
+//
+// The package also owns the convention for other generated parts of the
+// documents (CheckGenerated): a region between two HTML comments, the
+// first naming the command that regenerates it, compared with what a test
+// generates from the code and rewritten in place when UpdateEnv is 1.
 package archdoc

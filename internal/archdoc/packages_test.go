@@ -16,7 +16,7 @@ var update = flag.Bool("update", false, "rewrite the generated parts of the docu
 
 // updating reports whether the test rewrites the documents instead of
 // failing on a difference.
-func updating() bool { return *update || os.Getenv("INGEST_UPDATE_DOCS") == "1" }
+func updating() bool { return *update || Updating() }
 
 // root is the module's directory, two levels above this package.
 const root = "../.."
