@@ -106,8 +106,12 @@ func TestMigrationTable(t *testing.T) {
 	}
 }
 
-// link matches a Markdown link's target: [text](target).
-var link = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+// link matches a Markdown link's target: [text](target); refLink a
+// reference-style link's definition: [name]: target.
+var (
+	link    = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	refLink = regexp.MustCompile(`^ {0,3}\[[^\]]+\]:\s*<?([^>\s]+)>?`)
+)
 
 // anchors returns the GitHub anchors of the headings of a Markdown text.
 func anchors(text string) map[string]bool {
@@ -148,13 +152,14 @@ func slug(heading string) string {
 	return b.String()
 }
 
-// TestLinks checks every relative link of README.md and docs/*.md: the
-// file it names exists, and so does the heading its #anchor names.
+// TestLinks checks every relative link of README.md and docs/*.md, inline
+// or reference-style: the file it names exists, and so does the heading
+// its #anchor names.
 func TestLinks(t *testing.T) {
 	for _, doc := range documents(t) {
 		text := read(t, doc)
 		for i, line := range strings.Split(text, "\n") {
-			for _, m := range link.FindAllStringSubmatch(line, -1) {
+			for _, m := range append(link.FindAllStringSubmatch(line, -1), refLink.FindAllStringSubmatch(line, -1)...) {
 				target := m[1]
 				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
 					continue
