@@ -219,4 +219,3 @@ func TestOpenAPILint(t *testing.T) {
 		t.Fatalf("redocly lint printed no verdict:\n%s", out)
 	}
 }
-
