@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,26 +29,8 @@ import (
 type contract struct {
 	base   string // prism's URL
 	token  string
-	worker *syncBuffer // the binary's log
-	prism  *syncBuffer // prism's log
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	worker *testenv.Buffer // the binary's log
+	prism  *testenv.Buffer // prism's log
 }
 
 // contractPayloadLimit is the binary's INGEST_MAX_PAYLOAD_BYTES here: small,
@@ -62,7 +43,7 @@ const hookResult = `{"echoed":true,"n":42}`
 
 // startProcess starts cmd (its output to log) and stops it when the test
 // ends: SIGTERM, then SIGKILL after 30 s.
-func startProcess(t *testing.T, cmd *exec.Cmd, log *syncBuffer) <-chan struct{} {
+func startProcess(t *testing.T, cmd *exec.Cmd, log *testenv.Buffer) <-chan struct{} {
 	t.Helper()
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -115,7 +96,7 @@ func startContract(t *testing.T) *contract {
 	}))
 	t.Cleanup(hook.Close)
 
-	c := &contract{token: "contract-token", worker: &syncBuffer{}, prism: &syncBuffer{}}
+	c := &contract{token: "contract-token", worker: &testenv.Buffer{}, prism: &testenv.Buffer{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("ingest-worker run's log:\n%s\nprism's log:\n%s", c.worker.String(), c.prism.String())
@@ -178,7 +159,7 @@ func startContract(t *testing.T) *contract {
 
 // httpStatus GETs url and returns the status, 0 when nothing answers; the
 // test fails if the process that should answer (done) has exited.
-func httpStatus(t *testing.T, url string, done <-chan struct{}, log *syncBuffer) int {
+func httpStatus(t *testing.T, url string, done <-chan struct{}, log *testenv.Buffer) int {
 	t.Helper()
 	select {
 	case <-done:
