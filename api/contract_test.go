@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +33,7 @@ type contract struct {
 	token  string
 	worker *testenv.Buffer // the binary's log
 	prism  *testenv.Buffer // prism's log
+	seen   map[string]bool // "METHOD /path" of each request sent through prism
 }
 
 // contractPayloadLimit is the binary's INGEST_MAX_PAYLOAD_BYTES here: small,
@@ -90,13 +93,22 @@ func startContract(t *testing.T) *contract {
 	db := testenv.NewDatabase(t)
 	streamKey, dlqKey := testenv.Keys(t)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		var call struct {
+			Kind string `json:"kind"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&call)
+		if call.Kind == "slow" {
+			// Runs until the worker cancels it (a cancel, the
+			// worker's shutdown).
+			<-r.Context().Done()
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, hookResult)
 	}))
 	t.Cleanup(hook.Close)
 
-	c := &contract{token: "contract-token", worker: &testenv.Buffer{}, prism: &testenv.Buffer{}}
+	c := &contract{token: "contract-token", worker: &testenv.Buffer{}, prism: &testenv.Buffer{}, seen: map[string]bool{}}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("ingest-worker run's log:\n%s\nprism's log:\n%s", c.worker.String(), c.prism.String())
@@ -188,6 +200,7 @@ func (c *contract) call(t *testing.T, method, path, body string, header ...strin
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.seen[method+" "+req.URL.Path] = true
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
@@ -316,6 +329,28 @@ func TestOpenAPIContract(t *testing.T) {
 		c.expect(t, http.StatusNoContent, "", "DELETE", id, "")
 		c.expect(t, http.StatusNotFound, "id", "GET", id, "")
 		c.expect(t, http.StatusOK, "", "GET", "/v1/kinds", "")
+
+		// A RUNNING task's cancel: 202, and it ends CANCELLED.
+		slow := decode[struct{ ID string }](t, c.expect(t, http.StatusCreated, "", "POST", "/v1/tasks", `{"kind":"slow","payload":{}}`))
+		id = "/v1/tasks/" + slow.ID
+		status := func() string {
+			return decode[struct{ Status string }](t, c.expect(t, http.StatusOK, "", "GET", id, "")).Status
+		}
+		testenv.Eventually(t, 30*time.Second, "the slow task to run", func() bool { return status() == "RUNNING" })
+		c.expect(t, http.StatusAccepted, "", "POST", id+"/cancel", `{"reason":"contract test"}`)
+		testenv.Eventually(t, 30*time.Second, "the slow task to end CANCELLED", func() bool { return status() == "CANCELLED" })
+	})
+
+	t.Run("every operation exercised", func(t *testing.T) {
+		for _, op := range documentedRoutes(t, openAPI(t)) {
+			method, tmpl, _ := strings.Cut(op, " ")
+			if !slices.ContainsFunc(slices.Collect(maps.Keys(c.seen)), func(sent string) bool {
+				m, path, _ := strings.Cut(sent, " ")
+				return m == method && matchesTemplate(tmpl, path)
+			}) {
+				t.Errorf("%s is in api/openapi.json but the contract test sends no request to it", op)
+			}
+		}
 	})
 
 	t.Run("typescript client", func(t *testing.T) {
@@ -344,6 +379,21 @@ func TestOpenAPIContract(t *testing.T) {
 		}
 		t.Logf("final task: %s", out)
 	})
+}
+
+// matchesTemplate reports whether path fits an OpenAPI path template
+// ("/v1/tasks/{id}/run"): segment by segment, a {name} matching any one.
+func matchesTemplate(tmpl, path string) bool {
+	ts, ps := strings.Split(tmpl, "/"), strings.Split(path, "/")
+	if len(ts) != len(ps) {
+		return false
+	}
+	for i, seg := range ts {
+		if !(strings.HasPrefix(seg, "{") && strings.HasSuffix(seg, "}") && ps[i] != "") && seg != ps[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // lastLine returns the last non-empty line of s.
