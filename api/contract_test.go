@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,8 +23,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
 )
 
 // contract is the real binary (ingest-worker run, with its webhook handler)
@@ -154,9 +159,26 @@ func startContract(t *testing.T) *contract {
 		return false
 	})
 
+	// prism's upstream passes every request to the binary, but for those
+	// marked with unavailableHeader (below).
+	binURL, err := url.Parse(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(binURL) }}
+	dead := unavailableServer(t)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get(unavailableHeader) != "" {
+			dead.ServeHTTP(w, r)
+			return
+		}
+		direct.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+
 	port := freePort(t)
 	c.base = "http://127.0.0.1:" + strconv.Itoa(port)
-	px := exec.Command(prism, "proxy", "--errors", "--cors=false", "-h", "127.0.0.1", "-p", strconv.Itoa(port), "openapi.json", upstream)
+	px := exec.Command(prism, "proxy", "--errors", "--cors=false", "-h", "127.0.0.1", "-p", strconv.Itoa(port), "openapi.json", front.URL)
 	px.Env = nodeEnv()
 	pdone := startProcess(t, px, c.prism)
 	testenv.Eventually(t, 60*time.Second, "ingest-worker run to be ready", func() bool {
@@ -167,6 +189,31 @@ func startContract(t *testing.T) *contract {
 		return httpStatus(t, c.base+"/healthz", pdone, c.prism) != 0
 	})
 	return c
+}
+
+// unavailableHeader marks a request that prism's upstream answers with
+// unavailableServer instead of the binary.
+const unavailableHeader = "X-Contract-Unavailable"
+
+// unavailableServer is the API handler of the binary with its PostgreSQL
+// unreachable (a port nothing listens on): its answers are the 503s a
+// binary gives while its database is down, and /readyz's 503.
+func unavailableServer(t *testing.T) http.Handler {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), "postgres://u:p@127.0.0.1:"+strconv.Itoa(freePort(t))+"/db?connect_timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := task.NewStore(task.Config{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := api.New(api.Config{}, store, api.Checks{"postgres": pool.Ping}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 // httpStatus GETs url and returns the status, 0 when nothing answers; the
@@ -339,6 +386,23 @@ func TestOpenAPIContract(t *testing.T) {
 		testenv.Eventually(t, 30*time.Second, "the slow task to run", func() bool { return status() == "RUNNING" })
 		c.expect(t, http.StatusAccepted, "", "POST", id+"/cancel", `{"reason":"contract test"}`)
 		testenv.Eventually(t, 30*time.Second, "the slow task to end CANCELLED", func() bool { return status() == "CANCELLED" })
+	})
+
+	t.Run("database unavailable", func(t *testing.T) {
+		down := []string{unavailableHeader, "1"}
+		if res := c.call(t, "GET", "/readyz", "", down...); res.code != http.StatusServiceUnavailable {
+			t.Errorf("GET /readyz with PostgreSQL down: %d %s, want 503", res.code, res.body)
+		}
+		for _, rt := range [][3]string{
+			{"POST", "/v1/tasks", `{"kind":"k","payload":{}}`},
+			{"GET", "/v1/tasks/" + uuid.NewString(), ""},
+			{"GET", "/v1/kinds", ""},
+		} {
+			res := c.expect(t, http.StatusServiceUnavailable, "", rt[0], rt[1], rt[2], down...)
+			if s, err := strconv.Atoi(res.header.Get("Retry-After")); err != nil || s < 1 {
+				t.Errorf("%s %s: Retry-After %q, want whole seconds", rt[0], rt[1], res.header.Get("Retry-After"))
+			}
+		}
 	})
 
 	t.Run("every operation exercised", func(t *testing.T) {
