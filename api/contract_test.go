@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -23,11 +22,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/testenv"
-	"github.com/ingest-worker/ingest/task"
 )
 
 // contract is the real binary (ingest-worker run, with its webhook handler)
@@ -72,17 +69,6 @@ func startProcess(t *testing.T, cmd *exec.Cmd, log *testenv.Buffer) <-chan struc
 		}
 	})
 	return done
-}
-
-// freePort returns a port free on 127.0.0.1 a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // startContract builds and starts the binary against the test's PostgreSQL
@@ -176,9 +162,9 @@ func startContract(t *testing.T) *contract {
 	}))
 	t.Cleanup(front.Close)
 
-	port := freePort(t)
-	c.base = "http://127.0.0.1:" + strconv.Itoa(port)
-	px := exec.Command(prism, "proxy", "--errors", "--cors=false", "-h", "127.0.0.1", "-p", strconv.Itoa(port), "openapi.json", front.URL)
+	port := closedPort(t) // free a moment ago: prism listens on it
+	c.base = "http://127.0.0.1:" + port
+	px := exec.Command(prism, "proxy", "--errors", "--cors=false", "-h", "127.0.0.1", "-p", port, "openapi.json", front.URL)
 	px.Env = nodeEnv()
 	pdone := startProcess(t, px, c.prism)
 	testenv.Eventually(t, 60*time.Second, "ingest-worker run to be ready", func() bool {
@@ -200,15 +186,7 @@ const unavailableHeader = "X-Contract-Unavailable"
 // binary gives while its database is down, and /readyz's 503.
 func unavailableServer(t *testing.T) http.Handler {
 	t.Helper()
-	pool, err := pgxpool.New(t.Context(), "postgres://u:p@127.0.0.1:"+strconv.Itoa(freePort(t))+"/db?connect_timeout=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := task.NewStore(task.Config{}, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, pool, _ := unreachableStore(t)
 	h, err := api.New(api.Config{}, store, api.Checks{"postgres": pool.Ping}, nil)
 	if err != nil {
 		t.Fatal(err)
