@@ -278,6 +278,7 @@ func (c *contract) expect(t *testing.T, code int, field, method, path, body stri
 // once for all of it.
 func TestOpenAPIContract(t *testing.T) {
 	t.Parallel()
+	client := prepareTSClient(t)
 	c := startContract(t)
 
 	t.Run("probes and document", func(t *testing.T) {
@@ -396,7 +397,7 @@ func TestOpenAPIContract(t *testing.T) {
 	})
 
 	t.Run("typescript client", func(t *testing.T) {
-		out := runTSClient(t, c, "echo", `{"hello":"world"}`)
+		out := client.run(t, c, "echo", `{"hello":"world"}`)
 		var final struct {
 			ID          string          `json:"id"`
 			Status      string          `json:"status"`
@@ -444,25 +445,32 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-// runTSClient generates the TypeScript types of api/openapi.json with
-// openapi-typescript, type checks testdata/tsclient/roundtrip.ts against
-// them (tsc --noEmit) and runs it with tsx through c's prism, creating one
-// task of kind; it returns what the script printed.
-func runTSClient(t *testing.T, c *contract, kind, payload string) string {
+// tsClient is testdata/tsclient/roundtrip.ts in a directory of its own,
+// with the TypeScript types of api/openapi.json generated beside it
+// (openapi-typescript) and type checked against them (tsc --noEmit).
+type tsClient struct {
+	dir, tsx string
+	ready    chan struct{} // closed when err is set
+	err      error
+}
+
+// prepareTSClient generates and type checks the client in the background
+// (that needs no server), while the test starts the servers.
+func prepareTSClient(t *testing.T) *tsClient {
 	t.Helper()
-	gen, tsc, tsx := testenv.NodeBin(t, "openapi-typescript"), testenv.NodeBin(t, "tsc"), testenv.NodeBin(t, "tsx")
-	dir := t.TempDir()
+	gen, tsc := testenv.NodeBin(t, "openapi-typescript"), testenv.NodeBin(t, "tsc")
+	c := &tsClient{dir: t.TempDir(), tsx: testenv.NodeBin(t, "tsx"), ready: make(chan struct{})}
 	for _, name := range []string{"roundtrip.ts", "tsconfig.json"} {
 		data, err := os.ReadFile(filepath.Join("testdata", "tsclient", name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(c.dir, name), data, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The tools' packages (openapi-fetch, @types/node) resolve from here.
-	if err := os.Symlink(testenv.NodeModules(t), filepath.Join(dir, "node_modules")); err != nil {
+	if err := os.Symlink(testenv.NodeModules(t), filepath.Join(c.dir, "node_modules")); err != nil {
 		t.Fatal(err)
 	}
 	doc, err := filepath.Abs("openapi.json")
@@ -470,24 +478,48 @@ func runTSClient(t *testing.T, c *contract, kind, payload string) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	runTool := func(name string, env []string, args ...string) string {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Dir, cmd.Env = dir, nodeEnv(env...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("%s %s: %v\nstdout:\n%s\nstderr:\n%s", filepath.Base(name), strings.Join(args, " "), err, stdout.String(), stderr.String())
+	go func() {
+		defer close(c.ready)
+		defer cancel()
+		if _, c.err = runNode(ctx, c.dir, gen, nil, doc, "-o", "schema.ts"); c.err == nil {
+			_, c.err = runNode(ctx, c.dir, tsc, nil, "-p", "tsconfig.json")
 		}
-		return stdout.String()
+	}()
+	t.Cleanup(func() { <-c.ready }) // before the directory is removed
+	return c
+}
+
+// run runs the client through the contract's prism, creating one task of
+// kind with payload; it returns what the script printed.
+func (c *tsClient) run(t *testing.T, ct *contract, kind, payload string) string {
+	t.Helper()
+	<-c.ready
+	if c.err != nil {
+		t.Fatal(c.err)
 	}
-	runTool(gen, nil, doc, "-o", "schema.ts")
-	runTool(tsc, nil, "-p", "tsconfig.json")
-	return runTool(tsx, []string{
-		"INGEST_API_URL=" + c.base,
-		"INGEST_API_TOKEN=" + c.token,
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	out, err := runNode(ctx, c.dir, c.tsx, []string{
+		"INGEST_API_URL=" + ct.base,
+		"INGEST_API_TOKEN=" + ct.token,
 		"TASK_KIND=" + kind,
 		"TASK_PAYLOAD=" + payload,
 	}, "roundtrip.ts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// runNode runs one of the Node.js tools in dir and returns its standard
+// output; an error carries both outputs.
+func runNode(ctx context.Context, dir, tool string, env []string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, tool, args...)
+	cmd.Dir, cmd.Env = dir, nodeEnv(env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s %s: %v\nstdout:\n%s\nstderr:\n%s", filepath.Base(tool), strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String(), nil
 }

@@ -136,6 +136,7 @@ func TestOpenAPIFacts(t *testing.T) {
 		schemas + "CreateRequest/properties/kind":            task.MaxKindLength,
 		"/components/parameters/Kind/schema":                 task.MaxKindLength,
 		schemas + "CreateRequest/properties/idempotency_key": task.MaxIdempotencyKeyLength,
+		schemas + "CancelRequest/properties/reason":          task.MaxCancelReasonBytes,
 	}
 	for ptr, n := range lengths {
 		if got := pointer(t, doc, ptr).(map[string]any)["maxLength"]; got != float64(n) {
