@@ -216,7 +216,7 @@ func TestOpenAPILint(t *testing.T) {
 	if err != nil {
 		t.Fatalf("redocly lint api/openapi.json: %v\n%s", err, out)
 	}
-	if !strings.Contains(string(out), "valid") {
+	if !strings.Contains(string(out), "description is valid") {
 		t.Fatalf("redocly lint printed no verdict:\n%s", out)
 	}
 }
