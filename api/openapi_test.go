@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -15,8 +17,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/transition"
 )
 
 // openAPI is the document api.OpenAPI returns, decoded.
@@ -218,5 +223,109 @@ func TestOpenAPILint(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "description is valid") {
 		t.Fatalf("redocly lint printed no verdict:\n%s", out)
+	}
+}
+
+// jsonFields returns the JSON names of t's fields (embedded structs'
+// fields flattened, as encoding/json does) and, of each, whether the
+// encoder always writes it (no omitempty).
+func jsonFields(t reflect.Type) map[string]bool {
+	out := map[string]bool{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if tag == "-" || (!f.IsExported() && !f.Anonymous) {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if f.Anonymous && name == "" && f.Type.Kind() == reflect.Struct {
+			maps.Copy(out, jsonFields(f.Type))
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out[name] = !slices.Contains(strings.Split(opts, ","), "omitempty")
+	}
+	return out
+}
+
+// schemaFields returns the properties of a component schema (its allOf
+// parts and their $refs merged) and, of each, whether it is required.
+func schemaFields(t *testing.T, doc map[string]any, name string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	var walk func(s map[string]any)
+	walk = func(s map[string]any) {
+		if ref, ok := s["$ref"].(string); ok {
+			walk(pointer(t, doc, strings.TrimPrefix(ref, "#")).(map[string]any))
+			return
+		}
+		parts, _ := s["allOf"].([]any)
+		for _, part := range parts {
+			walk(part.(map[string]any))
+		}
+		props, _ := s["properties"].(map[string]any)
+		for p := range props {
+			out[p] = false
+		}
+		req, _ := s["required"].([]any)
+		for _, p := range req {
+			out[p.(string)] = true
+		}
+	}
+	walk(pointer(t, doc, "/components/schemas/"+name).(map[string]any))
+	return out
+}
+
+// TestOpenAPISchemas holds each body schema of the document to the Go type
+// the server encodes or decodes: the same field names, and for an answer,
+// a field the encoder always writes is required and an omitempty one is
+// not (so a generated client types them as they come).
+func TestOpenAPISchemas(t *testing.T) {
+	t.Parallel()
+	doc := openAPI(t)
+	// ahead are the fields the document describes before this server
+	// writes them: a task's result and progress, optional.
+	ahead := []string{"result", "progress"}
+	for _, c := range []struct {
+		schema string
+		typ    any
+		answer bool
+	}{
+		{"CreateRequest", api.CreateRequest{}, false},
+		{"BulkRedriveRequest", api.BulkRedriveRequest{}, false},
+		{"CancelRequest", api.CancelRequest{}, false},
+		{"KindRequest", api.KindRequest{}, false},
+		{"CreateResponse", api.CreateResponse{}, true},
+		{"BatchResponse", api.BatchResponse{}, true},
+		{"ListResponse", api.ListResponse{}, true},
+		{"Task", task.Task{}, true},
+		{"TaskDetail", api.TaskResponse{}, true},
+		{"Transition", transition.Record{}, true},
+		{"RedriveResponse", api.RedriveResponse{}, true},
+		{"BulkRedriveResponse", dlq.BulkRedriveResult{}, true},
+		{"RunNowResponse", api.RunNowResponse{}, true},
+		{"KindInfo", task.KindInfo{}, true},
+		{"KindsResponse", api.KindsResponse{}, true},
+		{"KindResponse", api.KindResponse{}, true},
+		{"Slot", maintenance.Slot{}, true},
+		{"PeriodicResponse", api.PeriodicResponse{}, true},
+	} {
+		goFields, docFields := jsonFields(reflect.TypeOf(c.typ)), schemaFields(t, doc, c.schema)
+		for name, always := range goFields {
+			required, ok := docFields[name]
+			switch {
+			case !ok:
+				t.Errorf("%s: field %q of %T is not in the schema", c.schema, name, c.typ)
+			case c.answer && always != required:
+				t.Errorf("%s: %q is required=%v, but %T writes it always=%v", c.schema, name, required, c.typ, always)
+			}
+		}
+		for name := range docFields {
+			if _, ok := goFields[name]; !ok && !slices.Contains(ahead, name) {
+				t.Errorf("%s: property %q is not a field of %T", c.schema, name, c.typ)
+			}
+		}
 	}
 }
