@@ -26,7 +26,8 @@
 //
 // openapi.json is the machine-readable contract of every route above, its
 // bodies, status codes and errors; OpenAPI returns it. Its tests hold it to
-// the route table (both ways) and to package task's bounds, lint it with
+// the route table (both ways), its body schemas to the Go types of the
+// bodies, and its bounds to package task's, lint it with
 // redocly (redocly.yaml), and run the real binary behind a validating proxy
 // (prism) and a generated TypeScript client, failing on any answer that
 // breaks it. A change of a route or a body changes openapi.json with it.
