@@ -144,6 +144,7 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 	routes := []route{
 		{"GET /healthz", http.HandlerFunc(s.healthz)},
 		{"GET /readyz", http.HandlerFunc(s.readyz)},
+		{"GET /v1/openapi.json", http.HandlerFunc(serveOpenAPI)},
 		{"POST /v1/tasks", s.auth(s.createTask)},
 		{"POST /v1/tasks:batch", s.auth(s.createBatch)},
 		{"GET /v1/tasks", s.auth(s.listTasks)},

@@ -7,6 +7,8 @@
 //	GET  /healthz                  200 while the process serves requests
 //	GET  /readyz                   200 when every readiness check passes, else 503
 //	GET  /metrics                  Prometheus text format
+//	GET  /v1/openapi.json          the OpenAPI 3.1 document of these routes
+//	                               (openapi.json, embedded; no token needed)
 //	POST /v1/tasks                 create one task: 201 {id, status}; 200 and the
 //	                               existing task for a repeated idempotency key
 //	POST /v1/tasks:batch           create many tasks in one transaction
@@ -19,7 +21,16 @@
 //	                               already due, parked, running or finished 409
 //
 // With Config.Token set, the /v1/ routes require "Authorization: Bearer
-// <token>" (compared in constant time); probes and metrics stay open.
+// <token>" (compared in constant time); probes, metrics and the OpenAPI
+// document stay open.
+//
+// openapi.json is the machine-readable contract of every route above, its
+// bodies, status codes and errors; OpenAPI returns it. Its tests hold it to
+// the route table (both ways), its body schemas to the Go types of the
+// bodies, and its bounds to package task's, lint it with
+// redocly (redocly.yaml), and run the real binary behind a validating proxy
+// (prism) and a generated TypeScript client, failing on any answer that
+// breaks it. A change of a route or a body changes openapi.json with it.
 //
 // Errors are JSON: {"error": "...", "field": "..."} where field names the
 // offending input (a body field such as "kind" or "[3].payload" for a batch,

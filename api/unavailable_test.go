@@ -31,6 +31,24 @@ func closedPort(t *testing.T) string {
 	return port
 }
 
+// unreachableStore returns a task store on a pool whose PostgreSQL cannot
+// be reached (a closed port, with the user leakuser, password leakpw and
+// database leakdb, which no answer may show), the pool and the port.
+func unreachableStore(t *testing.T) (*task.Store, *pgxpool.Pool, string) {
+	t.Helper()
+	port := closedPort(t)
+	pool, err := pgxpool.New(t.Context(), "postgres://leakuser:leakpw@127.0.0.1:"+port+"/leakdb?connect_timeout=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store, err := task.NewStore(task.Config{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return store, pool, port
+}
+
 // wantUnavailable checks a 503 with Retry-After whose body shows none of
 // secrets.
 func wantUnavailable(t *testing.T, what string, r response, secrets ...string) {
@@ -57,16 +75,7 @@ func wantUnavailable(t *testing.T, what string, r response, secrets ...string) {
 // and shows neither the connection's user, database, host nor port.
 func TestDatabaseUnavailable(t *testing.T) {
 	t.Parallel()
-	port := closedPort(t)
-	pool, err := pgxpool.New(t.Context(), "postgres://leakuser:leakpw@127.0.0.1:"+port+"/leakdb?connect_timeout=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	store, err := task.NewStore(task.Config{}, pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, _, port := unreachableStore(t)
 	h, err := api.New(api.Config{}, store, nil, nil)
 	if err != nil {
 		t.Fatal(err)
