@@ -73,6 +73,8 @@ func HotPathStatements() map[string][3]string {
 		"insert-plain":   n(insertPlainSQL, insertArgs),
 		"insert-keyed":   n(insertKeyedSQL, insertArgs),
 		"any-parked":     n(anyParkedSQL, `'plan'`),
+		"key-lookup":     n(keyLookupSQL, `'{plan,plan}', '{a,b}'`),
+		"dedup-lookup":   n(dedupLookupSQL, `'{plan,plan}', '{a,b}'`),
 		"unpark":         n(unparkSQL, `'plan', 1000`),
 	}
 }
