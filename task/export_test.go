@@ -78,3 +78,7 @@ func HotPathStatements() map[string][3]string {
 		"unpark":         n(unparkSQL, `'plan', 1000`),
 	}
 }
+
+// InsertPlainSQL is the task insert of a batch without idempotency keys
+// (for the benchmark that compares it with COPY).
+const InsertPlainSQL = insertPlainSQL
