@@ -69,6 +69,7 @@ func HotPathStatements() map[string][3]string {
 		"park-due":       p(parkDueSQL, ids),
 		"park":           p(parkSQL, ids),
 		"not-started":    p(notStartedSQL, ids),
+		"in-transit":     p(inTransitSQL, ids),
 		"reserve":        p(reserveSQL, `'plan', `+ids+`, 1000, false`),
 		"insert-plain":   n(insertPlainSQL, insertArgs),
 		"insert-keyed":   n(insertKeyedSQL, insertArgs),

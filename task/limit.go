@@ -633,15 +633,21 @@ func (s *Store) LimitedKinds(ctx context.Context) ([]string, error) {
 	return kinds, nil
 }
 
+// inTransitSQL counts the tasks of $1 waiting to start and not parked.
+var inTransitSQL = `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status IN ` + waitingSQL + `
+    AND NOT ` + parkedSQL("ingest_task")
+
 // InTransit counts those of ids that are waiting to start and not parked:
 // released tasks on their way to a worker.
 func (s *Store) InTransit(ctx context.Context, ids []uuid.UUID) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
+	rows, err := pgplan.Query(ctx, s.db, inTransitSQL, ids)
 	var n int
-	err := s.db.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status IN `+waitingSQL+`
-		AND NOT `+parkedSQL("ingest_task"), ids).Scan(&n)
+	if err == nil {
+		n, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
+	}
 	if err != nil {
 		return 0, fmt.Errorf("count released tasks in transit: %w", err)
 	}
