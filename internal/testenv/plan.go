@@ -32,11 +32,20 @@ func GenericPlan(tb testing.TB, db *pgxpool.Pool, sql, args string) ([]PlanNode,
 func GenericPlanWith(tb testing.TB, db *pgxpool.Pool, settings, sql, args string) ([]PlanNode, string) {
 	tb.Helper()
 	ctx := context.Background()
-	tx, err := db.Begin(ctx)
+	conn, err := db.Acquire(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer func() {
+		_ = tx.Rollback(ctx)
+		// A prepared statement outlives its transaction.
+		_, _ = conn.Exec(ctx, `DEALLOCATE generic_plan`)
+	}()
 	for _, q := range []string{settings, `SET LOCAL plan_cache_mode = force_generic_plan`, `PREPARE generic_plan AS ` + sql} {
 		if q == "" {
 			continue
@@ -45,9 +54,6 @@ func GenericPlanWith(tb testing.TB, db *pgxpool.Pool, settings, sql, args string
 			tb.Fatalf("%v: %s", err, q)
 		}
 	}
-	// A prepared statement outlives a rollback: deallocate it on the
-	// pooled connection.
-	defer tx.Conn().Exec(ctx, `DEALLOCATE generic_plan`) //nolint:errcheck
 	if args != "" {
 		args = "(" + args + ")"
 	}
