@@ -1,5 +1,7 @@
 package outbox
 
+import "github.com/ingest-worker/ingest/internal/pgplan"
+
 // Test seams for the external test package (which may import task; this
 // package may not, since task imports it).
 
@@ -20,3 +22,20 @@ func Running(r *Relay) bool { return r.running.Load() }
 // ClaimLen is the number of rows c holds: 0 when they were written
 // unclaimed, for the relays' usual passes.
 func ClaimLen(c Claim) int { return len(c.c.rows) }
+
+// HotPathStatements are the statements that publish a task (for the plan
+// test on a never-analyzed database): each with the settings the relay
+// sends it with ("" for none), and example arguments as SQL literals.
+func HotPathStatements() map[string][3]string {
+	const ids, taskIDs = `'{1,2}'`, `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`
+	return map[string][3]string{
+		"claim":          {claimPlanSQL, claimSQL, `'r', 1000, 60000`},
+		"mark-sent":      {pgplan.Settings, markSentSQL, `'r', now(), ` + ids + `, '{1-1,1-2}'`},
+		"mark-failed":    {pgplan.Settings, markFailedSQL, `'r', now(), ` + ids + `, '{boom,boom}', 10, 1, 1000, 0.1`},
+		"insert":         {"", insertSQL, taskIDs + `, 's', '{NULL,NULL}'`},
+		"insert-claimed": {"", insertClaimedSQL, taskIDs + `, '{s,s}', 'r', 60000`},
+		"insert-sent":    {"", insertSentSQL, taskIDs + `, '{s,s}', '{1-1,1-2}'`},
+		"insert-failed":  {"", insertFailedSQL, taskIDs + `, '{s,s}', '{boom,boom}', 10, 1, 1000, 0.1`},
+		"next-due":       {"", nextDueSQL, ``},
+	}
+}

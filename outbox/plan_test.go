@@ -77,3 +77,19 @@ func TestRelayClaimReadsClaimIndexInOrder(t *testing.T) {
 		t.Errorf("claim does not read outbox_event_claim_idx in order:\n%s", plan)
 	}
 }
+
+// TestHotPathKeepsIndexPathsNeverAnalyzed checks the plan of every
+// statement that publishes a task on a database whose tables were never
+// analyzed (freshly migrated, restored or truncated), as the relay sends
+// it: while the tables are empty (the planner assumes ten pages, and a
+// prepared statement keeps the generic plan it makes there as the table
+// grows) and after 10,000 tasks were added without an ANALYZE. None may
+// read outbox_event or ingest_task by a sequential scan or a hash or
+// merge join over them (the marking of published rows was a hash join
+// over every outbox row).
+func TestHotPathKeepsIndexPathsNeverAnalyzed(t *testing.T) {
+	db := testenv.NeverAnalyzed(t)
+	testenv.CheckIndexPaths(t, db, "never analyzed, empty", outbox.HotPathStatements(), "outbox_event", "ingest_task")
+	testenv.GrowTasks(t, db, 10000)
+	testenv.CheckIndexPaths(t, db, "never analyzed, 10,000 tasks", outbox.HotPathStatements(), "outbox_event", "ingest_task")
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/internal/pgplan"
 	"github.com/ingest-worker/ingest/pgsession"
 )
 
@@ -610,7 +611,7 @@ func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs [
 	for i, rw := range rows {
 		ids[i] = rw.id
 	}
-	dbRows, err := r.pool.Query(ctx, markSentSQL, r.cfg.ID, c.until, ids, streamIDs)
+	dbRows, err := pgplan.Query(ctx, r.pool, markSentSQL, r.cfg.ID, c.until, ids, streamIDs)
 	if err != nil {
 		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(rows), err)
 	}
@@ -681,7 +682,7 @@ func (r *Relay) markFailed(ctx context.Context, c claimed, rows []row, msgs []st
 		ids[i] = rw.id
 	}
 	baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
-	dbRows, err := r.pool.Query(ctx, markFailedSQL, r.cfg.ID, c.until, ids, msgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
+	dbRows, err := pgplan.Query(ctx, r.pool, markFailedSQL, r.cfg.ID, c.until, ids, msgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("mark %d outbox rows failed: %w", len(rows), err)
 	}

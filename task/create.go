@@ -203,6 +203,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	var delayedIDs []uuid.UUID
 	var due []*time.Time
 	var dueNow []outbox.Message
+	var lostKinds, lostKeys []string
+	var lost []int
 	for _, i := range ins {
 		it := items[i]
 		if t, ok := inserted[it.id]; ok {
@@ -218,11 +220,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent})
 			continue
 		}
-		t, err := scanTask(tx.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task WHERE kind = $1 AND idempotency_key = $2`, it.Kind, it.IdempotencyKey))
-		if err != nil {
-			return nil, claim, fmt.Errorf("read task of idempotency key %q (kind %s): %w", it.IdempotencyKey, it.Kind, err)
-		}
-		res[i] = CreateResult{Task: t, Existing: true}
+		lostKinds, lostKeys, lost = append(lostKinds, it.Kind), append(lostKeys, it.IdempotencyKey), append(lost, i)
+	}
+	if err := readLost(ctx, tx, lostKinds, lostKeys, lost, res); err != nil {
+		return nil, claim, err
 	}
 	if err := transition.Insert(ctx, tx, recs...); err != nil {
 		return nil, claim, err
@@ -270,6 +271,39 @@ const insertKeyedSQL = insertTasksSQL + `
 ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING ` + taskColumns
 
+// readLost sets res[lost[i]] to the existing task of kind kinds[i] and
+// idempotency key keys[i], whose insert lost to that key, reading them all
+// in one statement.
+func readLost(ctx context.Context, tx pgx.Tx, kinds, keys []string, lost []int, res []CreateResult) error {
+	if len(lost) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, keyLookupSQL, kinds, keys)
+	if err != nil {
+		return fmt.Errorf("read tasks of %d idempotency keys: %w", len(lost), err)
+	}
+	found := make([]bool, len(lost))
+	defer rows.Close()
+	for rows.Next() {
+		var ord int
+		t, err := scanTask(rows, &ord)
+		if err != nil {
+			return fmt.Errorf("read tasks of %d idempotency keys: %w", len(lost), err)
+		}
+		res[lost[ord-1]] = CreateResult{Task: t, Existing: true}
+		found[ord-1] = true
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read tasks of %d idempotency keys: %w", len(lost), err)
+	}
+	for j, ok := range found {
+		if !ok {
+			return fmt.Errorf("read task of idempotency key %q (kind %s): %w", keys[j], kinds[j], pgx.ErrNoRows)
+		}
+	}
+	return nil
+}
+
 // dedupByPayload resolves items with DedupByPayload against existing
 // non-DEAD tasks (and earlier items of the batch). A transaction-scoped
 // advisory lock per (kind, payload_sha) serialises concurrent creators.
@@ -284,10 +318,9 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 		return nil
 	}
 	sort.Strings(keys) // a fixed lock order: no deadlocks between batches
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k ORDER BY k`, keys); err != nil {
-		return fmt.Errorf("lock payload dedup keys: %w", err)
-	}
 	firstInBatch := map[string]int{}
+	var kinds, shas []string
+	var first []int
 	for i, it := range items {
 		if !it.DedupByPayload {
 			continue
@@ -300,19 +333,52 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 			continue
 		}
 		firstInBatch[k] = i
-		t, err := scanTask(tx.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task
-			WHERE kind = $1 AND payload_sha = $2 AND dedup AND status <> 'DEAD' ORDER BY created_at LIMIT 1`, it.Kind, it.sha))
-		if err == pgx.ErrNoRows {
-			continue
+		kinds, shas, first = append(kinds, it.Kind), append(shas, it.sha), append(first, i)
+	}
+	// The locks, then one look-up of every key (under the locks: it takes
+	// its snapshot after them), in one round trip.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k ORDER BY k`, keys)
+	b.Queue(dedupLookupSQL, kinds, shas).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var ord int
+			t, err := scanTask(rows, &ord)
+			if err != nil {
+				return err
+			}
+			i := first[ord-1]
+			res[i] = CreateResult{Task: t, Existing: true}
+			done[i] = true
 		}
-		if err != nil {
-			return fmt.Errorf("look up payload dedup: %w", err)
-		}
-		res[i] = CreateResult{Task: t, Existing: true}
-		done[i] = true
+		return rows.Err()
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("look up payload dedup: %w", err)
 	}
 	return nil
 }
+
+// dedupLookupSQL returns, for each (kind $1[i], payload_sha $2[i]), the
+// oldest non-DEAD task created with DedupByPayload of that kind and
+// canonical payload, if any, with i (from 1). Each key is a probe of
+// ingest_task_dedup_idx of its own (LATERAL ... LIMIT 1), whatever the
+// table's statistics.
+var dedupLookupSQL = `
+SELECT t.*, k.ord FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(kind, sha, ord)
+CROSS JOIN LATERAL (
+    SELECT ` + taskColumns + ` FROM ingest_task t
+    WHERE t.kind = k.kind AND t.payload_sha = k.sha AND t.dedup AND t.status <> 'DEAD'
+    ORDER BY t.created_at LIMIT 1) t`
+
+// keyLookupSQL returns the tasks of (kind $1[i], idempotency_key $2[i]),
+// with i (from 1): those whose insert lost to their key. Each key is a
+// probe of ingest_task_idempotency_key_idx of its own (LATERAL ...
+// OFFSET 0), whatever the table's statistics.
+var keyLookupSQL = `
+SELECT t.*, k.ord FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(kind, key, ord)
+CROSS JOIN LATERAL (
+    SELECT ` + taskColumns + ` FROM ingest_task t
+    WHERE t.kind = k.kind AND t.idempotency_key = k.key OFFSET 0) t`
 
 // prepared is a validated NewTask with its id and canonical payload.
 type prepared struct {

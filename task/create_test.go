@@ -1,15 +1,20 @@
 package task_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -464,5 +469,89 @@ func TestDelayedCreate(t *testing.T) {
 	r := b.startWhenDue(t, "w", time.Minute, delayed.ID)
 	if since := time.Since(delayed.CreatedAt); r.Outcome != task.Started || since < 300*time.Millisecond {
 		t.Fatalf("the delayed task started (%s) %s after its creation, before its delay of 300ms", r.Outcome, since)
+	}
+}
+
+// statementCounter counts the statements a pool sends, batched or not.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (c *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	c.n.Add(1)
+}
+func (c *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestCreateBatchReadsExistingTasksInOneStatement: a batch whose tasks
+// lose to existing idempotency keys, or find an existing task of the same
+// payload (DedupByPayload), gets each existing task back in its own
+// place, read by one statement for all the keys rather than one per task:
+// a batch of 10 or of 100 such tasks sends the same number of statements.
+func TestCreateBatchReadsExistingTasksInOneStatement(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDatabase(t)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := task.NewStore(task.Config{}, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	statements := map[int]int64{}
+	for _, n := range []int{10, 100} {
+		kind := fmt.Sprintf("lookup-%d", n)
+		var first []task.NewTask
+		for i := range n {
+			first = append(first,
+				task.NewTask{Kind: kind, Payload: json.RawMessage(fmt.Sprint(i)), IdempotencyKey: fmt.Sprint("k", i)},
+				task.NewTask{Kind: kind, Payload: json.RawMessage(fmt.Sprintf(`{"d":%d}`, i)), DedupByPayload: true})
+		}
+		created, err := store.CreateBatch(ctx, first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The same tasks in reverse order, and a new one.
+		var again []task.NewTask
+		for i := len(first) - 1; i >= 0; i-- {
+			nt := first[i]
+			if nt.IdempotencyKey != "" {
+				nt.Payload = json.RawMessage(`"another payload"`) // the key wins
+			}
+			again = append(again, nt)
+		}
+		again = append(again, task.NewTask{Kind: kind, Payload: json.RawMessage(`"new"`), IdempotencyKey: "fresh"})
+		before := counter.n.Load()
+		res, err := store.CreateBatch(ctx, again)
+		if err != nil {
+			t.Fatal(err)
+		}
+		statements[n] = counter.n.Load() - before
+		for i := range first {
+			got, want := res[len(first)-1-i], created[i]
+			if !got.Existing || got.Task.ID != want.Task.ID {
+				t.Fatalf("n=%d: task %d of the repeat = %+v, want the existing task %s", n, i, got, want.Task.ID)
+			}
+		}
+		if last := res[len(res)-1]; last.Existing || last.Task.IdempotencyKey != "fresh" {
+			t.Fatalf("n=%d: the new task of the batch = %+v, want a new task", n, last)
+		}
+	}
+	if statements[10] != statements[100] {
+		t.Fatalf("a batch sent %d statements with 20 existing tasks and %d with 200: the statements grow with the tasks", statements[10], statements[100])
 	}
 }

@@ -23,6 +23,17 @@
 // starts or completes a whole read batch in one statement. Rows are locked
 // in id order, so concurrent batches never deadlock one another.
 //
+// The planner rule of those statements: work in proportion to the ids,
+// never to the table, whatever the statistics say (none on a database
+// freshly migrated, restored or truncated; a table analyzed while empty).
+// A statement that joins an id array to ingest_task is sent with package
+// internal/pgplan's settings in its round trip (no sequential scan, hash or
+// merge join: only primary-key probes are left); a look-up by other keys
+// (idempotency key, payload dedup) is a LATERAL probe per key; a guard on
+// an UPDATE's target row is a CASE (targetGuard), so that no index of a
+// state is used to find the rows. The plan tests (plan_test.go) check each
+// hot statement on a never-analyzed database, empty and grown.
+//
 // Parking (kind.go, limit.go) is no state change either: a QUEUED or
 // RETRYING task whose kind is paused or at a limit gets parked_at set,
 // which keeps it from being due (the guard due) until ReleaseParked

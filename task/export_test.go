@@ -1,5 +1,7 @@
 package task
 
+import "github.com/ingest-worker/ingest/internal/pgplan"
+
 // HotStatements are the statements of the hot path and the redrive, by
 // name, each with example arguments as SQL literals (for the plan tests,
 // which EXPLAIN EXECUTE them).
@@ -45,3 +47,39 @@ func RetentionStatements() map[string][2]string {
 		"terminal": {deleteTerminalSQL, `'{00000000-0000-7000-8000-000000000001}'`},
 	}
 }
+
+// HotPathStatements are every statement that a task's way from creation
+// to completion runs, including the kind limits' and the reclaimer's
+// (for the plan test on a never-analyzed database): each with the
+// settings the code sends it with ("" for none), and example arguments
+// as SQL literals.
+func HotPathStatements() map[string][3]string {
+	const ids, owner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
+	p := func(sql, args string) [3]string { return [3]string{pgplan.Settings, sql, args} }
+	n := func(sql, args string) [3]string { return [3]string{"", sql, args} }
+	const insertArgs = ids + `, '{plan,plan}', '{"{}","{}"}', '{a,b}', '{"",k}', '{0,0}', '{NULL,NULL}', '{0,0}', '{0,0}', '{"",""}', '{f,f}'`
+	return map[string][3]string{
+		"start":          p(startSQL, ids+", "+owner+", 60000, 1024, 10"),
+		"renew":          p(renewSQL, ids+", "+owner+", 60000"),
+		"succeed":        p(succeedSQL, ids+", "+owner),
+		"fail":           p(failSQL, ids+", "+owner+`, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`),
+		"release":        p(handBackSQL, ids+", "+owner),
+		"current":        p(currentSQL, ids),
+		"expired-leases": p(expiredLeasesSQL, ids+", "+owner),
+		"park-due":       p(parkDueSQL, ids),
+		"park":           p(parkSQL, ids),
+		"not-started":    p(notStartedSQL, ids),
+		"in-transit":     p(inTransitSQL, ids),
+		"reserve":        p(reserveSQL, `'plan', `+ids+`, 1000, false`),
+		"insert-plain":   n(insertPlainSQL, insertArgs),
+		"insert-keyed":   n(insertKeyedSQL, insertArgs),
+		"any-parked":     n(anyParkedSQL, `'plan'`),
+		"key-lookup":     n(keyLookupSQL, `'{plan,plan}', '{a,b}'`),
+		"dedup-lookup":   n(dedupLookupSQL, `'{plan,plan}', '{a,b}'`),
+		"unpark":         n(unparkSQL, `'plan', 1000`),
+	}
+}
+
+// InsertPlainSQL is the task insert of a batch without idempotency keys
+// (for the benchmark that compares it with COPY).
+const InsertPlainSQL = insertPlainSQL

@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/internal/pgplan"
 )
 
 // A parked task is a QUEUED or RETRYING task with parked_at set: a worker
@@ -96,7 +98,7 @@ func (s *Store) Park(ctx context.Context, ids ...uuid.UUID) ([]uuid.UUID, error)
 	}
 	var parked []uuid.UUID
 	err := s.retry(ctx, func() error {
-		rows, err := s.db.Query(ctx, parkSQL, ids)
+		rows, err := pgplan.Query(ctx, s.db, parkSQL, ids)
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/pgplan"
 	"github.com/ingest-worker/ingest/outbox"
 )
 
@@ -358,6 +359,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 	)
 	reserve := func(q DB, inTx bool) error {
 		b := &pgx.Batch{}
+		b.Queue(pgplan.Settings)
 		b.Queue(lockKindSQL, kind)
 		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds(), inTx).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
@@ -445,7 +447,7 @@ func (s *Store) parkRest(ctx context.Context, q DB, ids []uuid.UUID, byID map[uu
 	if len(rest) == 0 {
 		return nil
 	}
-	rows, err := q.Query(ctx, parkDueSQL, rest)
+	rows, err := pgplan.Query(ctx, q, parkDueSQL, rest)
 	if err != nil {
 		return err
 	}
@@ -490,6 +492,9 @@ func orderResults(ids []uuid.UUID, byID map[uuid.UUID]StartResult) []StartResult
 	return out
 }
 
+// notStartedSQL reads the tasks of $1 that a limit kept from starting.
+var notStartedSQL = `SELECT ` + taskColumns + `, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`
+
 // notStartedInto records in byID what Start would answer for ids, which
 // a limit kept from starting and which could not be parked, without
 // starting them: a takeover that is due is Throttled (not parked).
@@ -497,7 +502,7 @@ func (s *Store) notStartedInto(ctx context.Context, q DB, ids []uuid.UUID, byID 
 	if len(ids) == 0 {
 		return nil
 	}
-	rows, err := q.Query(ctx, `SELECT `+taskColumns+`, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`, ids)
+	rows, err := pgplan.Query(ctx, q, notStartedSQL, ids)
 	if err != nil {
 		return err
 	}
@@ -628,15 +633,21 @@ func (s *Store) LimitedKinds(ctx context.Context) ([]string, error) {
 	return kinds, nil
 }
 
+// inTransitSQL counts the tasks of $1 waiting to start and not parked.
+var inTransitSQL = `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status IN ` + waitingSQL + `
+    AND NOT ` + parkedSQL("ingest_task")
+
 // InTransit counts those of ids that are waiting to start and not parked:
 // released tasks on their way to a worker.
 func (s *Store) InTransit(ctx context.Context, ids []uuid.UUID) (int, error) {
 	if len(ids) == 0 {
 		return 0, nil
 	}
+	rows, err := pgplan.Query(ctx, s.db, inTransitSQL, ids)
 	var n int
-	err := s.db.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND status IN `+waitingSQL+`
-		AND NOT `+parkedSQL("ingest_task"), ids).Scan(&n)
+	if err == nil {
+		n, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
+	}
 	if err != nil {
 		return 0, fmt.Errorf("count released tasks in transit: %w", err)
 	}

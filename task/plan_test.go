@@ -184,3 +184,37 @@ func TestRetentionReadsByKey(t *testing.T) {
 		}
 	}
 }
+
+// TestHotPathKeepsIndexPathsNeverAnalyzed checks the plan of every
+// statement of a task's way from creation to completion on a database
+// whose tables were never analyzed (freshly migrated, restored or
+// truncated), as each is sent (with its planner settings): while the
+// tables are empty, when the planner assumes ten pages and a prepared
+// statement settles on the generic plan that it then keeps as the table
+// grows (a start planned there as a hash join over a sequential scan of
+// ingest_task held a queue of 500 tasks/s back for 30 s, until autovacuum
+// analyzed the table), and after ingest_task has grown to 10,000 tasks
+// without an ANALYZE. No statement may read ingest_task, its audit or
+// outbox rows by a sequential scan or a hash or merge join over them.
+// The statements sent with settings are also checked on tables analyzed
+// while empty (a VACUUM of an emptied table), where the planner assumes
+// none.
+func TestHotPathKeepsIndexPathsNeverAnalyzed(t *testing.T) {
+	tables := []string{"ingest_task", "ingest_task_transition", "outbox_event"}
+	db := testenv.NeverAnalyzed(t)
+	testenv.CheckIndexPaths(t, db, "never analyzed, empty", task.HotPathStatements(), tables...)
+	testenv.GrowTasks(t, db, 10000)
+	testenv.CheckIndexPaths(t, db, "never analyzed, 10,000 tasks", task.HotPathStatements(), tables...)
+
+	withSettings := map[string][3]string{}
+	for name, st := range task.HotPathStatements() {
+		if st[0] != "" {
+			withSettings[name] = st
+		}
+	}
+	db = testenv.DB(t)
+	if _, err := db.Exec(context.Background(), `VACUUM ANALYZE`); err != nil {
+		t.Fatal(err)
+	}
+	testenv.CheckIndexPaths(t, db, "analyzed while empty", withSettings, tables...)
+}

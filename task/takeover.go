@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/internal/pgplan"
 )
 
 // expiredLeasesSQL returns those of the tasks $1 that are RUNNING under a
@@ -29,7 +31,7 @@ func ExpiredLeases(ctx context.Context, db DB, self string, ids []uuid.UUID) ([]
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	rows, err := db.Query(ctx, expiredLeasesSQL, ids, self)
+	rows, err := pgplan.Query(ctx, db, expiredLeasesSQL, ids, self)
 	if err != nil {
 		return nil, fmt.Errorf("find expired leases among %d tasks: %w", len(ids), err)
 	}

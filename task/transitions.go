@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ingest-worker/ingest/internal/backoff"
+	"github.com/ingest-worker/ingest/internal/pgplan"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/transition"
 )
@@ -110,7 +111,7 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 // startInto runs startSQL for ids on q and records each row's result in
 // byID (ids without a row are left out).
 func (s *Store) startInto(ctx context.Context, q DB, owner string, lease time.Duration, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
-	rows, err := q.Query(ctx, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
+	rows, err := pgplan.Query(ctx, q, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
 	if err != nil {
 		return err
 	}
@@ -191,7 +192,7 @@ func (s *Store) Renew(ctx context.Context, owner string, lease time.Duration, id
 	if len(ids) == 0 {
 		return nil, nil, nil
 	}
-	rows, err := s.db.Query(ctx, renewSQL, ids, owner, lease.Milliseconds())
+	rows, err := pgplan.Query(ctx, s.db, renewSQL, ids, owner, lease.Milliseconds())
 	if err != nil {
 		return nil, nil, fmt.Errorf("renew %d leases: %w", len(ids), err)
 	}
@@ -498,7 +499,7 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 	byID := make(map[uuid.UUID]Result, len(ids))
 	err := s.retry(ctx, func() error {
 		clear(byID)
-		rows, err := s.db.Query(ctx, sql, args...)
+		rows, err := pgplan.Query(ctx, s.db, sql, args...)
 		if err != nil {
 			return err
 		}
@@ -528,9 +529,7 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 // withRefused returns one Result per id, in order: the applied ones of
 // byID, and for the ids a guard refused (rare: a lost lease, a race) their
 // current state, read through q.
-func withRefused(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, ids []uuid.UUID, byID map[uuid.UUID]Result) ([]Result, error) {
+func withRefused(ctx context.Context, q pgplan.Batcher, ids []uuid.UUID, byID map[uuid.UUID]Result) ([]Result, error) {
 	if len(byID) < len(ids) {
 		var refused []uuid.UUID
 		for _, id := range ids {
@@ -538,7 +537,7 @@ func withRefused(ctx context.Context, q interface {
 				refused = append(refused, id)
 			}
 		}
-		rows, err := q.Query(ctx, currentSQL, refused)
+		rows, err := pgplan.Query(ctx, q, currentSQL, refused)
 		if err != nil {
 			return nil, err
 		}

@@ -32,12 +32,19 @@ type Record struct {
 // it would lock the task row, a WAL record per audit row; the probe of the
 // task's primary key writes nothing), in the order given, so their ids
 // follow it.
+//
+// The OFFSET 0 keeps the EXISTS a probe per row: without it the planner
+// may turn it into a join, and on a task table never analyzed (fresh,
+// restored or truncated; it then assumes ten pages) it chose a hash join
+// over a sequential scan of every task, a plan the prepared statement
+// kept as the table grew. A probe can only read the primary key or scan
+// the table per row, and the probe is the cheaper of the two.
 const insertSQL = `
 INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
 SELECT task_id, NULLIF(from_status, ''), to_status, attempt_count, NULLIF(message, ''), NULLIF(worker, '')
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[]) WITH ORDINALITY
     AS r(task_id, from_status, to_status, attempt_count, message, worker, ord)
-WHERE EXISTS (SELECT 1 FROM ingest_task t WHERE t.id = r.task_id)
+WHERE EXISTS (SELECT 1 FROM ingest_task t WHERE t.id = r.task_id OFFSET 0)
 ORDER BY ord`
 
 // Insert writes recs in one statement. Call it with the transaction that
