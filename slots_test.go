@@ -64,26 +64,53 @@ func await(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
+// gatedWorker runs a worker of cfg on n new tasks of kind "k", whose
+// handler counts its runs (and calls also, when set) and whose completer's
+// store calls wait for the returned gate.
+func gatedWorker(t *testing.T, cfg ingest.Config, n int, also func(ingest.Task)) (*bundle, *ingest.Worker, *gate, *runCounter, []uuid.UUID) {
+	t.Helper()
+	bd := setup(t, realRedis(t), task.Config{})
+	g := newGate()
+	runs := &runCounter{}
+	w, _ := bd.worker(cfg, map[string]ingest.Handler{"k": func(_ context.Context, tk ingest.Task) error {
+		runs.ran(tk.ID)
+		if also != nil {
+			also(tk)
+		}
+		return nil
+	}})
+	w.BeforeRecord(g.wait)
+	ids := bd.enqueue("k", n, 3)
+	bd.run(w)
+	t.Cleanup(g.release) // before the worker stops, should the test fail
+	return bd, w, g, runs, ids
+}
+
+// succeededOnce waits for every task of ids to be SUCCEEDED and checks
+// that each ran once.
+func (c *runCounter) succeededOnce(bd *bundle, ids []uuid.UUID) {
+	bd.t.Helper()
+	for _, id := range ids {
+		bd.eventually(30*time.Second, "task SUCCEEDED", bd.statusIs(id, task.Succeeded))
+		if n := c.of(id); n != 1 {
+			bd.t.Errorf("task %s ran %d times, want 1", id, n)
+		}
+	}
+}
+
 // TestSlotReusedWhileOutcomeUnrecorded: with one handler slot, the second
 // task's handler starts while the first task's completion is still held
 // back before its store call, so the slot came back when the first
 // handler returned, not when its outcome committed.
 func TestSlotReusedWhileOutcomeUnrecorded(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	g := newGate()
-	var runs runCounter
 	second := make(chan uuid.UUID, 1)
-	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"k": func(_ context.Context, tk ingest.Task) error {
-		if runs.ran(tk.ID); runs.all.Load() == 2 {
+	var started atomic.Int64
+	bd, _, g, runs, ids := gatedWorker(t, ingest.Config{Concurrency: 1}, 2, func(tk ingest.Task) {
+		if started.Add(1) == 2 {
 			second <- tk.ID
 		}
-		return nil
-	}})
-	w.BeforeRecord(g.wait)
-	ids := bd.enqueue("k", 2, 3)
-	bd.run(w)
-	t.Cleanup(g.release) // before the worker stops, should the test fail
+	})
 
 	await(t, g.entered, "the first outcome reached the store call")
 	var id uuid.UUID
@@ -100,12 +127,7 @@ func TestSlotReusedWhileOutcomeUnrecorded(t *testing.T) {
 		t.Errorf("first task is %s while its outcome is held back, want RUNNING", s)
 	}
 	g.release()
-	for _, id := range ids {
-		bd.eventually(30*time.Second, "task SUCCEEDED", bd.statusIs(id, task.Succeeded))
-		if n := runs.of(id); n != 1 {
-			t.Errorf("task %s ran %d times, want 1", id, n)
-		}
-	}
+	runs.succeededOnce(bd, ids)
 }
 
 // TestCompleterQueueBoundsOutcomes: with one slot and a completer of one
@@ -115,18 +137,7 @@ func TestSlotReusedWhileOutcomeUnrecorded(t *testing.T) {
 // no fifth task starts: the outcomes waiting to be recorded are bounded.
 func TestCompleterQueueBoundsOutcomes(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	g := newGate()
-	var runs runCounter
-	w, _ := bd.worker(ingest.Config{Concurrency: 1, CompleteBatch: 1, CompleteParallel: 1},
-		map[string]ingest.Handler{"k": func(_ context.Context, tk ingest.Task) error {
-			runs.ran(tk.ID)
-			return nil
-		}})
-	w.BeforeRecord(g.wait)
-	ids := bd.enqueue("k", 10, 3)
-	bd.run(w)
-	t.Cleanup(g.release) // before the worker stops, should the test fail
+	bd, w, g, runs, ids := gatedWorker(t, ingest.Config{Concurrency: 1, CompleteBatch: 1, CompleteParallel: 1}, 10, nil)
 
 	bd.eventually(30*time.Second, "four handlers ran and the fourth holds the slot",
 		func() bool { return runs.all.Load() == 4 && w.FreeSlots() == 0 })
@@ -139,12 +150,7 @@ func TestCompleterQueueBoundsOutcomes(t *testing.T) {
 		t.Errorf("%d handler runs and %d free slots with the completer's queue full, want 4 and 0", n, w.FreeSlots())
 	}
 	g.release()
-	for _, id := range ids {
-		bd.eventually(30*time.Second, "task SUCCEEDED", bd.statusIs(id, task.Succeeded))
-		if n := runs.of(id); n != 1 {
-			t.Errorf("task %s ran %d times, want 1", id, n)
-		}
-	}
+	runs.succeededOnce(bd, ids)
 }
 
 // TestLeaseRenewedUntilOutcomeRecorded: a run whose handler returned but
@@ -152,15 +158,9 @@ func TestCompleterQueueBoundsOutcomes(t *testing.T) {
 // than three leases, and then succeeds without a takeover.
 func TestLeaseRenewedUntilOutcomeRecorded(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	g := newGate()
 	const lease = 600 * time.Millisecond
-	w, _ := bd.worker(ingest.Config{Concurrency: 1, TaskLease: lease},
-		map[string]ingest.Handler{"k": func(context.Context, ingest.Task) error { return nil }})
-	w.BeforeRecord(g.wait)
-	id := bd.enqueue("k", 1, 3)[0]
-	bd.run(w)
-	t.Cleanup(g.release) // before the worker stops, should the test fail
+	bd, _, g, _, ids := gatedWorker(t, ingest.Config{Concurrency: 1, TaskLease: lease}, 1, nil)
+	id := ids[0]
 
 	await(t, g.entered, "the outcome reached the store call")
 	tk := bd.task(id)
