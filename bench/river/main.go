@@ -53,13 +53,11 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,7 +66,6 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 	"github.com/riverqueue/river/rivertype"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ingest-worker/ingest/bench"
 	"github.com/ingest-worker/ingest/webhook"
@@ -182,23 +179,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "riverbench:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	rep, err := run(ctx, o, os.Stderr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "riverbench:", err)
-		os.Exit(1)
-	}
-	if o.json {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			fmt.Fprintln(os.Stderr, "riverbench:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	printReport(os.Stdout, rep)
+	bench.Main("riverbench", o.json, func(ctx context.Context) (report, error) { return run(ctx, o, os.Stderr) }, printReport)
 }
 
 // noopArgs are the jobs' args: the padding string of --payload-bytes.
@@ -494,29 +475,17 @@ func insertJobs(ctx context.Context, client *river.Client[pgx.Tx], o options, in
 	if o.handler == bench.HandlerWebhook {
 		args = hookArgs{Pad: bench.Pad(o.payloadBytes)}
 	}
-	var next atomic.Int64
-	g, ctx := errgroup.WithContext(ctx)
-	for range o.producers {
-		g.Go(func() error {
-			params := make([]river.InsertManyParams, 0, o.insertBatch)
-			for {
-				first := next.Add(int64(o.insertBatch)) - int64(o.insertBatch)
-				if first >= int64(o.jobs) {
-					return nil
-				}
-				n := int(min(int64(o.insertBatch), int64(o.jobs)-first))
-				params = params[:0]
-				for range n {
-					params = append(params, river.InsertManyParams{Args: args})
-				}
-				if _, err := client.InsertMany(ctx, params); err != nil {
-					return fmt.Errorf("insert %d jobs: %w", n, err)
-				}
-				inserted.Add(int64(n))
-			}
-		})
-	}
-	return g.Wait()
+	return bench.Produce(ctx, o.jobs, o.insertBatch, o.producers, func(ctx context.Context, n int) error {
+		params := make([]river.InsertManyParams, n)
+		for i := range params {
+			params[i] = river.InsertManyParams{Args: args}
+		}
+		if _, err := client.InsertMany(ctx, params); err != nil {
+			return fmt.Errorf("insert %d jobs: %w", n, err)
+		}
+		inserted.Add(int64(n))
+		return nil
+	})
 }
 
 // printProgress prints a line every 2 s until the returned function is
