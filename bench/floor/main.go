@@ -74,46 +74,29 @@ const (
 )
 
 type options struct {
-	mode           string
-	jobs           int
+	bench.Flags
 	databaseURL    string
 	payloadBytes   int
-	producers      int
-	insertBatch    int
 	startBatch     int
 	completeBatch  int
 	completeWindow time.Duration
 	parallel       int
-	poolConns      int
-	timeout        time.Duration
-	keep           bool
-	json           bool
 }
 
 func (o options) validate() error {
 	switch {
-	case o.mode != "preload" && o.mode != "continuous":
-		return fmt.Errorf("mode must be preload or continuous, got %q", o.mode)
-	case o.jobs < 1:
-		return fmt.Errorf("jobs must be >= 1, got %d", o.jobs)
 	case o.payloadBytes < 0 || o.payloadBytes > bench.MaxPayloadBytes:
-		return fmt.Errorf("payload-bytes must be in [0, %d], got %d", bench.MaxPayloadBytes, o.payloadBytes)
-	case o.producers < 1 || o.producers > 64:
-		return fmt.Errorf("producers must be in [1, 64], got %d", o.producers)
-	case o.insertBatch < 1 || o.insertBatch > 10000:
-		return fmt.Errorf("insert-batch must be in [1, 10000], got %d", o.insertBatch)
+		return fmt.Errorf("--payload-bytes must be in [0, %d], got %d", bench.MaxPayloadBytes, o.payloadBytes)
 	case o.startBatch < 1:
-		return fmt.Errorf("start-batch must be >= 1, got %d", o.startBatch)
+		return fmt.Errorf("--start-batch must be >= 1, got %d", o.startBatch)
 	case o.completeBatch < 1:
-		return fmt.Errorf("complete-batch must be >= 1, got %d", o.completeBatch)
+		return fmt.Errorf("--complete-batch must be >= 1, got %d", o.completeBatch)
 	case o.completeWindow < 0:
-		return fmt.Errorf("complete-window must be >= 0, got %s", o.completeWindow)
+		return fmt.Errorf("--complete-window must be >= 0, got %s", o.completeWindow)
 	case o.parallel < 1 || o.parallel > 64:
-		return fmt.Errorf("parallel must be in [1, 64], got %d", o.parallel)
-	case o.poolConns < 2 || o.poolConns > bench.MaxPoolConns:
-		return fmt.Errorf("pool-conns must be in [2, %d], got %d", bench.MaxPoolConns, o.poolConns)
+		return fmt.Errorf("--parallel must be in [1, 64], got %d", o.parallel)
 	}
-	return nil
+	return o.Flags.Validate()
 }
 
 type report struct {
@@ -138,28 +121,15 @@ type report struct {
 func main() {
 	var o options
 	fs := flag.NewFlagSet("floor", flag.ContinueOnError)
-	fs.StringVar(&o.mode, "mode", "preload", "preload (insert all, then work) or continuous (insert while working)")
-	fs.IntVar(&o.jobs, "jobs", 200000, "jobs to insert and work")
+	o.Register(fs, "rows in bench_floor_job")
 	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("INGEST_DATABASE_URL"), "PostgreSQL URL (default $INGEST_DATABASE_URL; none: a throwaway server); bench_floor_job is created and emptied there")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 0, "length of a string carried in each job's payload (0: none)")
-	fs.IntVar(&o.producers, "producers", bench.DefaultProducers, "concurrent inserters")
-	fs.IntVar(&o.insertBatch, "insert-batch", bench.DefaultInsertBatch, "jobs per insert statement")
 	fs.IntVar(&o.startBatch, "start-batch", bench.DefaultReadCount, "most jobs one start statement takes")
 	fs.IntVar(&o.completeBatch, "complete-batch", bench.DefaultCompleteBatch, "most jobs per done statement")
 	fs.DurationVar(&o.completeWindow, "complete-window", bench.DefaultCompleteWindow, "longest wait gathering started jobs for a done statement")
 	fs.IntVar(&o.parallel, "parallel", ingest.DefaultCompleteParallel, "start loops, and done statements that may run at once")
-	fs.IntVar(&o.poolConns, "pool-conns", bench.DefaultPoolConns, "PostgreSQL connections")
-	fs.DurationVar(&o.timeout, "timeout", bench.DefaultTimeout, "give up after this long")
-	fs.BoolVar(&o.keep, "keep", false, "leave the run's rows in bench_floor_job (otherwise emptied at the end)")
-	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if err := o.validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "floor:", err)
-		os.Exit(2)
-	}
-	bench.Main("floor", o.json, func(ctx context.Context) (report, error) { return run(ctx, o, os.Stderr) }, printReport)
+	bench.Parse("floor", fs, func() error { return o.validate() })
+	bench.Main("floor", o.JSON, func(ctx context.Context) (report, error) { return run(ctx, o, os.Stderr) }, printReport)
 }
 
 func printReport(w io.Writer, r report) {
@@ -169,10 +139,10 @@ func printReport(w io.Writer, r report) {
 }
 
 func run(ctx context.Context, o options, progress io.Writer) (report, error) {
-	rep := report{System: "floor", Mode: o.mode, Jobs: o.jobs, PayloadBytes: o.payloadBytes, Producers: o.producers,
-		InsertBatch: o.insertBatch, StartBatch: o.startBatch, CompleteBatch: o.completeBatch,
-		CompleteWindow: o.completeWindow.String(), Parallel: o.parallel, PoolConns: o.poolConns}
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	rep := report{System: "floor", Mode: o.Mode, Jobs: o.Jobs, PayloadBytes: o.payloadBytes, Producers: o.Producers,
+		InsertBatch: o.InsertBatch, StartBatch: o.startBatch, CompleteBatch: o.completeBatch,
+		CompleteWindow: o.completeWindow.String(), Parallel: o.parallel, PoolConns: o.PoolConns}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	url := o.databaseURL
 	if url == "" {
@@ -191,7 +161,7 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("database-url: %w", err)
 	}
-	pc.MaxConns = int32(o.poolConns)
+	pc.MaxConns = int32(o.PoolConns)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return rep, fmt.Errorf("connect: %w", err)
@@ -203,7 +173,7 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	if _, err := pool.Exec(ctx, `TRUNCATE bench_floor_job RESTART IDENTITY`); err != nil {
 		return rep, fmt.Errorf("empty bench_floor_job: %w", err)
 	}
-	if !o.keep {
+	if !o.Keep {
 		defer func() {
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer ccancel()
@@ -218,13 +188,13 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		return rep, err
 	}
 	fmt.Fprintf(progress, "floor: PostgreSQL floor (insert, start, done; no audit, outbox or broker; start batch %d, done batch %d/%s, %d parallel, %d connections): %d jobs, %s mode\n",
-		o.startBatch, o.completeBatch, o.completeWindow, o.parallel, o.poolConns, o.jobs, o.mode)
+		o.startBatch, o.completeBatch, o.completeWindow, o.parallel, o.PoolConns, o.Jobs, o.Mode)
 
 	w := &worker{o: o, pool: pool, payload: payload}
 	stopProgress := w.progress(progress, time.Now())
 	defer stopProgress()
 	var insertStart, insertEnd, workStart time.Time
-	if o.mode == "preload" {
+	if o.Mode == "preload" {
 		insertStart = time.Now()
 		if err := w.insert(ctx); err != nil {
 			return rep, err
@@ -253,13 +223,13 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM bench_floor_job WHERE state = 2`).Scan(&rep.Done); err != nil {
 		return rep, fmt.Errorf("count done jobs: %w", err)
 	}
-	if rep.Done != o.jobs {
-		return rep, fmt.Errorf("%d of %d jobs are done in bench_floor_job", rep.Done, o.jobs)
+	if rep.Done != o.Jobs {
+		return rep, fmt.Errorf("%d of %d jobs are done in bench_floor_job", rep.Done, o.Jobs)
 	}
 	rep.InsertSeconds = insertEnd.Sub(insertStart).Seconds()
 	rep.WorkSeconds = workEnd.Sub(workStart).Seconds()
-	rep.InsertPerSec = float64(o.jobs) / rep.InsertSeconds
-	rep.JobsPerSec = float64(o.jobs) / rep.WorkSeconds
+	rep.InsertPerSec = float64(o.Jobs) / rep.InsertSeconds
+	rep.JobsPerSec = float64(o.Jobs) / rep.WorkSeconds
 	return rep, nil
 }
 
@@ -273,11 +243,11 @@ type worker struct {
 	end                     time.Time // when the last job was done
 }
 
-// insert inserts o.jobs jobs with o.producers goroutines, o.insertBatch per
+// insert inserts o.Jobs jobs with o.Producers goroutines, o.InsertBatch per
 // statement.
 func (w *worker) insert(ctx context.Context) error {
 	o := w.o
-	return bench.Produce(ctx, o.jobs, o.insertBatch, o.producers, func(ctx context.Context, n int) error {
+	return bench.Produce(ctx, o.Jobs, o.InsertBatch, o.Producers, func(ctx context.Context, n int) error {
 		if _, err := w.pool.Exec(ctx, insertSQL, w.payload, n); err != nil {
 			return fmt.Errorf("insert %d jobs: %w", n, err)
 		}
@@ -286,7 +256,7 @@ func (w *worker) insert(ctx context.Context) error {
 	})
 }
 
-// work starts and finishes jobs until o.jobs are done: o.parallel start
+// work starts and finishes jobs until o.Jobs are done: o.parallel start
 // loops feed one gatherer, which hands batches to o.parallel flushers.
 func (w *worker) work(ctx context.Context) error {
 	o := w.o
@@ -324,7 +294,7 @@ func (w *worker) work(ctx context.Context) error {
 
 // start runs one start loop until every job has been started.
 func (w *worker) start(ctx context.Context, out chan<- []int64) error {
-	for w.started.Load() < int64(w.o.jobs) {
+	for w.started.Load() < int64(w.o.Jobs) {
 		rows, err := w.pool.Query(ctx, startSQL, w.o.startBatch)
 		if err != nil {
 			return fmt.Errorf("start jobs: %w", err)
@@ -411,7 +381,7 @@ func (w *worker) finish(ctx context.Context, ids []int64) error {
 	if _, err := w.pool.Exec(ctx, doneSQL, ids); err != nil {
 		return fmt.Errorf("finish %d jobs: %w", len(ids), err)
 	}
-	if w.done.Add(int64(len(ids))) >= int64(w.o.jobs) {
+	if w.done.Add(int64(len(ids))) >= int64(w.o.Jobs) {
 		w.doneOnce.Do(func() { w.end = time.Now() })
 	}
 	return nil
