@@ -20,8 +20,10 @@ type settler interface {
 
 // completer records handler outcomes in Postgres, then hands their
 // messages to the settler (the commit comes before any ack) and frees the
-// kind slots of finished tasks. It owns the outcome channel, the batching
-// and the flushers.
+// kind slots of finished tasks. It owns the outcome queue, the batching
+// and the flushers. Handlers hand it their outcomes and return their
+// handler slots; their runs stay in flight (their leases renewed, their
+// messages not re-read) until it has settled them.
 type completer struct {
 	store     *task.Store
 	settler   settler
@@ -34,14 +36,18 @@ type completer struct {
 	window        time.Duration
 	// ioCtx carries the store calls; cancelled last at shutdown.
 	ioCtx context.Context
-	// in carries outcomes from handlers; capacity = Concurrency. Every
-	// outcome holds a slot until the completer settles it, so handlers
-	// never block on it.
+	// in carries outcomes from handlers; its capacity is outcomeQueue. A
+	// handler's slot is free again once its outcome is in the queue, so
+	// the queue, not the slots, bounds the outcomes waiting to be
+	// recorded: when it is full, handlers wait to hand theirs over.
 	in chan outcome
 	// onSucceeded is the benchmark hook of internal/hook (nil: none); set
 	// by start.
 	onSucceeded func([]uuid.UUID)
-	stop, done  chan struct{}
+	// beforeRecord, when set (by this package's tests, before start), runs
+	// before each store call that records outcomes, with its op.
+	beforeRecord func(op string)
+	stop, done   chan struct{}
 }
 
 // newCompleter returns the completer of a worker configured by cfg.
@@ -49,9 +55,20 @@ func newCompleter(ioCtx context.Context, cfg Config, store *task.Store, s settle
 	return &completer{
 		store: store, settler: s, admission: adm, log: log, owner: cfg.Consumer,
 		max: cfg.CompleteBatch, parallel: cfg.CompleteParallel, window: cfg.CompleteWindow,
-		ioCtx: ioCtx, in: make(chan outcome, cfg.Concurrency),
+		ioCtx: ioCtx, in: make(chan outcome, outcomeQueue(cfg)),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
+}
+
+// outcomeQueue is the capacity of the completer's queue of outcomes for
+// cfg: a batch for each flusher, so the next batches are gathered while
+// every flusher commits, and never fewer than the handler slots, so that
+// the handlers cut off at once by shutdown all hand theirs over without
+// waiting. With the defaults (64 × 4) a worker holds at most 256 queued,
+// 64 being gathered and 4 × 64 being recorded: 576 outcomes, each
+// a run whose lease the heartbeat renews, beside its 16 running handlers.
+func outcomeQueue(cfg Config) int {
+	return max(cfg.Concurrency, cfg.CompleteBatch*cfg.CompleteParallel)
 }
 
 // start runs the completer on its own goroutine until stopWithin.
@@ -64,8 +81,17 @@ func (c *completer) start(onSucceeded func([]uuid.UUID)) {
 	}()
 }
 
-// add hands the completer the outcome of a run.
-func (c *completer) add(o outcome) { c.in <- o }
+// add hands the completer the outcome of a run, waiting while its queue
+// is full. It reports false when the completer has stopped (a handler that
+// returned after the end of shutdown): the outcome is not recorded.
+func (c *completer) add(o outcome) bool {
+	select {
+	case c.in <- o:
+		return true
+	case <-c.done:
+		return false
+	}
+}
 
 // stopWithin tells the completer to record what is queued and stop, and
 // reports whether it stopped within d (else see wait).
@@ -268,6 +294,9 @@ func (c *completer) conflict(o outcome, res task.Result) {
 func (c *completer) storeCall(op string, n int, f func(context.Context) ([]task.Result, error)) []task.Result {
 	if n == 0 {
 		return nil
+	}
+	if c.beforeRecord != nil {
+		c.beforeRecord(op)
 	}
 	delay := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {

@@ -64,7 +64,10 @@ type Config struct {
 	// Consumer is this worker's consumer name and lease owner; it must be
 	// unique among live workers. Default: hostname-pid.
 	Consumer string
-	// Concurrency is the number of handler slots, 1..MaxConcurrency.
+	// Concurrency is the number of handler slots, 1..MaxConcurrency: the
+	// handlers that run at once. A slot is free again once its handler has
+	// returned and handed its outcome to the completer, whose queue holds
+	// max(Concurrency, CompleteBatch × CompleteParallel) outcomes.
 	Concurrency int
 	// TaskLease is how long a started task is held without renewal; the
 	// heartbeat renews it every TaskLease/3.

@@ -35,9 +35,10 @@
 //   - a handler cut off by shutdown: the task is released (RETRYING, due
 //     now, no failure counted) and its entry made claimable at once.
 //
-// While a handler runs, a heartbeat renews its lease and keeps its entry's
-// idle time low, so a task running far longer than the reclaim idle time is
-// not claimed by another worker. A completion whose guard no longer matches
+// While a handler runs, and after it has returned until its outcome is
+// recorded, a heartbeat renews its lease and keeps its entry's idle time
+// low, so a task running far longer than the reclaim idle time is not
+// claimed by another worker. A completion whose guard no longer matches
 // (the lease was lost) changes nothing; it is logged and counted as
 // result="conflict".
 //

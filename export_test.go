@@ -45,3 +45,10 @@ func (w *worker) Sink() stream.Sink             { return redisSink{w.proc} }
 func (w *worker) HandleWith(kind string, h Handler, opts HandlerOptions) {
 	w.handlers.handle(kind, h, opts)
 }
+
+// BeforeRecord makes w's completer call f before each store call that
+// records outcomes (op: succeed, fail or release); call it before Run.
+func (w *worker) BeforeRecord(f func(op string)) { w.proc.completer.beforeRecord = f }
+
+// FreeSlots returns the number of w's free handler slots.
+func (w *worker) FreeSlots() int { return w.proc.inflight.freeCount() }

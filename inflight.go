@@ -11,19 +11,37 @@ import (
 // (by message and by task) and whether it is draining. One lock guards it
 // all, and the flags of each run (returned, lost, cancelled). It does no
 // I/O: the processor, the heartbeater and the completer ask it and act.
+//
+// A message takes a slot when it is admitted. A run gives its slot back
+// once its handler has returned and handed its outcome to the completer
+// (handedOver), but stays in flight, its lease renewed, until its outcome
+// is recorded and its message settled; any other message gives its slot
+// back when it is settled (or, for a DLQ write being retried, at the
+// first failure). So the slots bound the handlers running and the
+// messages being started, and the completer's queue bounds the outcomes
+// waiting to be recorded.
 type inflight struct {
 	mu       sync.Mutex
-	free     int                  // free handler slots
-	draining bool                 // shutting down: start nothing new
-	ids      map[string]bool      // message ids being handled here
-	running  map[string]*run      // by message id
-	byTask   map[uuid.UUID]string // task id → message id of its run
-	freed    chan struct{}        // signalled when slots are freed
+	free     int  // free handler slots
+	draining bool // shutting down: start nothing new
+	// ids holds the message ids being handled here, each mapped to whether
+	// it still holds a slot.
+	ids     map[string]bool
+	running map[string]*run      // by message id
+	byTask  map[uuid.UUID]string // task id → message id of its run
+	freed   chan struct{}        // signalled when slots are freed
 }
 
 func newInflight(slots int) *inflight {
 	return &inflight{free: slots, ids: map[string]bool{}, running: map[string]*run{},
 		byTask: map[uuid.UUID]string{}, freed: make(chan struct{}, 1)}
+}
+
+// freeCount returns the number of free slots.
+func (f *inflight) freeCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.free
 }
 
 // reserve takes up to n free slots and returns how many it took.
@@ -47,12 +65,36 @@ func (f *inflight) freeSlotsLocked(n int) {
 	}
 }
 
-// freeSlots gives back n slots, keeping their messages in flight (a DLQ
-// write being retried).
-func (f *inflight) freeSlots(n int) {
+// freeSlots gives back the slots that ds still hold, keeping them in
+// flight (a DLQ write being retried).
+func (f *inflight) freeSlots(ds ...delivery) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.freeSlotsLocked(n)
+	f.freeSlotsLocked(f.releaseLocked(ds))
+}
+
+// releaseLocked marks the slots held by those of ds in flight as given
+// back and returns how many there were.
+func (f *inflight) releaseLocked(ds []delivery) int {
+	n := 0
+	for _, d := range ds {
+		if f.ids[d.id] {
+			f.ids[d.id] = false
+			n++
+		}
+	}
+	return n
+}
+
+// handedOver gives back the slot of r, whose handler returned and whose
+// outcome the completer has taken: r stays in flight until its message is
+// settled. Its slot was given back already if r was settled meanwhile.
+func (f *inflight) handedOver(r *run) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.running[r.d.id] == r {
+		f.freeSlotsLocked(f.releaseLocked([]delivery{r.d}))
+	}
 }
 
 // admit takes msgs, delivered with reserved slots: it returns the messages
@@ -69,8 +111,9 @@ func (f *inflight) admit(msgs []delivery, reserved int, starting func()) (start 
 	}
 	f.freeSlotsLocked(reserved - len(msgs))
 	for _, m := range msgs {
+		_, busy := f.ids[m.id]
 		switch {
-		case f.ids[m.id]:
+		case busy:
 			f.freeSlotsLocked(1)
 			again = append(again, m.id)
 		case f.draining:
@@ -94,11 +137,18 @@ func (f *inflight) drain() {
 	f.draining = true
 }
 
-// runningCount returns the number of runs.
+// runningCount returns the number of runs whose handlers have not
+// returned.
 func (f *inflight) runningCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.running)
+	n := 0
+	for _, r := range f.running {
+		if !r.returned {
+			n++
+		}
+	}
+	return n
 }
 
 // add records r, the run of a started task.
@@ -110,22 +160,30 @@ func (f *inflight) add(r *run) {
 }
 
 // settled ends the handling of ds: they leave the in-flight set and give
-// back their slots.
+// back the slots they still hold.
 func (f *inflight) settled(ds ...delivery) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.forgetLocked(ds)
-	f.freeSlotsLocked(len(ds))
+	f.freeSlotsLocked(f.forgetLocked(ds))
 }
 
-// forget removes ds from the in-flight set, keeping their slots.
-func (f *inflight) forget(ds ...delivery) {
+// forget removes ds from the in-flight set and returns how many slots they
+// held, which the caller gives back (freeSlotCount).
+func (f *inflight) forget(ds ...delivery) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.forgetLocked(ds)
+	return f.forgetLocked(ds)
 }
 
-func (f *inflight) forgetLocked(ds []delivery) {
+// freeSlotCount gives back n slots, those of messages forgotten before.
+func (f *inflight) freeSlotCount(n int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.freeSlotsLocked(n)
+}
+
+func (f *inflight) forgetLocked(ds []delivery) int {
+	n := f.releaseLocked(ds)
 	for _, d := range ds {
 		if r, ok := f.running[d.id]; ok {
 			delete(f.running, d.id)
@@ -135,6 +193,7 @@ func (f *inflight) forgetLocked(ds []delivery) {
 		}
 		delete(f.ids, d.id)
 	}
+	return n
 }
 
 // runs reports whether task id has a run here.
@@ -193,7 +252,7 @@ func (f *inflight) live(ids []string) []string {
 	defer f.mu.Unlock()
 	out := ids[:0]
 	for _, id := range ids {
-		if f.ids[id] {
+		if _, ok := f.ids[id]; ok {
 			out = append(out, id)
 		}
 	}

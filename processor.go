@@ -50,7 +50,7 @@ type delivery struct {
 }
 
 // run is one started task: its handler runs, or its outcome is not yet
-// committed.
+// recorded and its message not yet settled.
 type run struct {
 	d      delivery
 	task   Task
@@ -83,8 +83,9 @@ type outcome struct {
 }
 
 // processor is the Sink: it starts delivered entries as one batch, runs
-// handlers in bounded slots and settles every entry (ack, idle time, DLQ;
-// settle.go). Its parts each own their state: inflight (slots, messages in
+// handlers in bounded slots (a slot is free again once its handler has
+// returned and handed its outcome to the completer) and settles every
+// entry (ack, idle time, DLQ; settle.go). Its parts each own their state: inflight (slots, messages in
 // flight, runs, draining), admission (the kinds' pauses and limits), the
 // completer (outcomes → Postgres → transport; completer.go) and the
 // heartbeater (lease renewal, idle-time refresh, cancel notices;
@@ -156,17 +157,19 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 // in this order:
 //  1. From now on Process starts nothing: entries delivered to it (by the
 //     reclaimer) are made claimable at once for another worker.
-//  2. Grace period (Config.ShutdownTimeout): running handlers may finish;
-//     the heartbeat keeps renewing their leases and entries, the completer
-//     records their outcomes and acknowledges.
+//  2. Grace period (Config.ShutdownTimeout): running handlers may finish
+//     and hand their outcomes to the completer; the heartbeat keeps
+//     renewing the leases and entries of every run, returned or not, the
+//     completer records outcomes and acknowledges.
 //  3. Cut-off: the remaining handlers' contexts are cancelled. A handler
 //     that then returns an error has its task released (RETRYING, due now,
 //     no failure counted) and its entry made claimable at once; one that
 //     returns nil succeeded. Nothing that did not finish is acknowledged.
-//  4. The completer records the last outcomes, then the heartbeat stops,
-//     then all Redis and Postgres I/O is cancelled (a DLQ write still being
-//     retried gives up and leaves its entry pending; the cancel listener
-//     stops).
+//  4. The completer records every outcome still queued or being recorded
+//     (within finalFlushTimeout; the heartbeat renews their runs' leases
+//     meanwhile), then the heartbeat stops, then all Redis and Postgres
+//     I/O is cancelled (a DLQ write still being retried gives up and leaves
+//     its entry pending; the cancel listener stops).
 func (p *processor) shutdown() {
 	// 1.
 	p.inflight.drain()
@@ -463,5 +466,14 @@ func (p *processor) execute(ctx context.Context, r *run) {
 	}
 	p.inflight.returned(r)
 	r.cancel(nil)
-	p.completer.add(o)
+	// The slot comes back once the completer has taken the outcome (it
+	// waits while the completer's queue is full): the next task may start
+	// while this one's completion is still being recorded. The run stays in
+	// flight, its lease renewed, until its message is settled.
+	if !p.completer.add(o) {
+		p.log.Error("worker stopped before the outcome could be recorded; the task is recovered when its lease expires",
+			"task_id", r.task.ID, "message_id", r.d.id, "attempt", r.task.Attempt, r.traceAttr())
+		r.endAttempt(resultConflict, o.err, o.timedOut)
+	}
+	p.inflight.handedOver(r)
 }

@@ -12,7 +12,8 @@ import (
 // The settling of messages: acknowledged or deferred through the
 // transport, or dead-lettered (with a retry while the DLQ write fails),
 // each counted under its result; a settled message leaves the in-flight
-// set and gives back its slot.
+// set and gives back its slot if it still holds one (a run gave its slot
+// back when its handler returned; see inflight).
 
 // letter is an entry to dead-letter.
 type letter struct {
@@ -32,7 +33,7 @@ type letter struct {
 func (p *processor) settle(acks []string, later []deferral, ds []delivery, metric map[string]string) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
-	rest := ds
+	rest, freed := ds, 0
 	if len(later) > 0 {
 		deferred := make(map[string]bool, len(later))
 		for _, l := range later {
@@ -47,7 +48,7 @@ func (p *processor) settle(acks []string, later []deferral, ds []delivery, metri
 				rest = append(rest, d)
 			}
 		}
-		p.inflight.forget(first...)
+		freed = p.inflight.forget(first...)
 	}
 	if err := p.tr.settle(p.ioCtx, acks, later); err != nil {
 		p.log.Warn("acknowledge / defer entries failed; they are delivered again later", "err", err)
@@ -55,7 +56,7 @@ func (p *processor) settle(acks []string, later []deferral, ds []delivery, metri
 	for _, d := range ds {
 		p.met.observe(metric[d.id], d.received)
 	}
-	p.inflight.freeSlots(len(ds) - len(rest)) // the deferred ones' slots
+	p.inflight.freeSlotCount(freed) // the deferred ones' slots
 	p.inflight.settled(rest...)
 }
 
@@ -92,15 +93,15 @@ func taskLetter(d delivery, t *task.Task, result string, now time.Time) letter {
 // write that fails keeps its entry here, pending and kept fresh by the
 // heartbeat, and is retried until it succeeds or the worker stops.
 //
-// A retried entry gives back its handler slot at once (a broken DLQ must not
-// stall healthy tasks) but stays in the in-flight set, so a redelivery of it
-// is ignored.
+// A retried entry gives back its handler slot at once, if it still holds
+// one (a broken DLQ must not stall healthy tasks), but stays in the
+// in-flight set, so a redelivery of it is ignored.
 func (p *processor) deadLetter(letters []letter) {
 	for _, l := range letters {
 		if err := p.writeLetter(l); err != nil {
 			p.log.Error("dead-letter failed; the entry stays pending and the write is retried",
 				"task_id", l.entry.TaskID, "message_id", l.d.id, "err", err)
-			p.inflight.freeSlots(1)
+			p.inflight.freeSlots(l.d)
 			p.retries.Add(1)
 			go p.retryLetter(l)
 			continue

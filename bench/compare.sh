@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Throughput of ingest-worker against River on the same machine and database.
 #
-# Builds `ingest-worker` and bench/river, then for each mode (preload,
-# preload-published, continuous; see bench/README.md) runs `ingest-worker
-# bench` and River's bench alternately, --runs times each, and prints the
-# medians of jobs/s worked and their ratio (ingest-worker / River).
+# Builds `ingest-worker`, bench/river and bench/floor, then for each mode
+# (preload, preload-published, continuous; see bench/README.md) runs
+# `ingest-worker bench`, River's bench and the floor (the least work any
+# durable PostgreSQL queue does per job) alternately, --runs times each, and
+# prints the medians of jobs/s worked and their ratios (ingest-worker /
+# River, ingest-worker / floor, River / floor). --no-river leaves River out.
 # --handler webhook has both sides POST each job to an in-process HTTP sink
 # instead of doing nothing. See bench/README.md.
 #
 # The database must be one for benchmarks only: before each run the script
 # empties ingest-worker's tables (ingest_task, ingest_task_transition,
-# outbox_event) and River empties river_job.
+# outbox_event), River empties river_job and the floor bench_floor_job.
 set -euo pipefail
 
 usage() {
@@ -25,6 +27,7 @@ usage: bench/compare.sh [options]
   --modes LIST        modes to run, comma-separated: preload, preload-published,
                       continuous (default all three)
   --river-settings S  bench (River's `river bench` tuning, default) or defaults
+  --no-river          run ingest-worker and the floor only (River's column: -)
   --timeout D         bound of each run, a Go duration (default 10m)
   --database-url URL  default $INGEST_DATABASE_URL, else
                       postgres://postgres@127.0.0.1:5432/bench_cmp?sslmode=disable
@@ -33,7 +36,7 @@ usage: bench/compare.sh [options]
 EOF
 }
 
-jobs=200000 handler=noop payload=0 fail=0 runs=3 modes=preload,preload-published,continuous settings=bench timeout=10m
+jobs=200000 handler=noop payload=0 fail=0 runs=3 modes=preload,preload-published,continuous settings=bench timeout=10m river=1
 db=${INGEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/bench_cmp?sslmode=disable}
 redis=${INGEST_REDIS_URL:-redis://127.0.0.1:6379/0}
 while [ $# -gt 0 ]; do
@@ -45,6 +48,7 @@ while [ $# -gt 0 ]; do
     --runs) runs=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --river-settings) settings=$2; shift 2 ;;
+    --no-river) river=0; shift ;;
     --timeout) timeout=$2; shift 2 ;;
     --database-url) db=$2; shift 2 ;;
     --redis-url) redis=$2; shift 2 ;;
@@ -78,9 +82,12 @@ else
   exit 2
 fi
 
-echo "building ingest-worker and bench/river"
+if [ "$river" = 1 ]; then echo "building ingest-worker, bench/river and bench/floor"; else echo "building ingest-worker and bench/floor"; fi
 go build -o "$bin/ingest-worker" ./cmd/ingest-worker
-(cd bench/river && go build -o "$bin/riverbench" .)
+go build -o "$bin/floor" ./bench/floor
+if [ "$river" = 1 ]; then
+  (cd bench/river && go build -o "$bin/riverbench" .)
+fi
 
 export INGEST_DATABASE_URL=$db INGEST_REDIS_URL=$redis
 "$bin/ingest-worker" migrate >/dev/null
@@ -119,33 +126,56 @@ river_run() { # mode
   field jobs_per_sec "$bin/out.json"
 }
 
-ingest_desc= river_desc=
+# The floor has two modes: a preload is a backlog of available rows, so
+# preload-published is the same run as preload.
+floor_run() { # mode
+  checkpoint
+  "$bin/floor" --mode "${1%-published}" --jobs "$jobs" --payload-bytes "$payload" \
+    --timeout "$timeout" --database-url "$db" --json >"$bin/out.json" 2>"$log" ||
+    { cat "$log" >&2; echo "compare.sh: floor failed" >&2; exit 1; }
+  field jobs_per_sec "$bin/out.json"
+}
+
+# runs LIST: the runs, rounded, space-separated; ratio A B: A / B, or - when
+# either is -.
+runs_of() { printf '%.0f ' "$@" | sed 's/ $//'; }
+ratio() { if [ "$1" = - ] || [ "$2" = - ]; then echo -; else awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; fi; }
+
+ingest_desc= river_desc= floor_desc=
 results=()
 for mode in ${modes//,/ }; do
-  ing=() riv=()
+  ing=() riv=() flo=()
   for ((i = 1; i <= runs; i++)); do
     r=$(ingest_run "$mode"); ing+=("$r")
     [ -n "$ingest_desc" ] || ingest_desc=$(sed -n 's/^bench [0-9a-f]*: [0-9]* tasks, [a-z]* mode, //p' "$log")
     printf '%-17s run %d  ingest-worker %8.0f jobs/s\n' "$mode" "$i" "$r"
-    r=$(river_run "$mode"); riv+=("$r")
-    [ -n "$river_desc" ] || river_desc=$(sed -n 's/^riverbench: \(River .*)\): [0-9]* jobs, [a-z]* mode\(.*\)/\1\2/p' "$log")
-    printf '%-17s run %d  River         %8.0f jobs/s\n' "$mode" "$i" "$r"
+    if [ "$river" = 1 ]; then
+      r=$(river_run "$mode"); riv+=("$r")
+      [ -n "$river_desc" ] || river_desc=$(sed -n 's/^riverbench: \(River .*)\): [0-9]* jobs, [a-z]* mode\(.*\)/\1\2/p' "$log")
+      printf '%-17s run %d  River         %8.0f jobs/s\n' "$mode" "$i" "$r"
+    fi
+    r=$(floor_run "$mode"); flo+=("$r")
+    [ -n "$floor_desc" ] || floor_desc=$(sed -n 's/^floor: \(.*)\): [0-9]* jobs, [a-z]* mode$/\1/p' "$log")
+    printf '%-17s run %d  floor         %8.0f jobs/s\n' "$mode" "$i" "$r"
   done
-  mi=$(median "${ing[@]}") mr=$(median "${riv[@]}")
-  results+=("$(printf '%s|%.0f|%s|%.0f|%s|%.2f' "$mode" "$mi" "$(printf '%.0f ' "${ing[@]}" | sed 's/ $//')" \
-    "$mr" "$(printf '%.0f ' "${riv[@]}" | sed 's/ $//')" "$(awk -v a="$mi" -v b="$mr" 'BEGIN { print a / b }')")")
+  mi=$(printf '%.0f' "$(median "${ing[@]}")") mf=$(printf '%.0f' "$(median "${flo[@]}")") mr=- rr=-
+  if [ "$river" = 1 ]; then
+    mr=$(printf '%.0f' "$(median "${riv[@]}")") rr=$(runs_of "${riv[@]}")
+  fi
+  results+=("$mode|$mi|$(runs_of "${ing[@]}")|$mr|$rr|$mf|$(runs_of "${flo[@]}")|$(ratio "$mi" "$mr")|$(ratio "$mi" "$mf")|$(ratio "$mr" "$mf")")
 done
 
 echo
 echo "$jobs jobs per run, handler $handler, payload +$payload bytes, fail rate $fail, medians of $runs runs, $(nproc) cores"
 echo "PostgreSQL $(psql "$db" -tAc 'SHOW server_version' | cut -d' ' -f1)"
 echo "ingest-worker: $ingest_desc"
-echo "$river_desc"
-row='%-17s %21s  %-26s %14s  %-26s %12s\n'
+[ -z "$river_desc" ] || echo "$river_desc"
+echo "floor: $floor_desc"
+row='%-17s %21s  %-26s %12s  %-26s %12s  %-26s %12s %12s %12s\n'
 # shellcheck disable=SC2059
-printf "$row" mode "ingest-worker jobs/s" "(runs)" "River jobs/s" "(runs)" ingest/River
+printf "$row" mode "ingest-worker jobs/s" "(runs)" "River jobs/s" "(runs)" "floor jobs/s" "(runs)" ingest/River ingest/floor River/floor
 for r in "${results[@]}"; do
-  IFS='|' read -r m a ar b br q <<<"$r"
+  IFS='|' read -r m a ar b br f fr q qf rf <<<"$r"
   # shellcheck disable=SC2059
-  printf "$row" "$m" "$a" "($ar)" "$b" "($br)" "$q"
+  printf "$row" "$m" "$a" "($ar)" "$b" "($br)" "$f" "($fr)" "$q" "$qf" "$rf"
 done

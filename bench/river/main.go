@@ -53,13 +53,11 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,7 +66,6 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 	"github.com/riverqueue/river/rivertype"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/ingest-worker/ingest/bench"
 	"github.com/ingest-worker/ingest/webhook"
@@ -86,28 +83,17 @@ const (
 )
 
 type options struct {
-	mode         string
-	jobs         int
+	bench.Flags
 	handler      string
 	databaseURL  string
 	payloadBytes int
 	failRate     float64
 	settings     string
 	maxWorkers   int
-	producers    int
-	insertBatch  int
-	poolConns    int
-	timeout      time.Duration
-	keep         bool
-	json         bool
 }
 
 func (o options) validate() error {
 	switch {
-	case o.mode != "preload" && o.mode != "continuous":
-		return fmt.Errorf("--mode must be preload or continuous, got %q", o.mode)
-	case o.jobs < 1:
-		return fmt.Errorf("--jobs must be >= 1, got %d", o.jobs)
 	case o.handler != bench.HandlerNoop && o.handler != bench.HandlerWebhook:
 		return fmt.Errorf("--handler must be one of %s, got %q", strings.Join(bench.Handlers, ", "), o.handler)
 	case o.databaseURL == "":
@@ -116,14 +102,9 @@ func (o options) validate() error {
 		return fmt.Errorf("--settings must be %s or %s, got %q", settingsBench, settingsDefaults, o.settings)
 	case o.maxWorkers < 0 || o.maxWorkers > river.QueueNumWorkersMax:
 		return fmt.Errorf("--max-workers must be in [0, %d], got %d", river.QueueNumWorkersMax, o.maxWorkers)
-	case o.producers < 1 || o.producers > 64:
-		return fmt.Errorf("--producers must be in [1, 64], got %d", o.producers)
-	case o.insertBatch < 1 || o.insertBatch > 10000:
-		return fmt.Errorf("--insert-batch must be in [1, 10000], got %d", o.insertBatch)
-	case o.poolConns < 4:
-		return fmt.Errorf("--pool-conns must be >= 4, got %d", o.poolConns)
-	case o.timeout <= 0:
-		return fmt.Errorf("--timeout must be > 0, got %s", o.timeout)
+	}
+	if err := o.Flags.Validate(); err != nil {
+		return err
 	}
 	// The payload and fail rate follow the ingest-worker bench's rules.
 	return bench.Options{PayloadBytes: o.payloadBytes, FailRate: o.failRate}.Validate()
@@ -161,44 +142,15 @@ type report struct {
 func main() {
 	var o options
 	fs := flag.NewFlagSet("riverbench", flag.ContinueOnError)
-	fs.StringVar(&o.mode, "mode", "preload", "preload (insert all, then work) or continuous (insert while working)")
-	fs.IntVar(&o.jobs, "jobs", 200000, "jobs to insert and work")
+	o.Register(fs, "jobs in river_job")
 	fs.StringVar(&o.handler, "handler", bench.HandlerNoop, "the jobs' worker: "+strings.Join(bench.Handlers, " or ")+" (POST each job to an in-process HTTP sink)")
 	fs.StringVar(&o.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL (default $DATABASE_URL); River's schema is migrated there and river_job emptied")
 	fs.IntVar(&o.payloadBytes, "payload-bytes", 0, "length of a string carried in each job's args (0: none)")
 	fs.Float64Var(&o.failRate, "fail-rate", 0, "fraction of jobs whose first attempt returns an error (retried once, after "+bench.FailRetryDelay.String()+")")
 	fs.StringVar(&o.settings, "settings", settingsBench, "River client settings: bench (those of `river bench`) or defaults (River's defaults, 100 workers)")
 	fs.IntVar(&o.maxWorkers, "max-workers", 0, "workers of the default queue (0: from --settings)")
-	fs.IntVar(&o.producers, "producers", bench.DefaultProducers, "concurrent inserters")
-	fs.IntVar(&o.insertBatch, "insert-batch", bench.DefaultInsertBatch, "jobs per InsertMany")
-	fs.IntVar(&o.poolConns, "pool-conns", bench.DefaultPoolConns, "PostgreSQL connections of the client and producers")
-	fs.DurationVar(&o.timeout, "timeout", bench.DefaultTimeout, "give up after this long")
-	fs.BoolVar(&o.keep, "keep", false, "leave the run's jobs in river_job (otherwise emptied at the end)")
-	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		os.Exit(2)
-	}
-	if err := o.validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "riverbench:", err)
-		os.Exit(2)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	rep, err := run(ctx, o, os.Stderr)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "riverbench:", err)
-		os.Exit(1)
-	}
-	if o.json {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			fmt.Fprintln(os.Stderr, "riverbench:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	printReport(os.Stdout, rep)
+	bench.Parse("riverbench", fs, func() error { return o.validate() })
+	bench.Main("riverbench", o.JSON, func(ctx context.Context) (report, error) { return run(ctx, o, os.Stderr) }, printReport)
 }
 
 // noopArgs are the jobs' args: the padding string of --payload-bytes.
@@ -303,17 +255,17 @@ func riverVersion() string {
 }
 
 func run(ctx context.Context, o options, progress io.Writer) (report, error) {
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	rep := report{System: "river", RiverVersion: riverVersion(), Mode: o.mode, Jobs: o.jobs, Handler: o.handler,
+	rep := report{System: "river", RiverVersion: riverVersion(), Mode: o.Mode, Jobs: o.Jobs, Handler: o.handler,
 		PayloadBytes: o.payloadBytes, FailRate: o.failRate, Settings: o.settings,
-		PoolConns: o.poolConns, Producers: o.producers, InsertBatch: o.insertBatch}
+		PoolConns: o.PoolConns, Producers: o.Producers, InsertBatch: o.InsertBatch}
 
 	pc, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
 		return rep, fmt.Errorf("--database-url: %w", err)
 	}
-	pc.MaxConns = int32(o.poolConns)
+	pc.MaxConns = int32(o.PoolConns)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return rep, fmt.Errorf("connect: %w", err)
@@ -334,7 +286,7 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	if _, err := pool.Exec(ctx, empty); err != nil {
 		return rep, fmt.Errorf("empty river_job: %w", err)
 	}
-	if !o.keep {
+	if !o.Keep {
 		defer func() {
 			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 			defer ccancel()
@@ -391,20 +343,20 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	// Every completion arrives on the subscription, which drops events only
 	// when its buffer is full: one place per job.
 	events, unsubscribe := client.SubscribeConfig(&river.SubscribeConfig{
-		ChanSize: o.jobs, Kinds: []river.EventKind{river.EventKindJobCompleted}})
+		ChanSize: o.Jobs, Kinds: []river.EventKind{river.EventKindJobCompleted}})
 	defer unsubscribe()
 	var completed, inserted atomic.Int64
 	allDone := make(chan struct{})
 	go func() {
 		for ev := range events {
-			if ev.Kind == river.EventKindJobCompleted && completed.Add(1) == int64(o.jobs) {
+			if ev.Kind == river.EventKindJobCompleted && completed.Add(1) == int64(o.Jobs) {
 				close(allDone)
 			}
 		}
 	}()
 
 	fmt.Fprintf(progress, "riverbench: River %s, settings %s (%d workers, fetch cooldown %s, poll %s; %d connections): %d jobs, %s mode, handler %s",
-		rep.RiverVersion, o.settings, rep.MaxWorkers, rep.FetchCooldown, rep.FetchPollInterval, o.poolConns, o.jobs, o.mode, o.handler)
+		rep.RiverVersion, o.settings, rep.MaxWorkers, rep.FetchCooldown, rep.FetchPollInterval, o.PoolConns, o.Jobs, o.Mode, o.handler)
 	if sink != nil {
 		fmt.Fprintf(progress, " → %s", sink.URL())
 	}
@@ -430,7 +382,7 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		defer scancel()
 		_ = client.Stop(sctx)
 	}
-	if o.mode == "preload" {
+	if o.Mode == "preload" {
 		insertStart = time.Now()
 		if err := insert(); err != nil {
 			return rep, err
@@ -454,7 +406,7 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	select {
 	case <-allDone:
 	case <-ctx.Done():
-		return rep, fmt.Errorf("timed out or interrupted with %d of %d jobs completed: %w", completed.Load(), o.jobs, ctx.Err())
+		return rep, fmt.Errorf("timed out or interrupted with %d of %d jobs completed: %w", completed.Load(), o.Jobs, ctx.Err())
 	}
 	workEnd := time.Now()
 	stopProgress()
@@ -465,13 +417,13 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 	if err := pool.QueryRow(vctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&rep.Completed); err != nil {
 		return rep, fmt.Errorf("count completed jobs: %w", err)
 	}
-	if rep.Completed != o.jobs {
-		return rep, fmt.Errorf("%d of %d jobs are completed in river_job", rep.Completed, o.jobs)
+	if rep.Completed != o.Jobs {
+		return rep, fmt.Errorf("%d of %d jobs are completed in river_job", rep.Completed, o.Jobs)
 	}
 	rep.InsertSeconds = insertEnd.Sub(insertStart).Seconds()
 	rep.WorkSeconds = workEnd.Sub(workStart).Seconds()
-	rep.InsertPerSec = float64(o.jobs) / rep.InsertSeconds
-	rep.JobsPerSec = float64(o.jobs) / rep.WorkSeconds
+	rep.InsertPerSec = float64(o.Jobs) / rep.InsertSeconds
+	rep.JobsPerSec = float64(o.Jobs) / rep.WorkSeconds
 	rep.FailedAttempts = failed.Load()
 	if sink != nil {
 		rep.SinkRequests, rep.SinkConnections = sink.Requests(), sink.Connections()
@@ -487,36 +439,24 @@ func durationOr(d, def time.Duration) string {
 	return d.String()
 }
 
-// insertJobs inserts o.jobs jobs with o.producers goroutines, o.insertBatch
+// insertJobs inserts o.Jobs jobs with o.Producers goroutines, o.InsertBatch
 // jobs per InsertMany.
 func insertJobs(ctx context.Context, client *river.Client[pgx.Tx], o options, inserted *atomic.Int64) error {
 	var args river.JobArgs = noopArgs{Pad: bench.Pad(o.payloadBytes)}
 	if o.handler == bench.HandlerWebhook {
 		args = hookArgs{Pad: bench.Pad(o.payloadBytes)}
 	}
-	var next atomic.Int64
-	g, ctx := errgroup.WithContext(ctx)
-	for range o.producers {
-		g.Go(func() error {
-			params := make([]river.InsertManyParams, 0, o.insertBatch)
-			for {
-				first := next.Add(int64(o.insertBatch)) - int64(o.insertBatch)
-				if first >= int64(o.jobs) {
-					return nil
-				}
-				n := int(min(int64(o.insertBatch), int64(o.jobs)-first))
-				params = params[:0]
-				for range n {
-					params = append(params, river.InsertManyParams{Args: args})
-				}
-				if _, err := client.InsertMany(ctx, params); err != nil {
-					return fmt.Errorf("insert %d jobs: %w", n, err)
-				}
-				inserted.Add(int64(n))
-			}
-		})
-	}
-	return g.Wait()
+	return bench.Produce(ctx, o.Jobs, o.InsertBatch, o.Producers, func(ctx context.Context, n int) error {
+		params := make([]river.InsertManyParams, n)
+		for i := range params {
+			params[i] = river.InsertManyParams{Args: args}
+		}
+		if _, err := client.InsertMany(ctx, params); err != nil {
+			return fmt.Errorf("insert %d jobs: %w", n, err)
+		}
+		inserted.Add(int64(n))
+		return nil
+	})
 }
 
 // printProgress prints a line every 2 s until the returned function is
