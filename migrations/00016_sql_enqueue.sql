@@ -154,7 +154,7 @@ DECLARE
     stream constant text := (SELECT substr(x, 15) FROM unnest(cfg) AS x WHERE x LIKE 'ingest.stream=%');
     max_payload constant int := (SELECT substr(x, 26) FROM unnest(cfg) AS x WHERE x LIKE 'ingest.max\_payload\_bytes=%')::int;
 
-    n int := coalesce(jsonb_array_length(tasks), 0);
+    n int;
     el jsonb;
     pos int := 0;
     pre text;
@@ -205,6 +205,7 @@ BEGIN
             MESSAGE = 'ingest_enqueue_batch(jsonb) lacks its settings ingest.stream and ingest.max_payload_bytes',
             HINT = 'ALTER FUNCTION ingest_enqueue_batch(jsonb) SET ingest.stream = ''ingest:tasks'' (and SET ingest.max_payload_bytes = ''1048576'')';
     END IF;
+    n := jsonb_array_length(tasks);
 
     FOR el IN SELECT e FROM jsonb_array_elements(tasks) AS e LOOP
         pre := CASE WHEN numbered THEN format('task %s: ', pos) ELSE '' END;
@@ -226,12 +227,13 @@ BEGIN
                 t := jsonb_typeof(v);
                 CONTINUE WHEN t IS NULL OR t = 'null' OR c = 'payload';
                 IF c IN ('max_attempts', 'delay_ms', 'timeout_ms') THEN
-                    IF t <> 'number' THEN
-                        m := format('%s must be a JSON integer, got %s', c, CASE t WHEN 'boolean' THEN 'bool' ELSE t END);
-                    ELSIF v::text !~ '^-?\d{1,19}$' OR v::text::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
-                        m := format('%s must be a whole number from %s to %s, got number %s', c,
+                    -- Not a JSON number, a fraction, or beyond int64.
+                    IF t <> 'number' OR v::text !~ '^-?\d{1,19}$'
+                       OR v::text::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
+                        m := format('%s must be a whole number from %s to %s, got %s', c,
                             CASE c WHEN 'max_attempts' THEN att_min ELSE 0 END,
-                            CASE c WHEN 'max_attempts' THEN att_max WHEN 'delay_ms' THEN delay_max ELSE timeout_max END, v::text);
+                            CASE c WHEN 'max_attempts' THEN att_max WHEN 'delay_ms' THEN delay_max ELSE timeout_max END,
+                            CASE t WHEN 'number' THEN 'number ' || v::text WHEN 'boolean' THEN 'bool' ELSE t END);
                     END IF;
                 ELSIF c = 'dedup_by_payload' THEN
                     IF t <> 'boolean' THEN
@@ -326,9 +328,11 @@ BEGIN
             END IF;
         END IF;
 
-        IF m IS NOT NULL THEN
+        IF m LIKE 'unknown field%' THEN
             RAISE EXCEPTION USING ERRCODE = code, COLUMN = f, MESSAGE = pre || m,
-                HINT = CASE WHEN m LIKE 'unknown field%' THEN 'the fields are ' || array_to_string(fields, ', ') END;
+                HINT = 'the fields are ' || array_to_string(fields, ', ');
+        ELSIF m IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = code, COLUMN = f, MESSAGE = pre || m;
         END IF;
 
         ids := ids || ingest_uuidv7(clock_timestamp());
