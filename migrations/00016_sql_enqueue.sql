@@ -28,27 +28,34 @@
 -- ScheduleHorizon); sqlenqueue's TestLimitsMatchGo compares them.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_enqueue_limits() RETURNS jsonb
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-SELECT jsonb_build_object(
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN jsonb_build_object(
     'max_kind_bytes', 200,
     'max_idempotency_key_bytes', 1000,
     'max_attempts_min', 1,
     'max_attempts_max', 1000000,
     'max_delay_ms', 315619200000,
     'max_timeout_ms', 2147483647,
-    'schedule_horizon_days', 3653)
+    'schedule_horizon_days', 3653);
+END;
 $$;
 -- +goose StatementEnd
 
 -- A UUIDv7 of time ts (RFC 9562: 48 bits of Unix milliseconds, the version,
 -- 12 bits of sub-millisecond fraction so ids follow their creation, then
 -- random bits with the variant), as google/uuid's NewV7 makes them in Go.
+-- PL/pgSQL, not SQL: its plan is cached for the session, where a SQL
+-- function that cannot be inlined is planned again at every call.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_uuidv7(ts timestamptz) RETURNS uuid
-LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
-SELECT encode(overlay(uuid_send(gen_random_uuid()) PLACING
-    int8send(((us / 1000) << 16) | 28672 | ((us % 1000) * 4096 / 1000)) FROM 1 FOR 8), 'hex')::uuid
-FROM (SELECT (extract(epoch FROM ts) * 1000000)::bigint AS us) t
+LANGUAGE plpgsql VOLATILE PARALLEL SAFE AS $$
+DECLARE
+    us constant bigint := (extract(epoch FROM ts) * 1000000)::bigint;
+BEGIN
+    RETURN encode(overlay(uuid_send(gen_random_uuid()) PLACING
+        int8send(((us / 1000) << 16) | 28672 | ((us % 1000) * 4096 / 1000)) FROM 1 FOR 8), 'hex')::uuid;
+END;
 $$;
 -- +goose StatementEnd
 
@@ -183,8 +190,7 @@ DECLARE
     shas text[] := '{}';
     keys text[] := '{}';
     atts int[] := '{}';
-    run_ats timestamptz[] := '{}';
-    delays bigint[] := '{}';
+    dues timestamptz[] := '{}';
     timeouts bigint[] := '{}';
     tps text[] := '{}';
     dedups boolean[] := '{}';
@@ -341,8 +347,10 @@ BEGIN
         shas := shas || encode(sha256(convert_to(canon, 'UTF8')), 'hex');
         keys := keys || key;
         atts := atts || coalesce(att, 0);
-        run_ats := run_ats || run_at;
-        delays := delays || delay;
+        -- When a delayed task is due (its next_retry_at and due_at; NULL:
+        -- due now), from the database's clock as in task/create.go.
+        dues := dues || CASE WHEN run_at > now() THEN run_at
+                             WHEN delay > 0 THEN now() + delay * interval '1 millisecond' END;
         timeouts := timeouts || timeout;
         tps := tps || tp;
         dedups := dedups || dd;
@@ -379,16 +387,30 @@ BEGIN
         END LOOP;
     END IF;
 
+    IF n = 1 AND NOT any_dedup THEN
+        -- One task (every ingest_enqueue call): plain statements, whose
+        -- plans PL/pgSQL keeps for the session.
+        INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
+        VALUES (ids[1], kinds[1], payloads[1]::jsonb, shas[1], NULLIF(keys[1], ''), NULLIF(atts[1], 0), dues[1], dues[1],
+            NULLIF(timeouts[1], 0), NULLIF(tps[1], ''), false)
+        ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN ARRAY(SELECT tt.id FROM ingest_task tt WHERE tt.kind = kinds[1] AND tt.idempotency_key = keys[1]);
+        END IF;
+        INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message)
+        VALUES (ids[1], NULL, 'QUEUED', 0, 'created');
+        INSERT INTO outbox_event (task_id, stream, next_retry_at) VALUES (ids[1], stream, coalesce(dues[1], now()));
+        RETURN ids;
+    END IF;
+
     -- The insert of task/create.go (insertTasksSQL), its audit rows and
     -- outbox rows, in one statement.
     WITH inserted AS (
         INSERT INTO ingest_task AS it (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
-        SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
+        SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), due, due,
             NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup
-        FROM unnest(ids, kinds, payloads, shas, keys, atts, run_ats, delays, timeouts, tps, dedups, resolved)
-                WITH ORDINALITY AS s(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, done, ord)
-            CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
-                                            WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
+        FROM unnest(ids, kinds, payloads, shas, keys, atts, dues, timeouts, tps, dedups, resolved)
+                WITH ORDINALITY AS s(id, kind, payload, sha, key, max_attempts, due, timeout_ms, traceparent, dedup, done, ord)
         WHERE done IS NULL
         ORDER BY ord
         ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
