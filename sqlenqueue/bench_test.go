@@ -41,10 +41,7 @@ func BenchmarkEnqueue10k(b *testing.B) {
 	}
 	b.Run("CreateTx", func(b *testing.B) {
 		db := testenv.DB(b)
-		store, err := task.NewStore(task.Config{}, db)
-		if err != nil {
-			b.Fatal(err)
-		}
+		store := newStore(b, db, task.Config{})
 		inTx(b, db, func(tx pgx.Tx) error {
 			nts := make([]task.NewTask, n)
 			for i := range nts {

@@ -104,10 +104,7 @@ func testClient(t *testing.T, kind string, script func(dbURL string) *exec.Cmd) 
 		t.Errorf("the transcript lacks the refusal of max_attempts 0")
 	}
 
-	store, err := task.NewStore(task.Config{Stream: stream}, d.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newStore(t, d.Pool, task.Config{Stream: stream})
 	testenv.Eventually(t, 30*time.Second, "the committed task to succeed", func() bool {
 		tk, err := store.Get(ctx, committed)
 		return err == nil && tk.Status == task.Succeeded

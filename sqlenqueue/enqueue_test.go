@@ -31,6 +31,16 @@ func useStream(t testing.TB, db *pgxpool.Pool, stream string) {
 	}
 }
 
+// newStore returns a task store of cfg on db.
+func newStore(tb testing.TB, db *pgxpool.Pool, cfg task.Config) *task.Store {
+	tb.Helper()
+	store, err := task.NewStore(cfg, db)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return store
+}
+
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // rows returns what a task's creation wrote, without what differs between
@@ -74,10 +84,7 @@ func TestRowsMatchCreateTx(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.DB(t)
 	useStream(t, db, "s:match")
-	store, err := task.NewStore(task.Config{Stream: "s:match"}, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newStore(t, db, task.Config{Stream: "s:match"})
 	runAt := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	// Keys Go sorts by bytes, escapes Go writes, nesting, numbers as jsonb
@@ -145,10 +152,7 @@ func TestRepeatsReturnTheExistingTask(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	store, err := task.NewStore(task.Config{}, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newStore(t, db, task.Config{})
 	goKeyed, err := store.Create(ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{"n":1}`), IdempotencyKey: "go"})
 	if err != nil {
 		t.Fatal(err)

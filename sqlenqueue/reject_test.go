@@ -39,10 +39,7 @@ func TestRejectionsMatchTheAPI(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.DB(t)
-	store, err := task.NewStore(task.Config{}, db)
-	if err != nil {
-		t.Fatal(err)
-	}
+	store := newStore(t, db, task.Config{})
 	h, err := api.New(api.Config{}, store, nil, nil)
 	if err != nil {
 		t.Fatal(err)
