@@ -79,7 +79,12 @@ BEGIN
             FROM jsonb_each(v) AS x(k, e)), '') || '}';
     WHEN 'array' THEN
         RETURN '[' || coalesce((
-            SELECT string_agg(ingest_canonical_json(e), ',' ORDER BY o)
+            SELECT string_agg(
+                CASE jsonb_typeof(e)
+                WHEN 'object' THEN ingest_canonical_json(e)
+                WHEN 'array' THEN ingest_canonical_json(e)
+                WHEN 'string' THEN replace(replace(e::text, U&'\2028', '\u2028'), U&'\2029', '\u2029')
+                ELSE e::text END, ',' ORDER BY o)
             FROM jsonb_array_elements(v) WITH ORDINALITY AS x(e, o)), '') || ']';
     WHEN 'string' THEN
         RETURN replace(replace(v::text, U&'\2028', '\u2028'), U&'\2029', '\u2029');
@@ -162,8 +167,8 @@ DECLARE
     max_payload constant int := (SELECT substr(x, 26) FROM unnest(cfg) AS x WHERE x LIKE 'ingest.max\_payload\_bytes=%')::int;
 
     n int;
+    pos int;
     el jsonb;
-    pos int := 0;
     pre text;
     f text;
     m text;
@@ -213,7 +218,9 @@ BEGIN
     END IF;
     n := jsonb_array_length(tasks);
 
+    pos := -1;
     FOR el IN SELECT e FROM jsonb_array_elements(tasks) AS e LOOP
+        pos := pos + 1;
         pre := CASE WHEN numbered THEN format('task %s: ', pos) ELSE '' END;
         f := NULL; m := NULL; code := '22023';
         k := NULL; canon := NULL; key := NULL; att := NULL; run_at := NULL; delay := 0; timeout := 0; tp := NULL; dd := false;
@@ -226,8 +233,20 @@ BEGIN
         END IF;
 
         -- The types of the fields, as the API's JSON decoding checks them
-        -- (a JSON null is an absent field).
-        IF m IS NULL THEN
+        -- (a JSON null is an absent field): at once when they are right,
+        -- field by field to name the wrong one.
+        IF m IS NULL AND NOT (
+            coalesce(jsonb_typeof(el->'kind'), 'null') IN ('string', 'null')
+            AND coalesce(jsonb_typeof(el->'idempotency_key'), 'null') IN ('string', 'null')
+            AND coalesce(jsonb_typeof(el->'run_at'), 'null') IN ('string', 'null')
+            AND coalesce(jsonb_typeof(el->'traceparent'), 'null') IN ('string', 'null')
+            AND coalesce(jsonb_typeof(el->'dedup_by_payload'), 'null') IN ('boolean', 'null')
+            AND (el->'max_attempts' IS NULL OR (el->>'max_attempts') IS NULL OR (el->>'max_attempts') ~ '^-?\d{1,18}$')
+            AND (el->'delay_ms' IS NULL OR (el->>'delay_ms') IS NULL OR (el->>'delay_ms') ~ '^-?\d{1,18}$')
+            AND (el->'timeout_ms' IS NULL OR (el->>'timeout_ms') IS NULL OR (el->>'timeout_ms') ~ '^-?\d{1,18}$')
+            AND jsonb_typeof(el->'max_attempts') IS DISTINCT FROM 'string'
+            AND jsonb_typeof(el->'delay_ms') IS DISTINCT FROM 'string'
+            AND jsonb_typeof(el->'timeout_ms') IS DISTINCT FROM 'string') THEN
             FOREACH c IN ARRAY fields LOOP
                 v := el->c;
                 t := jsonb_typeof(v);
@@ -356,7 +375,6 @@ BEGIN
         dedups := dedups || dd;
         keyed := keyed OR key <> '';
         any_dedup := any_dedup OR dd;
-        pos := pos + 1;
     END LOOP;
     IF n = 0 THEN
         RETURN '{}';
@@ -388,18 +406,25 @@ BEGIN
     END IF;
 
     IF n = 1 AND NOT any_dedup THEN
-        -- One task (every ingest_enqueue call): plain statements, whose
-        -- plans PL/pgSQL keeps for the session.
-        INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
-        VALUES (ids[1], kinds[1], payloads[1]::jsonb, shas[1], NULLIF(keys[1], ''), NULLIF(atts[1], 0), dues[1], dues[1],
-            NULLIF(timeouts[1], 0), NULLIF(tps[1], ''), false)
-        ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING;
-        IF NOT FOUND THEN
+        -- One task (every ingest_enqueue call): one statement of plain
+        -- values, whose plan PL/pgSQL keeps for the session.
+        WITH inserted AS (
+            INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
+            VALUES (ids[1], kinds[1], payloads[1]::jsonb, shas[1], NULLIF(keys[1], ''), NULLIF(atts[1], 0), dues[1], dues[1],
+                NULLIF(timeouts[1], 0), NULLIF(tps[1], ''), false)
+            ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+            RETURNING id
+        ), audit AS (
+            INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message)
+            SELECT id, NULL, 'QUEUED', 0, 'created' FROM inserted
+        ), outbox AS (
+            INSERT INTO outbox_event (task_id, stream, next_retry_at)
+            SELECT id, stream, coalesce(dues[1], now()) FROM inserted
+        )
+        SELECT count(*) INTO n FROM inserted;
+        IF n = 0 THEN
             RETURN ARRAY(SELECT tt.id FROM ingest_task tt WHERE tt.kind = kinds[1] AND tt.idempotency_key = keys[1]);
         END IF;
-        INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message)
-        VALUES (ids[1], NULL, 'QUEUED', 0, 'created');
-        INSERT INTO outbox_event (task_id, stream, next_retry_at) VALUES (ids[1], stream, coalesce(dues[1], now()));
         RETURN ids;
     END IF;
 
@@ -427,10 +452,13 @@ BEGIN
     -- Each item's task: its own when inserted, else the existing one (the
     -- payload dedup's, or the holder of its idempotency key: a task that
     -- existed, or an earlier item of this batch).
+    IF coalesce(array_length(ins, 1), 0) = n THEN
+        RETURN ids; -- all new
+    END IF;
     res := ARRAY(
-        SELECT coalesce(x.id, s.done, (SELECT tt.id FROM ingest_task tt WHERE tt.kind = s.kind AND tt.idempotency_key = s.key))
+        SELECT CASE WHEN s.id IN (SELECT unnest(ins)) THEN s.id
+                    ELSE coalesce(s.done, (SELECT tt.id FROM ingest_task tt WHERE tt.kind = s.kind AND tt.idempotency_key = s.key)) END
         FROM unnest(ids, kinds, keys, resolved) WITH ORDINALITY AS s(id, kind, key, done, ord)
-            LEFT JOIN unnest(ins) AS x(id) ON x.id = s.id
         ORDER BY s.ord);
     IF any_dedup THEN
         FOR i IN 1 .. n LOOP

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -13,81 +14,106 @@ import (
 	"github.com/ingest-worker/ingest/task"
 )
 
-// BenchmarkEnqueue10k creates 10,000 tasks in one transaction, per
-// operation: through task.Store.CreateTx (the reference), through one
-// ingest_enqueue_batch call, through 10,000 ingest_enqueue calls sent in
-// one pipeline, and through 10,000 ingest_enqueue calls one round trip
-// each (what a client does without pipelining). Each way gets a fresh
-// database. Run with: go test -run '^$' -bench Enqueue10k -benchtime 5x
-// ./sqlenqueue/
+// enqueue10k is one way of creating 10,000 tasks in transaction tx.
+type enqueue10k struct {
+	name string
+	run  func(ctx context.Context, tx pgx.Tx, store *task.Store) error
+}
+
+const benchTasks = 10_000
+
+func benchPayload(i int) string {
+	return fmt.Sprintf(`{"order_id":%d,"customer":"c-%d","lines":[1,2,3]}`, i, i%97)
+}
+
+var (
+	viaCreateTx = enqueue10k{"CreateTx", func(ctx context.Context, tx pgx.Tx, store *task.Store) error {
+		nts := make([]task.NewTask, benchTasks)
+		for i := range nts {
+			nts[i] = task.NewTask{Kind: "bench", Payload: json.RawMessage(benchPayload(i))}
+		}
+		_, err := store.CreateTx(ctx, tx, nts...)
+		return err
+	}}
+	viaBatch = enqueue10k{"SQLBatch", func(ctx context.Context, tx pgx.Tx, _ *task.Store) error {
+		tasks := make([]byte, 0, benchTasks*80)
+		tasks = append(tasks, '[')
+		for i := range benchTasks {
+			if i > 0 {
+				tasks = append(tasks, ',')
+			}
+			tasks = append(tasks, `{"kind":"bench","payload":`...)
+			tasks = append(tasks, benchPayload(i)...)
+			tasks = append(tasks, '}')
+		}
+		tasks = append(tasks, ']')
+		_, err := tx.Exec(ctx, `SELECT ingest_enqueue_batch($1)`, string(tasks))
+		return err
+	}}
+	viaCallsPipelined = enqueue10k{"SQLCallsPipelined", func(ctx context.Context, tx pgx.Tx, _ *task.Store) error {
+		var batch pgx.Batch
+		for i := range benchTasks {
+			batch.Queue(`SELECT ingest_enqueue('bench', $1)`, benchPayload(i))
+		}
+		return tx.SendBatch(ctx, &batch).Close()
+	}}
+	viaCallsOneByOne = enqueue10k{"SQLCallsOneByOne", func(ctx context.Context, tx pgx.Tx, _ *task.Store) error {
+		for i := range benchTasks {
+			if _, err := tx.Exec(ctx, `SELECT ingest_enqueue('bench', $1)`, benchPayload(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+)
+
+// BenchmarkEnqueue10k creates 10,000 tasks in one transaction through
+// task.Store.CreateTx (the reference), one ingest_enqueue_batch call, and
+// 10,000 ingest_enqueue calls sent in one pipeline, each way on a database
+// of its own. The ways take turns within every iteration, so a machine
+// whose load changes slows them alike: it reports each way's seconds per
+// 10,000 tasks and its ratio to CreateTx. Run with:
+//
+//	go test -run '^$' -bench 'Enqueue10k$' -benchtime 3x ./sqlenqueue/
 func BenchmarkEnqueue10k(b *testing.B) {
-	const n = 10_000
+	benchmarkWays(b, viaCreateTx, viaBatch, viaCallsPipelined)
+}
+
+// BenchmarkEnqueue10kOneByOne adds 10,000 ingest_enqueue calls, one round
+// trip each (a client without pipelining), to the comparison.
+func BenchmarkEnqueue10kOneByOne(b *testing.B) {
+	benchmarkWays(b, viaCreateTx, viaCallsOneByOne)
+}
+
+func benchmarkWays(b *testing.B, ways ...enqueue10k) {
 	ctx := context.Background()
-	payload := func(i int) string { return fmt.Sprintf(`{"order_id":%d,"customer":"c-%d","lines":[1,2,3]}`, i, i%97) }
-	inTx := func(b *testing.B, db *pgxpool.Pool, f func(tx pgx.Tx) error) {
-		for range b.N {
-			tx, err := db.Begin(ctx)
+	dbs := make([]*pgxpool.Pool, len(ways))
+	for i := range ways {
+		dbs[i] = testenv.DB(b)
+	}
+	store := newStore(b, dbs[0], task.Config{})
+	took := make([]time.Duration, len(ways))
+	b.ResetTimer()
+	for range b.N {
+		for i, w := range ways {
+			start := time.Now()
+			tx, err := dbs[i].Begin(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := f(tx); err != nil {
-				b.Fatal(err)
+			if err := w.run(ctx, tx, store); err != nil {
+				b.Fatalf("%s: %v", w.name, err)
 			}
 			if err := tx.Commit(ctx); err != nil {
 				b.Fatal(err)
 			}
+			took[i] += time.Since(start)
 		}
-		b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "tasks/s")
 	}
-	b.Run("CreateTx", func(b *testing.B) {
-		db := testenv.DB(b)
-		store := newStore(b, db, task.Config{})
-		inTx(b, db, func(tx pgx.Tx) error {
-			nts := make([]task.NewTask, n)
-			for i := range nts {
-				nts[i] = task.NewTask{Kind: "bench", Payload: json.RawMessage(payload(i))}
-			}
-			_, err := store.CreateTx(ctx, tx, nts...)
-			return err
-		})
-	})
-	b.Run("SQLBatch", func(b *testing.B) {
-		db := testenv.DB(b)
-		inTx(b, db, func(tx pgx.Tx) error {
-			tasks := make([]byte, 0, n*80)
-			tasks = append(tasks, '[')
-			for i := range n {
-				if i > 0 {
-					tasks = append(tasks, ',')
-				}
-				tasks = append(tasks, `{"kind":"bench","payload":`...)
-				tasks = append(tasks, payload(i)...)
-				tasks = append(tasks, '}')
-			}
-			tasks = append(tasks, ']')
-			_, err := tx.Exec(ctx, `SELECT ingest_enqueue_batch($1)`, string(tasks))
-			return err
-		})
-	})
-	b.Run("SQLCallsPipelined", func(b *testing.B) {
-		db := testenv.DB(b)
-		inTx(b, db, func(tx pgx.Tx) error {
-			var batch pgx.Batch
-			for i := range n {
-				batch.Queue(`SELECT ingest_enqueue('bench', $1)`, payload(i))
-			}
-			return tx.SendBatch(ctx, &batch).Close()
-		})
-	})
-	b.Run("SQLCallsOneByOne", func(b *testing.B) {
-		db := testenv.DB(b)
-		inTx(b, db, func(tx pgx.Tx) error {
-			for i := range n {
-				if _, err := tx.Exec(ctx, `SELECT ingest_enqueue('bench', $1)`, payload(i)); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	})
+	for i, w := range ways {
+		b.ReportMetric(took[i].Seconds()/float64(b.N), "s/"+w.name)
+		if i > 0 {
+			b.ReportMetric(float64(took[i])/float64(took[0]), "x_"+w.name)
+		}
+	}
 }
