@@ -42,23 +42,6 @@ END;
 $$;
 -- +goose StatementEnd
 
--- A UUIDv7 of time ts (RFC 9562: 48 bits of Unix milliseconds, the version,
--- 12 bits of sub-millisecond fraction so ids follow their creation, then
--- random bits with the variant), as google/uuid's NewV7 makes them in Go.
--- PL/pgSQL, not SQL: its plan is cached for the session, where a SQL
--- function that cannot be inlined is planned again at every call.
--- +goose StatementBegin
-CREATE FUNCTION ingest_uuidv7(ts timestamptz) RETURNS uuid
-LANGUAGE plpgsql VOLATILE PARALLEL SAFE AS $$
-DECLARE
-    us constant bigint := (extract(epoch FROM ts) * 1000000)::bigint;
-BEGIN
-    RETURN encode(overlay(uuid_send(gen_random_uuid()) PLACING
-        int8send(((us / 1000) << 16) | 28672 | ((us % 1000) * 4096 / 1000)) FROM 1 FOR 8), 'hex')::uuid;
-END;
-$$;
--- +goose StatementEnd
-
 -- The canonical JSON text of a value, as task.Canonical writes it in Go
 -- (encoding/json: object keys sorted by bytes, no insignificant space,
 -- U+2028 and U+2029 escaped), whose SHA-256 is payload_sha. Numbers are
@@ -167,6 +150,7 @@ DECLARE
     max_payload constant int := (SELECT substr(x, 26) FROM unnest(cfg) AS x WHERE x LIKE 'ingest.max\_payload\_bytes=%')::int;
 
     n int;
+    us bigint;
     pos int;
     el jsonb;
     pre text;
@@ -221,9 +205,7 @@ BEGIN
     pos := -1;
     FOR el IN SELECT e FROM jsonb_array_elements(tasks) AS e LOOP
         pos := pos + 1;
-        pre := CASE WHEN numbered THEN format('task %s: ', pos) ELSE '' END;
         f := NULL; m := NULL; code := '22023';
-        k := NULL; canon := NULL; key := NULL; att := NULL; run_at := NULL; delay := 0; timeout := 0; tp := NULL; dd := false;
 
         IF jsonb_typeof(el) <> 'object' THEN
             f := ''; m := format('the task must be a JSON object, got %s', jsonb_typeof(el));
@@ -302,6 +284,7 @@ BEGIN
             tp := coalesce(el->>'traceparent', '');
             dd := coalesce((el->>'dedup_by_payload')::boolean, false);
             t := coalesce(el->>'run_at', '');
+            run_at := NULL;
             IF t <> '' AND substr(t, 1, 4) <> '0000' THEN
                 -- A date that does not exist (February 30) is no time;
                 -- checked here, not by a failing cast (no subtransaction).
@@ -353,6 +336,9 @@ BEGIN
             END IF;
         END IF;
 
+        IF m IS NOT NULL THEN
+            pre := CASE WHEN numbered THEN format('task %s: ', pos) ELSE '' END;
+        END IF;
         IF m LIKE 'unknown field%' THEN
             RAISE EXCEPTION USING ERRCODE = code, COLUMN = f, MESSAGE = pre || m,
                 HINT = 'the fields are ' || array_to_string(fields, ', ');
@@ -360,7 +346,13 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = code, COLUMN = f, MESSAGE = pre || m;
         END IF;
 
-        ids := ids || ingest_uuidv7(clock_timestamp());
+        -- A UUIDv7 (RFC 9562) as google/uuid's NewV7 makes them in Go: 48
+        -- bits of Unix milliseconds, the version, 12 bits of sub-millisecond
+        -- fraction (so ids follow their creation), then random bits with
+        -- the variant.
+        us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+        ids := ids || encode(overlay(uuid_send(gen_random_uuid()) PLACING
+            int8send(((us / 1000) << 16) | 28672 | ((us % 1000) * 4096 / 1000)) FROM 1 FOR 8), 'hex')::uuid;
         kinds := kinds || k;
         payloads := payloads || canon;
         shas := shas || encode(sha256(convert_to(canon, 'UTF8')), 'hex');
@@ -530,7 +522,7 @@ END;
 $$;
 -- +goose StatementEnd
 
-REVOKE EXECUTE ON FUNCTION ingest_enqueue_limits(), ingest_uuidv7(timestamptz), ingest_canonical_json(jsonb),
+REVOKE EXECUTE ON FUNCTION ingest_enqueue_limits(), ingest_canonical_json(jsonb),
     ingest_enqueue_batch(jsonb), ingest_enqueue(text, jsonb, jsonb),
     ingest_enqueue_tasks(jsonb, boolean), ingest_enqueue_escape(text), ingest_enqueue_clip(text, int),
     ingest_enqueue_rfc3339(text), ingest_enqueue_valid_traceparent(text) FROM PUBLIC;
@@ -544,5 +536,4 @@ DROP FUNCTION ingest_enqueue_rfc3339(text);
 DROP FUNCTION ingest_enqueue_clip(text, int);
 DROP FUNCTION ingest_enqueue_escape(text);
 DROP FUNCTION ingest_canonical_json(jsonb);
-DROP FUNCTION ingest_uuidv7(timestamptz);
 DROP FUNCTION ingest_enqueue_limits();
