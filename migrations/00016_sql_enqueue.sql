@@ -122,6 +122,9 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- ingest_enqueue_tasks is the body of both: it checks every task in
+-- order (the first bad one raises; numbered: its message names its
+-- position), then writes the rows, one statement for the lot.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_enqueue_tasks(tasks jsonb, numbered boolean) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE AS $$
@@ -135,7 +138,7 @@ DECLARE
     delay_max constant bigint := (lim->>'max_delay_ms')::bigint;
     timeout_max constant bigint := (lim->>'max_timeout_ms')::bigint;
     horizon_days constant int := (lim->>'schedule_horizon_days')::int;
-    horizon constant timestamptz := now() + make_interval(days => horizon_days);
+    horizon constant timestamptz := now() + make_interval(hours => horizon_days * 24);
     fields constant text[] := ARRAY['kind', 'payload', 'idempotency_key', 'max_attempts', 'run_at', 'delay_ms',
         'timeout_ms', 'traceparent', 'dedup_by_payload'];
     -- Go's unicode.IsSpace, which strings.TrimSpace trims from a kind.
@@ -159,8 +162,6 @@ DECLARE
     code text;
     v jsonb;
     t text;
-    num numeric;
-    ms bigint;
     c text;
 
     k text;
