@@ -148,13 +148,11 @@ DECLARE
     rfc3339 constant text := '^(\d{4})-\d{2}-\d{2}T([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d+)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)$';
     -- The settings of ingest_enqueue_batch (the one place an operator sets
     -- them, for both functions).
-    cfg constant text[] := (SELECT proconfig FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure);
-    stream constant text := (SELECT substr(x, 15) FROM unnest(cfg) AS x WHERE x LIKE 'ingest.stream=%');
-    max_payload constant int := (SELECT substr(x, 26) FROM unnest(cfg) AS x WHERE x LIKE 'ingest.max\_payload\_bytes=%')::int;
+    stream text;
+    max_payload int;
 
     n int;
     us bigint;
-    pos int;
     el jsonb;
     pre text;
     f text;
@@ -192,6 +190,10 @@ DECLARE
     ins uuid[];
     res uuid[];
 BEGIN
+    SELECT (SELECT substr(x, 15) FROM unnest(proconfig) AS x WHERE x LIKE 'ingest.stream=%'),
+           (SELECT substr(x, 26) FROM unnest(proconfig) AS x WHERE x LIKE 'ingest.max\_payload\_bytes=%')::int
+    INTO stream, max_payload
+    FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
     IF tasks IS NULL OR jsonb_typeof(tasks) <> 'array' THEN
         RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'tasks',
             MESSAGE = format('tasks must be a JSON array, got %s', coalesce(jsonb_typeof(tasks), 'NULL'));
@@ -203,9 +205,8 @@ BEGIN
     END IF;
     n := jsonb_array_length(tasks);
 
-    pos := -1;
-    FOR el IN SELECT e FROM jsonb_array_elements(tasks) AS e LOOP
-        pos := pos + 1;
+    FOR pos IN 0 .. n - 1 LOOP
+        el := tasks->pos;
         f := NULL; m := NULL; code := '22023';
 
         IF jsonb_typeof(el) <> 'object' THEN
