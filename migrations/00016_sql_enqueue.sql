@@ -399,29 +399,6 @@ BEGIN
         END LOOP;
     END IF;
 
-    IF n = 1 AND NOT any_dedup THEN
-        -- One task (every ingest_enqueue call): one statement of plain
-        -- values, whose plan PL/pgSQL keeps for the session.
-        WITH inserted AS (
-            INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
-            VALUES (ids[1], kinds[1], payloads[1]::jsonb, shas[1], NULLIF(keys[1], ''), NULLIF(atts[1], 0), dues[1], dues[1],
-                NULLIF(timeouts[1], 0), NULLIF(tps[1], ''), false)
-            ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-            RETURNING id
-        ), audit AS (
-            INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message)
-            SELECT id, NULL, 'QUEUED', 0, 'created' FROM inserted
-        ), outbox AS (
-            INSERT INTO outbox_event (task_id, stream, next_retry_at)
-            SELECT id, stream, coalesce(dues[1], now()) FROM inserted
-        )
-        SELECT count(*) INTO n FROM inserted;
-        IF n = 0 THEN
-            RETURN ARRAY(SELECT tt.id FROM ingest_task tt WHERE tt.kind = kinds[1] AND tt.idempotency_key = keys[1]);
-        END IF;
-        RETURN ids;
-    END IF;
-
     -- The insert of task/create.go (insertTasksSQL), its audit rows and
     -- outbox rows, in one statement.
     WITH inserted AS (
