@@ -104,6 +104,12 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 	if _, err := p.DownTo(ctx, 11); err != nil {
 		t.Fatalf("down to 11: %v", err)
 	}
+	// 00016's Down dropped the SQL enqueue functions and their helpers.
+	var fns []string
+	if err := db.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(proname::text), '{}') FROM pg_proc
+		WHERE proname LIKE 'ingest\_%' AND pronamespace = current_schema()::regnamespace`).Scan(&fns); err != nil || len(fns) != 0 {
+		t.Errorf("functions after down to 11: %v, %v; want none", fns, err)
+	}
 	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, versions[11:]) {
 		t.Fatalf("Up again = %v, %v; want %v", applied, err, versions[11:])
 	}
