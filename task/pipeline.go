@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/internal/clip"
 )
 
 // This file owns a task's result and progress (migration 00017): the
@@ -144,4 +147,23 @@ func (s *Store) SetProgress(ctx context.Context, r ProgressReport) error {
 		return fmt.Errorf("%w (task %s, attempt %d)", ErrStaleAttempt, r.ID, r.Attempt)
 	}
 	return nil
+}
+
+// ResultPreview is a result for people: indented JSON, cut after
+// maxLines lines or maxBytes bytes (at a rune boundary), and whether it
+// was cut. The terminal and the dashboard escape it themselves.
+func ResultPreview(result json.RawMessage, maxLines, maxBytes int) (string, bool) {
+	var b bytes.Buffer
+	if err := json.Indent(&b, result, "", "  "); err != nil {
+		b.Reset()
+		b.Write(result)
+	}
+	s, cut := b.String(), false
+	if lines := strings.SplitAfterN(s, "\n", maxLines+1); len(lines) > maxLines {
+		s, cut = strings.TrimSuffix(strings.Join(lines[:maxLines], ""), "\n"), true
+	}
+	if len(s) > maxBytes {
+		s, cut = clip.String(s, maxBytes), true
+	}
+	return s, cut
 }

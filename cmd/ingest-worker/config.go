@@ -47,6 +47,7 @@ type Config struct {
 	RetryBaseBackoff time.Duration
 	RetryMaxBackoff  time.Duration
 	MaxPayloadBytes  int
+	MaxResultBytes   int
 
 	ReclaimEnabled   bool
 	ReclaimInterval  time.Duration
@@ -252,6 +253,9 @@ var settings = []setting{
 	{env: "INGEST_MAX_PAYLOAD_BYTES", def: itoa(task.DefaultMaxPayloadBytes), typ: "bytes", scope: scopeWorker, alsoFor: []string{"enqueue", "bench"},
 		usage: "largest task payload accepted",
 		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, task.PayloadBytesRange.Min, task.PayloadBytesRange.Max)},
+	{env: "INGEST_RESULT_MAX_BYTES", def: itoa(task.DefaultMaxResultBytes), typ: "bytes", scope: scopeWorker,
+		usage: "largest handler result stored with a task (JSON); a larger one fails the run",
+		set:   setInt(func(c *Config) *int { return &c.MaxResultBytes }, task.ResultBytesRange.Min, task.ResultBytesRange.Max)},
 	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true, alsoFor: []string{"healthcheck"},
 		usage: "HTTP listen address: /metrics, /healthz, /readyz, task API (empty: no HTTP server)",
 		set: func(c *Config, v string) error {
