@@ -5,13 +5,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/pgsession"
 )
 
 // DoneChannel is the channel that announces the tasks that ended
@@ -214,12 +215,7 @@ func (a *Awaiter) run(ctx context.Context, done chan struct{}) {
 				a.wake(ended)
 			}
 		}
-		t := time.NewTimer(min(interval, awaitIdle))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		pgsession.Sleep(ctx, min(interval, awaitIdle))
 	}
 }
 
@@ -239,13 +235,13 @@ func (a *Awaiter) ended(ctx context.Context, ids []uuid.UUID) ([]uuid.UUID, erro
 // connection with backoff. Each time it starts listening it wakes every
 // waiter, so a task that ended while nothing listened is read again.
 func (a *Awaiter) listen(ctx context.Context) {
-	delay := 100 * time.Millisecond
+	redial := pgsession.Redial{Min: 100 * time.Millisecond, Max: awaitRetryMax}
 	for {
 		err := a.store.listen(ctx, DoneChannel, awaitApplicationName, func() {
 			a.mu.Lock()
 			a.listening = true
 			a.mu.Unlock()
-			delay = 100 * time.Millisecond
+			redial.Connected()
 			a.wake(nil)
 		}, a.notified)
 		a.mu.Lock()
@@ -258,15 +254,10 @@ func (a *Awaiter) listen(ctx context.Context) {
 			a.log.Info("task ends are not LISTENed for (no direct PostgreSQL session); waits poll every second")
 			return
 		}
-		wait := time.Duration(float64(delay) * (0.5 + rand.Float64()/2))
+		wait := redial.Pause()
 		a.log.Warn("task-end LISTEN connection lost; waits poll until it is back", "err", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pgsession.Sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
-		delay = min(delay*2, awaitRetryMax)
 	}
 }
