@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/internal/termsafe"
@@ -43,6 +44,22 @@ func (a *app) printResult(t task.Task) {
 	}
 }
 
+// listeningStore is the task store on pool whose LISTEN connections (an
+// Awaiter's: GET /v1/tasks/{id}?wait=, task wait) come from where the
+// worker's do (INGEST_DATABASE_LISTEN_URL behind a pooler).
+func (a *app) listeningStore(ctx context.Context, pool *pgxpool.Pool) (*task.Store, error) {
+	cfg := a.storeConfig()
+	var err error
+	if cfg.Listen, err = a.listenSource(ctx, pool); err != nil {
+		return nil, err
+	}
+	store, err := task.NewStore(cfg, pool)
+	if err != nil {
+		return nil, usageErr(err)
+	}
+	return store, nil
+}
+
 func (a *app) taskWaitCommand() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
@@ -69,17 +86,14 @@ timeout passed first, or the database failed; 2 for bad arguments.`,
 				return usagef("--timeout must be >= 0 (0: no limit), got %s", timeout)
 			}
 			ctx := cmd.Context()
-			store, pool, err := a.openStore(ctx)
+			pool, err := a.openDB(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			cfg := store.Config()
-			if cfg.Listen, err = a.listenSource(ctx, pool); err != nil {
+			store, err := a.listeningStore(ctx, pool)
+			if err != nil {
 				return err
-			}
-			if store, err = task.NewStore(cfg, pool); err != nil {
-				return usageErr(err)
 			}
 			aw := task.NewAwaiter(store, a.log)
 			defer aw.Close()
