@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/webhook"
 )
 
 // TestTaskWaitAndShow: task wait exits 0 once a task SUCCEEDED (woken
@@ -101,5 +103,61 @@ func TestTaskWaitAndShow(t *testing.T) {
 	}
 	if r := runBin(t, bin, env, "", "task", "wait", dead.String()); r.code != exitRuntime || !strings.Contains(r.stdout, "DEAD") || !strings.Contains(r.stdout, "boom") {
 		t.Errorf("wait for a DEAD task: exit %d, stdout %q; want 1, DEAD and its error", r.code, r.stdout)
+	}
+}
+
+// TestBinaryWebhookPipeline runs the binary with a webhook receiver that,
+// as an external handler, reports progress through the API with the
+// attempt it was given (a stale attempt is refused) and answers with a
+// JSON body: the result GET ?wait returns once the task succeeded.
+func TestBinaryWebhookPipeline(t *testing.T) {
+	t.Parallel()
+	bin := buildBinary(t)
+	db := testenv.NewDatabase(t)
+	stream, dlqKey := testenv.Keys(t)
+	addr := freeAddr(t)
+	base := "http://" + addr
+	const token = "pipeline-token"
+	type report struct{ fresh, stale int }
+	reports := make(chan report, 10)
+	_, hook := newReceiver(t, func(w http.ResponseWriter, r *http.Request, req webhook.Request) {
+		progress := func(attempt int) int {
+			code, _ := apiCall(t, "POST", base+"/v1/tasks/"+req.TaskID.String()+"/progress", token,
+				fmt.Sprintf(`{"attempt": %d, "percent": 60, "message": "converted"}`, attempt))
+			return code
+		}
+		reports <- report{fresh: progress(req.Attempt), stale: progress(req.Attempt + 1)}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"converted": %q}`, req.TaskID)
+	})
+	env := []string{"INGEST_DATABASE_URL=" + db.URL, "INGEST_REDIS_URL=" + testenv.RedisURL(t),
+		"INGEST_REDIS_STREAM_KEY=" + stream, "INGEST_REDIS_DLQ_STREAM_KEY=" + dlqKey,
+		"INGEST_WEBHOOK_URL=" + hook.URL + "/hook", "INGEST_API_TOKEN=" + token, "INGEST_CONSUMER_NAME=pipe-" + uuid.NewString()[:8]}
+	worker := start(t, bin, env, "run", "--http-addr", addr)
+	waitReady(t, worker, addr)
+	code, body := apiCall(t, "POST", base+"/v1/tasks", token, `{"kind":"doc.convert","payload":{"url":"https://example.com/a.pdf"}}`)
+	if code != http.StatusCreated {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var created struct{ ID uuid.UUID }
+	if err := json.Unmarshal(body, &created); err != nil {
+		t.Fatal(err)
+	}
+	code, body = apiCall(t, "GET", base+"/v1/tasks/"+created.ID.String()+"?wait=60s", token, "")
+	var got struct {
+		Status   task.State      `json:"status"`
+		Result   json.RawMessage `json:"result"`
+		Progress *task.Progress  `json:"progress"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil || code != 200 {
+		t.Fatalf("GET ?wait=60s: %d %s (%v)", code, body, err)
+	}
+	var result struct{ Converted uuid.UUID }
+	if got.Status != task.Succeeded || json.Unmarshal(got.Result, &result) != nil || result.Converted != created.ID ||
+		got.Progress == nil || got.Progress.Percent != 60 {
+		t.Errorf("GET ?wait=60s = %s; want SUCCEEDED with the receiver's result and progress 60", body)
+	}
+	if r := <-reports; r.fresh != http.StatusNoContent || r.stale != http.StatusConflict {
+		t.Errorf("progress from the receiver: current attempt %d, stale attempt %d; want 204 and 409", r.fresh, r.stale)
 	}
 }
