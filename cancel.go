@@ -3,7 +3,6 @@ package ingest
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -37,12 +36,11 @@ func (h *heartbeater) startCancelListener() {
 // made meanwhile reach the handlers at the next lease renewal (the
 // heartbeat), within TaskLease/3.
 func (h *heartbeater) runCancelListener(ctx context.Context) {
-	delay := cancelListenRetryMin
+	redial := pgsession.Redial{Min: cancelListenRetryMin, Max: cancelListenRetryMax}
 	connects := 0
 	for {
-		connected := false
 		err := h.store.ListenCancels(ctx, func() {
-			connected = true
+			redial.Connected()
 			if connects++; connects > 1 {
 				h.log.Info("cancel LISTEN connection re-established")
 			}
@@ -58,19 +56,11 @@ func (h *heartbeater) runCancelListener(ctx context.Context) {
 			h.log.Warn("cannot LISTEN for cancel requests; running tasks are cancelled at their next lease renewal", "err", err)
 			return
 		}
-		if connected {
-			delay = cancelListenRetryMin
-		}
-		wait := time.Duration(float64(delay) * (0.5 + rand.Float64()/2))
+		wait := redial.Pause()
 		h.log.Warn("cancel LISTEN connection lost; cancel requests reach handlers at the next lease renewal until it is back", "err", err, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !pgsession.Sleep(ctx, wait) {
 			return
-		case <-t.C:
 		}
-		delay = min(delay*2, cancelListenRetryMax)
 	}
 }
 

@@ -169,7 +169,8 @@ func (c *completer) run(stop <-chan struct{}) {
 
 // complete records one batch of outcomes.
 func (c *completer) complete(batch []outcome) {
-	var succ, rel []uuid.UUID
+	var rel []uuid.UUID
+	var succ []task.Success
 	var fails []task.Failure
 	byTask := make(map[uuid.UUID]outcome, len(batch))
 	for _, o := range batch {
@@ -179,7 +180,7 @@ func (c *completer) complete(batch []outcome) {
 		case o.released:
 			rel = append(rel, id)
 		case o.err == nil:
-			succ = append(succ, id)
+			succ = append(succ, task.Success{ID: id, Result: o.result})
 		default:
 			f := task.Failure{ID: id, Error: o.err.Error(), Permanent: IsPermanent(o.err)}
 			f.RetryAfter, _ = RetryDelay(o.err)
@@ -189,7 +190,7 @@ func (c *completer) complete(batch []outcome) {
 	me := c.owner
 	var results []task.Result
 	results = append(results, c.storeCall("succeed", len(succ), func(ctx context.Context) ([]task.Result, error) {
-		return c.store.Succeed(ctx, me, succ...)
+		return c.store.SucceedWith(ctx, me, succ...)
 	})...)
 	if hook := c.onSucceeded; hook != nil && len(results) > 0 {
 		done := make([]uuid.UUID, 0, len(results))

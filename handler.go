@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/task"
 )
 
 // Task is what a Handler is given: one run (attempt) of one task.
@@ -28,6 +30,29 @@ type Task struct {
 	Attempt int
 	// MaxAttempts is how many runs the task gets before it goes DEAD.
 	MaxAttempts int
+
+	// progress writes this run's progress (nil outside a worker's run).
+	progress *progressReporter
+}
+
+// ReportProgress reports how far this run has come: percent (0 to 100)
+// and a short message (at most task.MaxProgressMessageBytes of UTF-8; ""
+// for none), shown by GET /v1/tasks/{id}, task show and the dashboard.
+// It returns at once: the worker writes a task's progress at most once a
+// second, the latest report of each second winning, and the last report
+// of a successful run before its success is recorded. A report of a run
+// that lost its lease or was taken over changes nothing. The error names
+// a bad argument ("percent", "message"); write failures are only logged.
+// A retry clears the progress; a task's next run starts without one.
+func (t Task) ReportProgress(percent int, message string) error {
+	r := task.ProgressReport{ID: t.ID, Attempt: max(t.Attempt, 1), Percent: percent, Message: message}
+	if ferr := r.Check(); ferr != nil {
+		return ferr
+	}
+	if t.progress != nil {
+		t.progress.report(r)
+	}
+	return nil
 }
 
 // Handler runs tasks of one kind.
@@ -52,6 +77,42 @@ type Task struct {
 // task's context has the cause ErrCancelled (errors.Is(context.Cause(ctx),
 // ErrCancelled)); the task ends CANCELLED whatever the handler returns.
 type Handler func(ctx context.Context, t Task) error
+
+// ResultHandler is a Handler that also returns a result on success: JSON
+// of at most INGEST_RESULT_MAX_BYTES (task.Config.MaxResultBytes, 1 MiB
+// by default), stored with the task by the statement that records the
+// success and shown by GET /v1/tasks/{id}. nil or JSON null is no result;
+// a result that is not valid JSON or is too large fails the run (an
+// ordinary failed attempt, retried) with an error saying so. The result
+// of a run that returns an error is ignored. Everything else is Handler's
+// contract. Returning adapts a function that returns any value.
+type ResultHandler func(ctx context.Context, t Task) (json.RawMessage, error)
+
+// withResult is h as a ResultHandler without a result: the one form the
+// worker runs.
+func (h Handler) withResult() ResultHandler {
+	if h == nil {
+		return nil
+	}
+	return func(ctx context.Context, t Task) (json.RawMessage, error) { return nil, h(ctx, t) }
+}
+
+// Returning adapts f, which returns any value, to a ResultHandler that
+// marshals its value as JSON on success (a marshalling error fails the
+// run).
+func Returning[T any](f func(ctx context.Context, t Task) (T, error)) ResultHandler {
+	return func(ctx context.Context, t Task) (json.RawMessage, error) {
+		v, err := f(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("result: %w", err)
+		}
+		return b, nil
+	}
+}
 
 // ErrCancelled is the cause (context.Cause) of a handler's context that
 // was cancelled because an operator cancelled the task (task.Store.Cancel,
@@ -146,18 +207,18 @@ func (o HandlerOptions) Validate() error {
 // registered while the worker runs.
 type registry struct {
 	mu       sync.RWMutex
-	byKind   map[string]Handler
-	fallback Handler // for kinds without a handler; nil: none
+	byKind   map[string]ResultHandler
+	fallback ResultHandler // for kinds without a handler; nil: none
 	options  map[string]HandlerOptions
 }
 
 func newRegistry() *registry {
-	return &registry{byKind: map[string]Handler{}, options: map[string]HandlerOptions{}}
+	return &registry{byKind: map[string]ResultHandler{}, options: map[string]HandlerOptions{}}
 }
 
 // handle registers h for kind with opts. It panics on an empty kind, a nil
 // handler or invalid options.
-func (r *registry) handle(kind string, h Handler, opts HandlerOptions) {
+func (r *registry) handle(kind string, h ResultHandler, opts HandlerOptions) {
 	if kind == "" || h == nil {
 		panic("ingest: Handle needs a kind and a handler")
 	}
@@ -172,7 +233,7 @@ func (r *registry) handle(kind string, h Handler, opts HandlerOptions) {
 
 // handleDefault registers h for every kind without a handler of its own.
 // It panics on a nil handler.
-func (r *registry) handleDefault(h Handler) {
+func (r *registry) handleDefault(h ResultHandler) {
 	if h == nil {
 		panic("ingest: HandleDefault needs a handler")
 	}
@@ -189,7 +250,7 @@ func (r *registry) optionsOf(kind string) HandlerOptions {
 }
 
 // lookup returns the handler of kind, the fallback, or nil.
-func (r *registry) lookup(kind string) Handler {
+func (r *registry) lookup(kind string) ResultHandler {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if h, ok := r.byKind[kind]; ok {
@@ -200,13 +261,13 @@ func (r *registry) lookup(kind string) Handler {
 
 // call runs h, turning a panic into an error with the panic value and a
 // short stack.
-func call(ctx context.Context, h Handler, t Task) (err error) {
+func call(ctx context.Context, h ResultHandler, t Task) (result json.RawMessage, err error) {
 	if h == nil {
-		return fmt.Errorf("no handler registered for task kind %q", t.Kind)
+		return nil, fmt.Errorf("no handler registered for task kind %q", t.Kind)
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("panic: %v\n%s", v, shortStack())
+			result, err = nil, fmt.Errorf("panic: %v\n%s", v, shortStack())
 		}
 	}()
 	return h(ctx, t)

@@ -3,6 +3,7 @@ package ingest
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -80,6 +81,8 @@ type outcome struct {
 	released bool
 	// timedOut: the run hit the task timeout.
 	timedOut bool
+	// result is a successful run's checked result (nil: none).
+	result json.RawMessage
 }
 
 // processor is the Sink: it starts delivered entries as one batch, runs
@@ -432,6 +435,7 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 		Attempt:     t.AttemptCount + 1,
 		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
 	}}
+	r.task.progress = newProgressReporter(p.ioCtx, p.store, p.log, p.cfg.Consumer)
 	hctx, r.span = startAttempt(hctx, r.task, tp)
 	r.traceID = tracing.TraceID(hctx)
 	p.inflight.add(r)
@@ -451,10 +455,16 @@ func (p *processor) execute(ctx context.Context, r *run) {
 		abandon := time.AfterFunc(timeout+p.cfg.TaskLease, func() { p.abandonAfterTimeout(r, timeout) })
 		defer abandon.Stop()
 	}
-	err := call(tctx, p.handlers.lookup(r.task.Kind), r.task)
+	result, err := call(tctx, p.handlers.lookup(r.task.Kind), r.task)
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 	cancel()
-	o := outcome{r: r, err: err}
+	if err == nil {
+		result, err = p.store.CheckResult(result)
+	}
+	// The last progress of a successful run is written before its
+	// success; a failed run's goes with its retry.
+	r.task.progress.finish(err == nil)
+	o := outcome{r: r, err: err, result: result}
 	if err != nil {
 		switch {
 		case errors.Is(context.Cause(ctx), errShutdown):

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
@@ -28,7 +29,9 @@ type Service struct {
 	reclaimer  *reclaim.Reclaimer
 	relay      *outbox.Relay
 	maintainer *maintenance.Maintainer
-	log        *slog.Logger
+	// awaiter serves Wait (its connection opens at the first Wait).
+	awaiter *task.Awaiter
+	log     *slog.Logger
 	// closers run once every component has stopped (Kafka mode: the
 	// relay's producer client).
 	closers []func()
@@ -106,6 +109,8 @@ func (s *Service) build(pool *pgxpool.Pool, queue Queue, reg prometheus.Register
 	if s.store, err = task.NewStore(cfg.Store, pool, opts...); err != nil {
 		return err
 	}
+	s.awaiter = task.NewAwaiter(s.store, s.log)
+	s.closers = append(s.closers, s.awaiter.Close)
 	if s.worker, err = queue.newWorker(cfg, s.store, pool, s.log, reg); err != nil {
 		return err
 	}
@@ -144,18 +149,42 @@ func (s *Service) Store() *task.Store { return s.store }
 // a kind without a handler fails (and is retried: a later deploy may
 // register it). Handlers may be registered while the service runs. It
 // panics on an empty kind or a nil handler.
-func (s *Service) Handle(kind string, h Handler) { s.worker.handlers.handle(kind, h, HandlerOptions{}) }
+func (s *Service) Handle(kind string, h Handler) { s.HandleResult(kind, h.withResult()) }
 
 // HandleWith is Handle with options for the kind. It panics on an empty
 // kind, a nil handler or invalid options.
 func (s *Service) HandleWith(kind string, h Handler, opts HandlerOptions) {
+	s.HandleResultWith(kind, h.withResult(), opts)
+}
+
+// HandleResult is Handle for a handler that returns a result (see
+// ResultHandler).
+func (s *Service) HandleResult(kind string, h ResultHandler) {
+	s.HandleResultWith(kind, h, HandlerOptions{})
+}
+
+// HandleResultWith is HandleWith for a handler that returns a result.
+func (s *Service) HandleResultWith(kind string, h ResultHandler, opts HandlerOptions) {
 	s.worker.handlers.handle(kind, h, opts)
 }
 
-// HandleDefault registers h for every kind without a handler of its own
-// (the binary's webhook handler serves all kinds this way). It panics on a
-// nil handler.
-func (s *Service) HandleDefault(h Handler) { s.worker.handlers.handleDefault(h) }
+// HandleDefault registers h for every kind without a handler of its own.
+// It panics on a nil handler.
+func (s *Service) HandleDefault(h Handler) { s.HandleDefaultResult(h.withResult()) }
+
+// HandleDefaultResult is HandleDefault for a handler that returns a result
+// (the binary's webhook handler serves all kinds this way).
+func (s *Service) HandleDefaultResult(h ResultHandler) { s.worker.handlers.handleDefault(h) }
+
+// Wait returns task id once it has ended (SUCCEEDED, DEAD or
+// CANCELLED), woken by the notification of its end (task.Awaiter: one
+// LISTEN connection for all of the service's waits, opened at the first
+// and closed a minute after the last). When ctx ends first it returns the
+// task as last read and ctx's error; task.ErrNotFound for an unknown id.
+// It works whether or not the service runs.
+func (s *Service) Wait(ctx context.Context, id uuid.UUID) (task.Task, error) {
+	return s.awaiter.Wait(ctx, id)
+}
 
 // Ping checks that the queue's servers answer (Redis, or the Kafka
 // brokers).

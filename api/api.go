@@ -94,6 +94,10 @@ type Server struct {
 
 	deleted prometheus.Counter // ingest_task_deleted_total{via="api"}
 
+	// awaiter serves GET /v1/tasks/{id}?wait=: one LISTEN connection for
+	// all of the server's waits.
+	awaiter *task.Awaiter
+
 	checkMu   sync.Mutex
 	checkLast map[string]string // each readiness check's last error ("": ok)
 }
@@ -135,6 +139,7 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.token = sha256.Sum256([]byte(cfg.Token))
+	s.awaiter = task.NewAwaiter(store, s.log)
 	deleted, err := opsmetrics.Deleted(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("api: register metrics: %w", err)
@@ -154,6 +159,7 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 		{"POST /v1/tasks/redrive", s.auth(s.bulkRedrive)},
 		{"POST /v1/tasks/{id}/redrive", s.auth(s.redriveTask)},
 		{"POST /v1/tasks/{id}/cancel", s.auth(s.cancelTask)},
+		{"POST /v1/tasks/{id}/progress", s.auth(s.setProgress)},
 		{"GET /v1/periodic", s.auth(s.periodic)},
 		{"GET /v1/kinds", s.auth(s.listKinds)},
 		{"PUT /v1/kinds/{kind}", s.auth(s.putKind)},

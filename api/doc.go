@@ -13,7 +13,12 @@
 //	                               existing task for a repeated idempotency key
 //	POST /v1/tasks:batch           create many tasks in one transaction
 //	GET  /v1/tasks                 list newest first: ?status=&kind=&limit=&cursor= (status: a state, or scheduled: QUEUED or RETRYING due later)
-//	GET  /v1/tasks/{id}            a task with its transitions
+//	GET  /v1/tasks/{id}            a task with its result, progress and transitions;
+//	                               ?wait=30s (at most MaxWait, 60s) answers once the task
+//	                               is terminal or the wait ends, woken by the notification
+//	                               of its end (task.Awaiter: one LISTEN connection per server)
+//	POST /v1/tasks/{id}/progress   {"attempt","percent","message"}: 204; 409 when the task
+//	                               does not run that attempt
 //	POST /v1/tasks/{id}/redrive    DEAD → QUEUED
 //	DELETE /v1/tasks/{id}          delete a SUCCEEDED, DEAD or CANCELLED task with its
 //	                               audit rows, outbox rows and DLQ entry: 204; live 409
@@ -37,7 +42,8 @@
 // a query parameter, the path's "id") when there is one. Malformed input gets
 // 400, an oversized body or payload 413, a missing or wrong token 401, an
 // unknown id 404, a redrive of a task that is not DEAD, a delete of a live
-// task or a run-now of a task not waiting for a later time 409. A delete
+// task, a run-now of a task not waiting for a later time or a progress
+// report of an attempt the task does not run 409. A delete
 // is logged with the actor and counted (ingest_task_deleted_total,
 // via="api", on Config.Registerer). When PostgreSQL
 // or Redis cannot be reached (httpguard.Unavailable) the answer is 503 with

@@ -61,6 +61,10 @@ type ListResponse struct {
 // trail, oldest first.
 type TaskResponse struct {
 	task.Task
+	// Result is the JSON the successful run returned, null when none;
+	// Progress the current run's latest progress, null when none.
+	Result      json.RawMessage     `json:"result"`
+	Progress    *task.Progress      `json:"progress"`
 	Transitions []transition.Record `json:"transitions"`
 }
 
@@ -308,6 +312,9 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if !s.awaitTask(w, r, id) {
+		return
+	}
 	t, recs, err := s.store.GetWithTransitions(r.Context(), id)
 	if err != nil {
 		s.storeError(w, r, err, "id")
@@ -316,7 +323,7 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 	if recs == nil {
 		recs = []transition.Record{}
 	}
-	writeJSON(w, http.StatusOK, TaskResponse{Task: t, Transitions: recs})
+	writeJSON(w, http.StatusOK, TaskResponse{Task: t, Result: t.Result, Progress: t.Progress, Transitions: recs})
 }
 
 func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {

@@ -11,7 +11,8 @@
 // query mode is the caller's: pgx's default (named prepared statements,
 // cached per connection) needs a session too, so behind a pooler the pool
 // must use another one; Pooled tells whether a pool is behind one and
-// PoolerQueryExecMode names the mode the binary then uses.
+// PoolerQueryExecMode names the mode the binary then uses. Redial paces
+// the re-opening of a lost LISTEN session, for every listener alike.
 package pgsession
 
 import (

@@ -116,3 +116,27 @@ func TestPoolerQueryExecModeThroughPgBouncer(t *testing.T) {
 	failed, first := run(pgx.QueryExecModeCacheStatement)
 	t.Logf("pgx's default mode through PgBouncer: %d of 400 statements failed (first: %v)", failed, first)
 }
+
+// TestRedial: pauses are jittered within half and all of a delay that
+// doubles from Min to Max and starts over after Connected.
+func TestRedial(t *testing.T) {
+	r := pgsession.Redial{Min: 100 * time.Millisecond, Max: time.Second}
+	for i, want := range []time.Duration{100, 200, 400, 800, 1000, 1000} {
+		want *= time.Millisecond
+		if want > time.Second {
+			want = time.Second
+		}
+		if d := r.Pause(); d < want/2 || d > want {
+			t.Errorf("pause %d = %s, want within [%s, %s]", i, d, want/2, want)
+		}
+	}
+	r.Connected()
+	if d := r.Pause(); d < 50*time.Millisecond || d > 100*time.Millisecond {
+		t.Errorf("pause after Connected = %s, want within [50ms, 100ms]", d)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if pgsession.Sleep(ctx, time.Hour) {
+		t.Error("Sleep with an ended context reported the pause passed")
+	}
+}

@@ -71,6 +71,24 @@ func BenchmarkHotStatements(b *testing.B) {
 		}
 		report(b)
 	})
+	b.Run("SucceedWithResults100", func(b *testing.B) {
+		succ := make([]task.Success, n)
+		for range b.N {
+			b.StopTimer()
+			ids := create(b)
+			if _, err := store.Start(ctx, "w", time.Minute, ids...); err != nil {
+				b.Fatal(err)
+			}
+			for i, id := range ids {
+				succ[i] = task.Success{ID: id, Result: json.RawMessage(`{"pages":12,"title":"annual report"}`)}
+			}
+			b.StartTimer()
+			if _, err := store.SucceedWith(ctx, "w", succ...); err != nil {
+				b.Fatal(err)
+			}
+		}
+		report(b)
+	})
 	b.Run("Fail100", func(b *testing.B) {
 		for range b.N {
 			b.StopTimer()

@@ -164,6 +164,19 @@ const listenApplicationName = "ingest-cancel-listener"
 // Notifications sent while no connection listens are lost: a worker also
 // learns of cancel requests from Renew.
 func (s *Store) ListenCancels(ctx context.Context, listening func(), fn func(uuid.UUID)) error {
+	return s.listen(ctx, CancelChannel, listenApplicationName, listening, func(payload string) {
+		if id, err := uuid.Parse(payload); err == nil {
+			fn(id)
+		}
+	})
+}
+
+// listen opens a dedicated connection (Config.Listen, else one like the
+// pool's, named appName in pg_stat_activity), LISTENs on channel, calls
+// listening once it does, and then calls fn with the payload of every
+// notification until the connection fails or ctx is cancelled (it returns
+// the error; the caller reconnects).
+func (s *Store) listen(ctx context.Context, channel, appName string, listening func(), fn func(payload string)) error {
 	if !s.cfg.Listen.Enabled() {
 		return fmt.Errorf("%w: %w", ErrNoListen, pgsession.ErrNone)
 	}
@@ -171,7 +184,7 @@ func (s *Store) ListenCancels(ctx context.Context, listening func(), fn func(uui
 	if !ok && s.cfg.Listen.Conn == nil {
 		return ErrNoListen
 	}
-	conn, err := s.cfg.Listen.Connect(ctx, pool, listenApplicationName)
+	conn, err := s.cfg.Listen.Connect(ctx, pool, appName)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
@@ -180,8 +193,8 @@ func (s *Store) ListenCancels(ctx context.Context, listening func(), fn func(uui
 		defer cancel()
 		_ = conn.Close(closeCtx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{CancelChannel}.Sanitize()); err != nil {
-		return fmt.Errorf("listen %s: %w", CancelChannel, err)
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen %s: %w", channel, err)
 	}
 	listening()
 	for {
@@ -189,8 +202,6 @@ func (s *Store) ListenCancels(ctx context.Context, listening func(), fn func(uui
 		if err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
-		if id, err := uuid.Parse(n.Payload); err == nil {
-			fn(id)
-		}
+		fn(n.Payload)
 	}
 }

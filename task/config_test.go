@@ -41,7 +41,7 @@ func TestNewStoreConfig(t *testing.T) {
 			}
 			if tt.name == "ZeroTakesDefaults" {
 				want := task.Config{Stream: task.DefaultStream, MaxAttempts: task.DefaultMaxAttempts,
-					MaxPayloadBytes: task.DefaultMaxPayloadBytes, Backoff: task.DefaultBackoff}
+					MaxPayloadBytes: task.DefaultMaxPayloadBytes, MaxResultBytes: task.DefaultMaxResultBytes, Backoff: task.DefaultBackoff}
 				if got := s.Config(); got != want {
 					t.Fatalf("Config() = %+v, want the defaults %+v", got, want)
 				}

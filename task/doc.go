@@ -19,6 +19,16 @@
 // in memory. Renew extends a lease; it is no state change and writes no
 // audit row.
 //
+// Results and progress (pipeline.go, migration 00017): SucceedWith writes
+// each run's result with its success, in the success statement; the
+// result's limit (Config.MaxResultBytes, DefaultMaxResultBytes) and its
+// check (CheckResult) are this package's. SetProgress writes a run's
+// progress with one guarded UPDATE fenced by the attempt (and the lease,
+// for library runs), no state change and no audit row; the statements
+// that start a run or send it back to waiting clear it. Tasks that end are
+// announced on DoneChannel by a trigger on the audit table, and an Awaiter
+// (await.go) serves any number of waits with one LISTEN connection.
+//
 // Every operation after creation takes many ids at once, so a consumer
 // starts or completes a whole read batch in one statement. Rows are locked
 // in id order, so concurrent batches never deadlock one another.

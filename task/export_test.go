@@ -8,12 +8,13 @@ import "github.com/ingest-worker/ingest/internal/pgplan"
 func HotStatements() map[string][2]string {
 	const ids, owner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
 	return map[string][2]string{
-		"start":   {startSQL, ids + ", " + owner + ", 60000, 1024, 10"},
-		"renew":   {renewSQL, ids + ", " + owner + ", 60000"},
-		"succeed": {succeedSQL, ids + ", " + owner},
-		"fail":    {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`},
-		"release": {handBackSQL, ids + ", " + owner},
-		"redrive": {redriveSQL, ids},
+		"start":    {startSQL, ids + ", " + owner + ", 60000, 1024, 10"},
+		"renew":    {renewSQL, ids + ", " + owner + ", 60000"},
+		"succeed":  {succeedSQL, ids + ", " + owner + `, '{"{\"n\": 1}",NULL}'`},
+		"progress": {progressSQL, `'00000000-0000-7000-8000-000000000001', 1, 50, 'half', ''`},
+		"fail":     {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`},
+		"release":  {handBackSQL, ids + ", " + owner},
+		"redrive":  {redriveSQL, ids},
 	}
 }
 

@@ -42,6 +42,13 @@ var (
 	// (INGEST_MAX_PAYLOAD_BYTES): from the smallest JSON value with
 	// content ("{}") to the largest jsonb value PostgreSQL stores.
 	PayloadBytesRange = Range{Field: "max_payload_bytes", Min: 2, Max: MaxPayloadBytesLimit}
+	// ResultBytesRange bounds Config.MaxResultBytes
+	// (INGEST_RESULT_MAX_BYTES), like PayloadBytesRange.
+	ResultBytesRange = Range{Field: "max_result_bytes", Min: 2, Max: MaxPayloadBytesLimit}
+	// AttemptRange bounds the attempt a progress report names.
+	AttemptRange = Range{Field: "attempt", Min: 1, Max: MaxAttemptsLimit}
+	// ProgressPercentRange bounds a progress report's percent.
+	ProgressPercentRange = Range{Field: "percent", Min: 0, Max: 100}
 	// RetentionRange bounds a retention window of finished tasks in
 	// milliseconds (INGEST_RETENTION_SUCCEEDED, _CANCELLED, _DEAD; 0:
 	// kept forever).

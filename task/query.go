@@ -18,13 +18,15 @@ import (
 
 // Get returns one task with its payload, or ErrNotFound.
 func (s *Store) Get(ctx context.Context, id uuid.UUID) (Task, error) {
-	t, err := scanTask(s.db.QueryRow(ctx, `SELECT `+taskColumns+` FROM ingest_task WHERE id = $1`, id))
+	var pc pipelineScan
+	t, err := scanTask(s.db.QueryRow(ctx, `SELECT `+taskColumns+`, `+pipelineColumns+` FROM ingest_task WHERE id = $1`, id), pc.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Task{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	if err != nil {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)
 	}
+	pc.fill(&t)
 	ts := []Task{t}
 	if err := s.fillParkReasons(ctx, ts); err != nil {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)

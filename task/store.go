@@ -34,6 +34,9 @@ const (
 	DefaultStream          = stream.DefaultStream
 	DefaultMaxAttempts     = 10
 	DefaultMaxPayloadBytes = 1 << 20
+	// DefaultMaxResultBytes bounds a handler's result
+	// (INGEST_RESULT_MAX_BYTES): 1 MiB.
+	DefaultMaxResultBytes = 1 << 20
 	// MaxErrorBytes is the limit last_error and error_message are cut to
 	// (at a rune boundary, so they stay valid UTF-8).
 	MaxErrorBytes = clip.MaxErrorBytes
@@ -65,6 +68,9 @@ type Config struct {
 	MaxAttempts int
 	// MaxPayloadBytes bounds the size of a task's JSON payload.
 	MaxPayloadBytes int
+	// MaxResultBytes bounds the size of a handler's JSON result
+	// (CheckResult); a larger one fails the run.
+	MaxResultBytes int
 	// Backoff is the retry delay policy of failed runs.
 	Backoff Backoff
 	// Listen is where ListenCancels's connection comes from (the zero
@@ -79,6 +85,7 @@ func (c Config) WithDefaults() Config {
 	c.Stream = cmp.Or(c.Stream, DefaultStream)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.MaxPayloadBytes = cmp.Or(c.MaxPayloadBytes, DefaultMaxPayloadBytes)
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, DefaultMaxResultBytes)
 	c.Backoff = cmp.Or(c.Backoff, DefaultBackoff)
 	return c
 }
@@ -93,6 +100,8 @@ func (c Config) Validate() error {
 		return configErr("MaxAttempts", "must be %s, got %d", MaxAttemptsRange.Text(), c.MaxAttempts)
 	case !PayloadBytesRange.Contains(int64(c.MaxPayloadBytes)):
 		return configErr("MaxPayloadBytes", "must be %s, got %d", PayloadBytesRange.Text(), c.MaxPayloadBytes)
+	case !ResultBytesRange.Contains(int64(c.MaxResultBytes)):
+		return configErr("MaxResultBytes", "must be %s, got %d", ResultBytesRange.Text(), c.MaxResultBytes)
 	}
 	return configWithin("Backoff", c.Backoff.Validate())
 }
@@ -177,6 +186,11 @@ type Task struct {
 	// (ParkReason of its kind's settings now), filled in by Get,
 	// GetWithTransitions and List; "" otherwise.
 	ParkedReason string `json:"parked_reason,omitempty"`
+	// Result is the JSON the successful run returned (nil: none), and
+	// Progress the latest progress of the current run (nil: none); both
+	// are read by Get and GetWithTransitions only, not by List.
+	Result   json.RawMessage `json:"result,omitempty"`
+	Progress *Progress       `json:"progress,omitempty"`
 }
 
 // EffectiveMaxAttempts returns the task's own limit of runs, or workerMax

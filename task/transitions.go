@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -56,6 +57,7 @@ WITH locked AS (
         last_error    = CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.last_error END,
         error_message = CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.error_message END,
         next_retry_at = NULL,
+        progress_percent = NULL, progress_message = NULL, progress_at = NULL,
         updated_at    = now()
     FROM locked l
     WHERE t.id = l.id AND (
@@ -266,10 +268,15 @@ var (
 	cancelAuditWorker = `CASE WHEN u.status = 'CANCELLED' THEN u.cancel_requested_by ELSE $2 END`
 )
 
+// succeedSQL records successes; $3 holds their results, parallel to $1
+// (NULL, or a NULL element: none), written in the same statement. Its l
+// is runningIDs with the results alongside.
 var succeedSQL = `
-WITH l AS (` + runningIDs + `
+WITH l AS (
+    SELECT x.id, x.result FROM unnest($1::uuid[], $3::text[]) AS x(id, result) ORDER BY x.id
 ), u AS (
     UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'SUCCEEDED' END,
+        result = CASE WHEN ` + cancelRequested("t") + ` THEN NULL ELSE l.result::jsonb END,
         lease_owner = NULL, lease_until = NULL, next_retry_at = NULL, finished_at = now(), updated_at = now()
     FROM l WHERE t.id = l.id AND ` + targetGuard + `
     ` + guardedReturning + `
@@ -279,10 +286,45 @@ WITH l AS (` + runningIDs + `
 )` + guardedTail
 
 // Succeed moves the tasks of ids that owner holds RUNNING to SUCCEEDED (to
-// CANCELLED if their cancel was requested).
+// CANCELLED if their cancel was requested), without results.
 func (s *Store) Succeed(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
-	return s.guardedStatement(ctx, "succeed", ids, succeedSQL, ids, owner)
+	return s.guardedStatement(ctx, "succeed", ids, succeedSQL, ids, owner, nil)
+}
+
+// Success is one successful run and its result.
+type Success struct {
+	ID uuid.UUID
+	// Result is stored with the task (nil: none); the caller has checked
+	// it (CheckResult).
+	Result json.RawMessage
+}
+
+// SucceedWith is Succeed with each task's result, written by the same
+// statement. A task given twice keeps its first result.
+func (s *Store) SucceedWith(ctx context.Context, owner string, succ ...Success) ([]Result, error) {
+	ids := make([]uuid.UUID, 0, len(succ))
+	var results []*string // nil: no task has a result
+	seen := make(map[uuid.UUID]bool, len(succ))
+	for _, x := range succ {
+		if seen[x.ID] {
+			continue
+		}
+		seen[x.ID] = true
+		ids = append(ids, x.ID)
+		if x.Result != nil && results == nil {
+			results = make([]*string, len(ids)-1, len(succ))
+		}
+		if results != nil {
+			var r *string
+			if x.Result != nil {
+				v := string(x.Result)
+				r = &v
+			}
+			results = append(results, r)
+		}
+	}
+	return s.guardedStatement(ctx, "succeed", ids, succeedSQL, ids, owner, results)
 }
 
 // Failure describes one failed run.
@@ -302,6 +344,10 @@ type Failure struct {
 // and max $4 in (fractional) ms and jitter $5. A task created without
 // max_attempts has $10, the failing store's MaxAttempts (so the workers'
 // INGEST_REDIS_MAX_ATTEMPTS governs it). DEAD clears next_retry_at.
+// failEnds is true in failSQL for a failure that ends the task (DEAD, or
+// CANCELLED): its progress is kept; a retry's is cleared.
+var failEnds = cancelRequested("t") + ` OR f.permanent OR t.attempt_count + 1 >= coalesce(t.max_attempts, $10)`
+
 var failSQL = `
 WITH f AS (
     SELECT * FROM unnest($1::uuid[], $6::text[], $7::bool[], $8::bigint[], $9::text[]) AS f(id, err, permanent, retry_after_us, msg)
@@ -319,6 +365,9 @@ WITH f AS (
         error_message = CASE WHEN ` + cancelRequested("t") + ` THEN t.error_message ELSE f.err END,
         lease_owner   = NULL,
         lease_until   = NULL,
+        progress_percent = CASE WHEN ` + failEnds + ` THEN t.progress_percent END,
+        progress_at      = CASE WHEN ` + failEnds + ` THEN t.progress_at END,
+        progress_message = CASE WHEN ` + failEnds + ` THEN t.progress_message END,
         updated_at    = now()
     FROM f, l
     WHERE t.id = f.id AND t.id = l.id AND ` + targetGuard + `
@@ -369,6 +418,7 @@ WITH l AS (` + runningIDs + `
     UPDATE ingest_task t SET status = CASE WHEN ` + cancelRequested("t") + ` THEN 'CANCELLED' ELSE 'RETRYING' END,
         next_retry_at = CASE WHEN ` + cancelRequested("t") + ` THEN NULL ELSE now() END,
         finished_at = CASE WHEN ` + cancelRequested("t") + ` THEN now() END,
+        progress_percent = NULL, progress_message = NULL, progress_at = NULL,
         lease_owner = NULL, lease_until = NULL, updated_at = now()
     FROM l WHERE t.id = l.id AND ` + targetGuard + `
     ` + guardedReturning + `
@@ -388,7 +438,7 @@ func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]
 var redriveSQL = `
 UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, due_at = now(), finished_at = NULL,
     lease_owner = NULL, lease_until = NULL, cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL,
-    updated_at = now()
+    progress_percent = NULL, progress_message = NULL, progress_at = NULL, updated_at = now()
 FROM (SELECT id, status FROM ingest_task WHERE id = ANY($1::uuid[])
       AND CASE WHEN status IN ` + redrivableSQL + ` THEN true ELSE false END ORDER BY id FOR NO KEY UPDATE) l
 WHERE t.id = l.id AND CASE WHEN t.status IN ` + redrivableSQL + ` THEN true ELSE false END

@@ -223,6 +223,29 @@ func (v *taskView) CanRunNow() bool {
 		t.NextRetryAt != nil && t.NextRetryAt.After(time.Now())
 }
 
+// resultView is a task's result as its page shows it: indented, cut
+// after resultLines lines or resultBytes bytes (the API has all of it).
+type resultView struct {
+	Text  string
+	Cut   bool
+	Bytes int64
+}
+
+// The most of a result a task's page shows.
+const (
+	resultLines = 200
+	resultBytes = 64 << 10
+)
+
+// Result is the task's result for the page; nil when it has none.
+func (v *taskView) Result() *resultView {
+	if v.Task.Result == nil {
+		return nil
+	}
+	text, cut := task.ResultPreview(v.Task.Result, resultLines, resultBytes)
+	return &resultView{Text: text, Cut: cut, Bytes: int64(len(v.Task.Result))}
+}
+
 // CanDelete tells whether the task is terminal: the "Delete task" button.
 func (v *taskView) CanDelete() bool { return v.Task.Status.Terminal() }
 

@@ -7,7 +7,12 @@
 //
 // The response decides the outcome:
 //
-//   - 2xx: success;
+//   - 2xx: success. With NewResult's handler (the binary's), a body with
+//     Content-Type application/json (or another +json type) is the task's
+//     result: at most Config.MaxResultBytes (INGEST_RESULT_MAX_BYTES), else
+//     the run fails (retryable) saying so, and so does a JSON body that is
+//     not valid JSON; an empty body, or one of another type (text/plain,
+//     none), is no result. New's handler keeps no result;
 //   - 408, 429, 5xx, timeouts, refused or broken connections, unexpected
 //     1xx/3xx: a retryable error (a Retry-After header, in seconds or as an
 //     HTTP date, sets the delay through ingest.RetryAfter);

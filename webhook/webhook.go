@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/configerr"
 	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/internal/tracing"
+	"github.com/ingest-worker/ingest/task"
 )
 
 // Defaults for Config.
@@ -48,6 +50,10 @@ type Config struct {
 	MaxRetryAfter time.Duration
 	// UserAgent is sent with every request.
 	UserAgent string
+	// MaxResultBytes bounds the JSON body of a 2xx response that becomes
+	// the task's result (NewResult); 0: task.DefaultMaxResultBytes. A
+	// larger one fails the run.
+	MaxResultBytes int
 	// Client sends the requests; nil means a client of its own, which
 	// keeps up to DefaultIdleConns idle connections to the host. Its
 	// redirect policy is replaced: redirects are never followed.
@@ -71,6 +77,7 @@ func (c Config) WithDefaults() Config {
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
 	c.UserAgent = cmp.Or(c.UserAgent, DefaultUserAgent)
+	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, task.DefaultMaxResultBytes)
 	return c
 }
 
@@ -97,6 +104,8 @@ func (c Config) Validate() error {
 		return bad("Timeout", "must be at least 0s, got %s", c.Timeout)
 	case c.MaxRetryAfter < 0:
 		return bad("MaxRetryAfter", "must be at least 0s, got %s", c.MaxRetryAfter)
+	case !task.ResultBytesRange.Contains(int64(c.MaxResultBytes)):
+		return bad("MaxResultBytes", "must be %s, got %d", task.ResultBytesRange.Text(), c.MaxResultBytes)
 	}
 	return nil
 }
@@ -108,8 +117,23 @@ type handler struct {
 	client *http.Client
 }
 
-// New returns a handler that POSTs each task run to cfg.URL.
+// New returns a handler that POSTs each task run to cfg.URL and keeps no
+// result (NewResult's handler without its result).
 func New(cfg Config) (ingest.Handler, error) {
+	h, err := NewResult(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, t ingest.Task) error {
+		_, err := h(ctx, t)
+		return err
+	}, nil
+}
+
+// NewResult returns a handler that POSTs each task run to cfg.URL; the
+// JSON body of a 2xx response is the task's result (see the package
+// documentation).
+func NewResult(cfg Config) (ingest.ResultHandler, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -136,16 +160,16 @@ func New(cfg Config) (ingest.Handler, error) {
 // maxErrorBody is how much of a failed response's body goes into the error.
 const maxErrorBody = 256
 
-func (h *handler) handle(ctx context.Context, t ingest.Task) error {
+func (h *handler) handle(ctx context.Context, t ingest.Task) (json.RawMessage, error) {
 	body, err := json.Marshal(Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt})
 	if err != nil {
-		return ingest.Permanent(fmt.Errorf("webhook: encode task %s: %w", t.ID, err))
+		return nil, ingest.Permanent(fmt.Errorf("webhook: encode task %s: %w", t.ID, err))
 	}
 	rctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, http.MethodPost, h.url, bytes.NewReader(body))
 	if err != nil {
-		return ingest.Permanent(fmt.Errorf("webhook: POST %s: %v", h.shown, err))
+		return nil, ingest.Permanent(fmt.Errorf("webhook: POST %s: %v", h.shown, err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", h.cfg.UserAgent)
@@ -153,28 +177,49 @@ func (h *handler) handle(ctx context.Context, t ingest.Task) error {
 
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return h.transportError(ctx, rctx, err)
+		return nil, h.transportError(ctx, rctx, err)
 	}
 	defer resp.Body.Close()
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
-
 	code := resp.StatusCode
 	if code >= 200 && code <= 299 {
-		return nil
+		return h.result(ctx, rctx, resp)
 	}
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
 	err = fmt.Errorf("webhook: POST %s: %s%s", h.shown, resp.Status, bodySuffix(snippet))
 	switch {
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests || code >= 500:
 		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
-			return ingest.RetryAfter(min(d, h.cfg.MaxRetryAfter), err)
+			return nil, ingest.RetryAfter(min(d, h.cfg.MaxRetryAfter), err)
 		}
-		return err
+		return nil, err
 	case code >= 400:
-		return ingest.Permanent(err)
+		return nil, ingest.Permanent(err)
 	default: // 1xx, 3xx: not what a webhook should answer; maybe transient
-		return err
+		return nil, err
 	}
+}
+
+// result reads the body of a 2xx response: a JSON one (Content-Type
+// application/json or +json) of at most MaxResultBytes is the result;
+// another body is no result and is drained; a larger or invalid JSON body
+// fails the run.
+func (h *handler) result(parent, rctx context.Context, resp *http.Response) (json.RawMessage, error) {
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if mt != "application/json" && !strings.HasSuffix(mt, "+json") {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20)) // let the connection be reused
+		return nil, nil
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, int64(h.cfg.MaxResultBytes)+1))
+	switch {
+	case err != nil:
+		return nil, h.transportError(parent, rctx, err)
+	case len(b) > h.cfg.MaxResultBytes:
+		return nil, fmt.Errorf("webhook: POST %s: %s: the JSON response body (the task's result) is larger than %d bytes (INGEST_RESULT_MAX_BYTES)", h.shown, resp.Status, h.cfg.MaxResultBytes)
+	case len(bytes.TrimSpace(b)) > 0 && !json.Valid(b):
+		return nil, fmt.Errorf("webhook: POST %s: %s: the response body is %s but not valid JSON%s", h.shown, resp.Status, mt, bodySuffix(b[:min(len(b), maxErrorBody)]))
+	}
+	return b, nil
 }
 
 // transportError describes a failed request without the URL's secrets.

@@ -306,3 +306,53 @@ func TestConnectionsAreReused(t *testing.T) {
 	}
 	t.Logf("%d requests, %d at a time: %d connections", parallel*rounds, parallel, opened)
 }
+
+// TestResultFromResponse: a 2xx JSON body is the result; a body of another
+// type, or an empty one, is none; a JSON body over the limit, or invalid,
+// fails the run (retryable) saying so; New's handler keeps no result.
+func TestResultFromResponse(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, ctype, body string
+		want              string // the result; "" none
+		err               string
+	}{
+		{name: "JSON", ctype: "application/json; charset=utf-8", body: `{"pages": 3}`, want: `{"pages": 3}`},
+		{name: "ProblemJSON", ctype: "application/vnd.api+json", body: `[1,2]`, want: `[1,2]`},
+		{name: "Text", ctype: "text/plain", body: `{"pages": 3}`},
+		{name: "NoType", body: `ok`},
+		{name: "EmptyJSON", ctype: "application/json"},
+		{name: "TooLarge", ctype: "application/json", body: `"` + strings.Repeat("x", 40) + `"`, err: "larger than 32 bytes (INGEST_RESULT_MAX_BYTES)"},
+		{name: "Invalid", ctype: "application/json", body: `{"pages":`, err: "not valid JSON"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if tc.ctype != "" {
+					w.Header().Set("Content-Type", tc.ctype)
+				}
+				_, _ = w.Write([]byte(tc.body))
+			}))
+			t.Cleanup(srv.Close)
+			h, err := webhook.NewResult(webhook.Config{URL: srv.URL, MaxResultBytes: 32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := h(context.Background(), testTask())
+			switch {
+			case tc.err != "":
+				if err == nil || !strings.Contains(err.Error(), tc.err) || ingest.IsPermanent(err) {
+					t.Errorf("error %v, want a retryable one with %q", err, tc.err)
+				}
+			case err != nil || string(got) != tc.want:
+				t.Errorf("result %q, %v; want %q", got, err, tc.want)
+			}
+			if err := newHandler(t, webhook.Config{URL: srv.URL, MaxResultBytes: 32})(context.Background(), testTask()); (err == nil) != (tc.err == "") {
+				t.Errorf("New's handler: %v", err)
+			}
+		})
+	}
+	if _, err := webhook.NewResult(webhook.Config{URL: "http://x", MaxResultBytes: 1}); err == nil || !strings.Contains(err.Error(), "MaxResultBytes") {
+		t.Errorf("MaxResultBytes 1: %v, want an error naming it", err)
+	}
+}

@@ -47,6 +47,7 @@ type Config struct {
 	RetryBaseBackoff time.Duration
 	RetryMaxBackoff  time.Duration
 	MaxPayloadBytes  int
+	MaxResultBytes   int
 
 	ReclaimEnabled   bool
 	ReclaimInterval  time.Duration
@@ -270,6 +271,10 @@ var settings = []setting{
 		usage: "largest task payload accepted",
 		long:  "largest task payload (larger: 413 from the API)",
 		set:   setInt(func(c *Config) *int { return &c.MaxPayloadBytes }, task.PayloadBytesRange.Min, task.PayloadBytesRange.Max)},
+	{env: "INGEST_RESULT_MAX_BYTES", def: itoa(task.DefaultMaxResultBytes), typ: "bytes", scope: scopeWorker,
+		usage: "largest handler result stored with a task (JSON); a larger one fails the run",
+		long:  "largest result a handler may return, stored with the task as JSON (shown by `GET /v1/tasks/{id}`, `task show` and the dashboard; see [pipelines](PIPELINES.md)); a larger or invalid one fails the run like an error",
+		set:   setInt(func(c *Config) *int { return &c.MaxResultBytes }, task.ResultBytesRange.Min, task.ResultBytesRange.Max)},
 	{env: "INGEST_HTTP_ADDR", def: "127.0.0.1:8080", typ: "host:port", scope: scopeWorker, emptyMeansEmpty: true, alsoFor: []string{"healthcheck"},
 		usage: "HTTP listen address: /metrics, /healthz, /readyz, task API (empty: no HTTP server)",
 		long:  "`/metrics`, `/healthz`, `/readyz`, the task API and the [dashboard](DASHBOARD.md) (`/ui/`); empty (set but empty): no HTTP server",

@@ -41,7 +41,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	want := Config{
 		RedisURL: "redis://127.0.0.1:6379/0", StreamKey: "ingest:tasks", Group: "ingest-workers", DLQStreamKey: "ingest:tasks:dlq",
-		MaxAttempts: 10, RetryBaseBackoff: time.Second, RetryMaxBackoff: 600 * time.Second, MaxPayloadBytes: 1 << 20,
+		MaxAttempts: 10, RetryBaseBackoff: time.Second, RetryMaxBackoff: 600 * time.Second, MaxPayloadBytes: 1 << 20, MaxResultBytes: 1 << 20,
 		ReclaimEnabled: true, ReclaimInterval: 5 * time.Second, ReclaimIdle: 600 * time.Second, ReclaimBatchSize: 20,
 		OutboxMaxAttempts: 10, OutboxRetryBaseBackoff: time.Second, OutboxRetryMaxBackoff: 600 * time.Second,
 		OutboxPublishBatchSize: 20, OutboxPublishInterval: time.Second, WorkerConcurrency: 16,

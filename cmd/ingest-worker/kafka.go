@@ -73,6 +73,7 @@ func (m kafkaMode) storeConfig() task.Config {
 		Stream:          c.KafkaTopic,
 		MaxAttempts:     c.KafkaMaxAttempts,
 		MaxPayloadBytes: c.MaxPayloadBytes,
+		MaxResultBytes:  c.MaxResultBytes,
 		Backoff:         c.kafkaBackoff(),
 	}
 }

@@ -53,6 +53,7 @@ func (m redisMode) storeConfig() task.Config {
 		Stream:          c.StreamKey,
 		MaxAttempts:     c.MaxAttempts,
 		MaxPayloadBytes: c.MaxPayloadBytes,
+		MaxResultBytes:  c.MaxResultBytes,
 		Backoff:         c.taskBackoff(),
 	}
 }

@@ -73,7 +73,7 @@ func (a *app) runCommand() *cobra.Command {
 			if a.cfg.WebhookURL == "" {
 				return usagef("%s", noHandlerHelp)
 			}
-			h, err := webhook.New(webhook.Config{URL: a.cfg.WebhookURL, Timeout: a.cfg.WebhookTimeout})
+			h, err := webhook.NewResult(webhook.Config{URL: a.cfg.WebhookURL, Timeout: a.cfg.WebhookTimeout, MaxResultBytes: a.cfg.MaxResultBytes})
 			if err != nil {
 				return usageErr(err)
 			}
@@ -92,7 +92,7 @@ func (a *app) runCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st.svc.HandleDefault(h)
+			st.svc.HandleDefaultResult(h)
 			return st.run(ctx, nil)
 		},
 	}

@@ -27,10 +27,10 @@ func (a *app) taskCommand() *cobra.Command {
 		Short: "Show, list, cancel or redrive tasks",
 		Long: `Inspect tasks: 'task show ID' for one task in depth, 'task list' for many;
 'task cancel ID' cancels one; 'task redrive' redrives DEAD or CANCELLED tasks
-by filter.`,
+by filter; 'task wait ID' waits for one to end.`,
 	}
 	cmd.AddCommand(a.taskShowCommand(), a.taskListCommand(), a.taskCancelCommand(), a.taskRedriveCommand(),
-		a.taskDeleteCommand(), a.taskRunNowCommand())
+		a.taskDeleteCommand(), a.taskRunNowCommand(), a.taskWaitCommand())
 	return cmd
 }
 
@@ -362,8 +362,12 @@ func (a *app) printTask(d taskDetail) {
 		}
 		kv = append(kv, []string{"cancel", c})
 	}
+	if p := t.Progress; p != nil {
+		kv = append(kv, []string{"progress", progressText(p)})
+	}
 	kv = append(kv, []string{"payload", clip(string(t.Payload), 200)})
 	a.table([]string{"TASK", ""}, kv)
+	a.printResult(t)
 
 	a.printf("\nTRANSITIONS (ingest_task_transition)\n")
 	rows := make([][]string, len(d.Transitions))

@@ -120,9 +120,9 @@ func (a *app) uiCommand() *cobra.Command {
 			if err := migrations.Check(ctx, pool); err != nil {
 				return fmt.Errorf("schema check: %w", err)
 			}
-			store, err := task.NewStore(a.storeConfig(), pool)
+			store, err := a.listeningStore(ctx, pool)
 			if err != nil {
-				return usageErr(err)
+				return err
 			}
 			dash, err := a.newUI(store, pool, rdb, nil)
 			if err != nil {
