@@ -62,7 +62,8 @@ func HotPathStatements() map[string][3]string {
 	return map[string][3]string{
 		"start":          p(startSQL, ids+", "+owner+", 60000, 1024, 10"),
 		"renew":          p(renewSQL, ids+", "+owner+", 60000"),
-		"succeed":        p(succeedSQL, ids+", "+owner),
+		"progress":       n(progressSQL, `'00000000-0000-7000-8000-000000000001', 1, 50, 'half', ''`),
+		"succeed":        p(succeedSQL, ids+", "+owner+`, '{NULL,"{\"n\": 1}"}'`),
 		"fail":           p(failSQL, ids+", "+owner+`, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`),
 		"release":        p(handBackSQL, ids+", "+owner),
 		"current":        p(currentSQL, ids),
