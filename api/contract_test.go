@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,17 @@ type contract struct {
 	worker *testenv.Buffer // the binary's log
 	prism  *testenv.Buffer // prism's log
 	seen   map[string]bool // "METHOD /path" of each request sent through prism
+	// reporting receives each webhook call of a task of kind "reporting";
+	// the receiver answers it once the test closes its release.
+	reporting chan hookCall
+}
+
+// hookCall is a webhook call the receiver holds for the test: the task and
+// the attempt the worker gave it, as an external handler reads them.
+type hookCall struct {
+	TaskID  string `json:"task_id"`
+	Attempt int    `json:"attempt"`
+	release chan struct{}
 }
 
 // contractPayloadLimit is the binary's INGEST_MAX_PAYLOAD_BYTES here: small,
@@ -83,23 +95,40 @@ func startContract(t *testing.T) *contract {
 	}
 	db := testenv.NewDatabase(t)
 	streamKey, dlqKey := testenv.Keys(t)
+	reporting := make(chan hookCall)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var call struct {
 			Kind string `json:"kind"`
+			hookCall
 		}
 		_ = json.NewDecoder(r.Body).Decode(&call)
-		if call.Kind == "slow" {
+		switch call.Kind {
+		case "slow":
 			// Runs until the worker cancels it (a cancel, the
 			// worker's shutdown).
 			<-r.Context().Done()
 			return
+		case "reporting":
+			// Runs while the test reports its progress with the
+			// attempt it was given.
+			call.release = make(chan struct{})
+			select {
+			case reporting <- call.hookCall:
+			case <-r.Context().Done():
+				return
+			}
+			select {
+			case <-call.release:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, hookResult)
 	}))
 	t.Cleanup(hook.Close)
 
-	c := &contract{token: "contract-token", worker: &testenv.Buffer{}, prism: &testenv.Buffer{}, seen: map[string]bool{}}
+	c := &contract{token: "contract-token", worker: &testenv.Buffer{}, prism: &testenv.Buffer{}, seen: map[string]bool{}, reporting: reporting}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("ingest-worker run's log:\n%s\nprism's log:\n%s", c.worker.String(), c.prism.String())
@@ -313,6 +342,8 @@ func TestOpenAPIContract(t *testing.T) {
 		c.expect(t, http.StatusNotFound, "id", "POST", missing+"/run", "")
 		c.expect(t, http.StatusNotFound, "id", "POST", missing+"/redrive", "")
 		c.expect(t, http.StatusNotFound, "id", "POST", missing+"/cancel", "")
+		c.expect(t, http.StatusNotFound, "id", "POST", missing+"/progress", `{"attempt":1,"percent":10}`)
+		c.expect(t, http.StatusBadRequest, "wait", "GET", missing+"?wait=61s", "")
 	})
 
 	t.Run("task lifecycle", func(t *testing.T) {
@@ -367,6 +398,48 @@ func TestOpenAPIContract(t *testing.T) {
 		testenv.Eventually(t, 30*time.Second, "the slow task to end CANCELLED", func() bool { return status() == "CANCELLED" })
 	})
 
+	t.Run("progress", func(t *testing.T) {
+		// The receiver holds the run of a "reporting" task while the
+		// test reports for it, as an external handler does, with the
+		// attempt of the webhook request.
+		created := decode[struct{ ID string }](t, c.expect(t, http.StatusCreated, "", "POST", "/v1/tasks", `{"kind":"reporting","payload":{}}`))
+		var run hookCall
+		select {
+		case run = <-c.reporting:
+		case <-time.After(60 * time.Second):
+			t.Fatal("the webhook receiver got no call of the reporting task within 60 s")
+		}
+		if run.TaskID != created.ID || run.Attempt != 1 {
+			t.Fatalf("webhook call of task %s attempt %d, want task %s attempt 1", run.TaskID, run.Attempt, created.ID)
+		}
+		id := "/v1/tasks/" + created.ID
+		report := func(attempt, percent int) string {
+			return fmt.Sprintf(`{"attempt":%d,"percent":%d,"message":"page 4 of 10"}`, attempt, percent)
+		}
+		c.expect(t, http.StatusNoContent, "", "POST", id+"/progress", report(run.Attempt, 40))
+		c.expect(t, http.StatusConflict, "attempt", "POST", id+"/progress", report(run.Attempt+1, 50))
+		// A 400 the document cannot see: its maxLength counts
+		// characters, the server bytes (400 characters of 3 bytes).
+		long := fmt.Sprintf(`{"attempt":%d,"percent":50,"message":%q}`, run.Attempt, strings.Repeat("€", 400))
+		c.expect(t, http.StatusBadRequest, "message", "POST", id+"/progress", long)
+		type detail struct {
+			Status   string
+			Result   json.RawMessage
+			Progress *struct{ Percent int }
+		}
+		running := decode[detail](t, c.expect(t, http.StatusOK, "", "GET", id, ""))
+		if running.Status != "RUNNING" || running.Progress == nil || running.Progress.Percent != 40 || string(running.Result) != "null" {
+			t.Fatalf("the reporting task while it runs: %+v (result %s), want RUNNING with progress 40 and a null result", running, running.Result)
+		}
+		close(run.release)
+		done := decode[detail](t, c.expect(t, http.StatusOK, "", "GET", id+"?wait=30s", ""))
+		if done.Status != "SUCCEEDED" || !sameJSON(t, done.Result, hookResult) || done.Progress == nil || done.Progress.Percent != 40 {
+			t.Fatalf("GET ?wait=30s of the reporting task: %+v (result %s), want SUCCEEDED with result %s and progress 40", done, done.Result, hookResult)
+		}
+		// The run has ended: its attempt is stale now.
+		c.expect(t, http.StatusConflict, "attempt", "POST", id+"/progress", report(run.Attempt, 100))
+	})
+
 	t.Run("database unavailable", func(t *testing.T) {
 		down := []string{unavailableHeader, "1"}
 		if res := c.call(t, "GET", "/readyz", "", down...); res.code != http.StatusServiceUnavailable {
@@ -407,21 +480,22 @@ func TestOpenAPIContract(t *testing.T) {
 		if err := json.Unmarshal([]byte(lastLine(out)), &final); err != nil {
 			t.Fatalf("the client printed %q: %v", out, err)
 		}
-		if final.Status != "SUCCEEDED" || final.Transitions < 3 {
-			t.Fatalf("the client's final task: %s, want SUCCEEDED with its transitions", out)
-		}
-		// The result is null until the server stores the webhook's
-		// answer; once it does, it is that answer.
-		if r := string(final.Result); r != "null" {
-			var got, want any
-			_ = json.Unmarshal(final.Result, &got)
-			_ = json.Unmarshal([]byte(hookResult), &want)
-			if fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Fatalf("result %s, want the webhook's answer %s", r, hookResult)
-			}
+		if final.Status != "SUCCEEDED" || final.Transitions < 3 || !sameJSON(t, final.Result, hookResult) {
+			t.Fatalf("the client's final task: %s, want SUCCEEDED with its transitions and the webhook's answer %s as its result", out, hookResult)
 		}
 		t.Logf("final task: %s", out)
 	})
+}
+
+// sameJSON reports whether got is the JSON value want (any spacing or key
+// order).
+func sameJSON(t *testing.T, got json.RawMessage, want string) bool {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("want %q is not JSON: %v", want, err)
+	}
+	return json.Unmarshal(got, &g) == nil && reflect.DeepEqual(g, w)
 }
 
 // matchesTemplate reports whether path fits an OpenAPI path template
@@ -504,6 +578,7 @@ func (c *tsClient) run(t *testing.T, ct *contract, kind, payload string) string 
 		"INGEST_API_TOKEN=" + ct.token,
 		"TASK_KIND=" + kind,
 		"TASK_PAYLOAD=" + payload,
+		"TASK_RESULT=" + hookResult,
 	}, "roundtrip.ts")
 	if err != nil {
 		t.Fatal(err)

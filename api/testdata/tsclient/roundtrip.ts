@@ -3,12 +3,15 @@
 // checks it (tsc --noEmit, so a script that no longer fits the document
 // fails) and runs it with tsx.
 //
-// It creates a task, awaits it with GET /v1/tasks/{id}?wait=30s until its
-// status is terminal (a server that does not wait answers at once: the loop
-// then pauses a little before asking again), and prints the final task.
+// It creates a task, awaits it with GET /v1/tasks/{id}?wait=30s (asking
+// again while the task is not terminal after a whole wait), checks that the
+// task SUCCEEDED with the expected result, and prints the final task. It
+// exits 1 with a message naming what differs otherwise.
 //
 // Environment: INGEST_API_URL (the server, or a proxy in front of it),
-// INGEST_API_TOKEN, TASK_KIND, TASK_PAYLOAD (JSON).
+// INGEST_API_TOKEN, TASK_KIND, TASK_PAYLOAD (JSON), TASK_RESULT (JSON: the
+// result the handler, such as a webhook receiver, returns).
+import { isDeepStrictEqual } from "node:util";
 import createClient from "openapi-fetch";
 import type { components, paths } from "./schema";
 
@@ -49,12 +52,15 @@ async function main(): Promise<void> {
   }
   const id: string = created.data.id;
 
-  const deadline = Date.now() + 60_000;
+  const expected: unknown = JSON.parse(env("TASK_RESULT"));
+
+  const waitMs = 30_000;
+  const deadline = performance.now() + 2 * waitMs;
   let task: TaskDetail;
   for (;;) {
-    const asked = Date.now();
+    const asked = performance.now();
     const got = await client.GET("/v1/tasks/{id}", {
-      params: { path: { id }, query: { wait: "30s" } },
+      params: { path: { id }, query: { wait: `${waitMs / 1000}s` } },
     });
     if (got.error !== undefined) {
       throw new Error(describe(`get ${id}`, got.response.status, got.error));
@@ -63,16 +69,24 @@ async function main(): Promise<void> {
     if (terminal.has(task.status)) {
       break;
     }
-    if (Date.now() > deadline) {
-      throw new Error(`task ${id} is still ${task.status} after 60 s`);
+    // The server holds the answer until the task is terminal or the
+    // whole wait has passed.
+    const held = performance.now() - asked;
+    if (held < waitMs) {
+      throw new Error(`get ${id}?wait=30s answered the ${task.status} task after ${Math.round(held)} ms: the server did not wait`);
     }
-    if (Date.now() - asked < 1_000) {
-      // The server answered at once (it does not wait): poll gently.
-      await new Promise((resolve) => setTimeout(resolve, 100));
+    if (performance.now() > deadline) {
+      throw new Error(`task ${id} is still ${task.status} after ${(2 * waitMs) / 1000} s`);
     }
   }
+  if (task.status !== "SUCCEEDED") {
+    throw new Error(`task ${id} ended ${task.status} (last error: ${task.last_error ?? "none"}), want SUCCEEDED`);
+  }
+  if (!isDeepStrictEqual(task.result, expected)) {
+    throw new Error(`task ${id} has result ${JSON.stringify(task.result)}, want ${JSON.stringify(expected)}`);
+  }
   const { transitions, ...rest } = task;
-  console.log(JSON.stringify({ ...rest, result: rest.result ?? null, transitions: transitions.length }));
+  console.log(JSON.stringify({ ...rest, transitions: transitions.length }));
 }
 
 main().catch((err: unknown) => {
