@@ -64,7 +64,7 @@ install_packages() {
   missing=${missing% }
   [ -z "$missing" ] && return 0
   if [ "$(id -u)" -ne 0 ]; then
-    echo "test.sh: the tests need Debian packages that are not installed; as root run:" >&2
+    echo "test.sh: the tests need Debian packages that are not installed; install them with:" >&2
     echo "  sudo apt-get install -y $missing" >&2
     exit 1
   fi
