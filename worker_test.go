@@ -24,14 +24,16 @@ func noop(context.Context, ingest.Task) error { return nil }
 var fastBackoff = task.Backoff{Base: 50 * time.Millisecond, Max: 50 * time.Millisecond}
 
 func TestProcess500Tasks(t *testing.T) {
+	t.Parallel()
 	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
+		t.Parallel()
 		bd := setup(t, b, task.Config{})
 		const n = 500
 		ids := bd.enqueue("noop", n, 0)
 		w, reg := bd.worker(ingest.Config{}, map[string]ingest.Handler{"noop": noop})
 		began := time.Now()
 		bd.run(w)
-		bd.eventually(60*time.Second, "all SUCCEEDED", func() bool { return bd.countStatus(task.Succeeded) == n })
+		bd.eventually(2*time.Minute, "all SUCCEEDED", func() bool { return bd.countStatus(task.Succeeded) == n })
 		elapsed := time.Since(began)
 		bd.eventually(5*time.Second, "XPENDING empty", func() bool { return bd.pending() == 0 })
 		t.Logf("%s: %d tasks in %s: %.0f tasks/s (concurrency %d, -race slows this)", b.Name, n, elapsed.Round(time.Millisecond),

@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -121,15 +120,10 @@ func exportedMetrics(t *testing.T, page string) exported {
 	return e
 }
 
-// buildWorker builds cmd/ingest-worker into a temporary directory.
+// buildWorker returns cmd/ingest-worker's binary, built once per test process.
 func buildWorker(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ingest-worker")
-	cmd := exec.CommandContext(t.Context(), "go", "build", "-o", bin, "github.com/ingest-worker/ingest/cmd/ingest-worker")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/ingest-worker: %v\n%s", err, out)
-	}
-	return bin
+	return testenv.Binary(t, "github.com/ingest-worker/ingest/cmd/ingest-worker")
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent use.

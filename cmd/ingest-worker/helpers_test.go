@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,15 +18,10 @@ import (
 	"github.com/ingest-worker/ingest/internal/testenv"
 )
 
-// buildBinary builds the command into a temporary directory of t.
+// buildBinary returns the command's binary, built once per test process.
 func buildBinary(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "ingest-worker")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return testenv.Binary(t, "github.com/ingest-worker/ingest/cmd/ingest-worker")
 }
 
 // childEnv is the environment of a child process: ours without INGEST_*

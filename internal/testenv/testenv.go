@@ -9,6 +9,10 @@
 //
 // Each test gets a database of its own (cloned from a migrated template) and
 // its own Redis keys, so tests and packages run in parallel.
+//
+// It also owns what tests share across a test process besides the servers:
+// a command's binary built once (Binary), and the repository's Node.js and
+// Python test tools (NodeBin, Python3).
 package testenv
 
 import (
