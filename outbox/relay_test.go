@@ -20,11 +20,16 @@ import (
 	"github.com/ingest-worker/ingest/task"
 )
 
-// Not parallel: it asserts a latency.
-func TestRelayPublishesOnNotifyWithinMilliseconds(t *testing.T) {
+// TestRelayPublishesOnNotify checks that a commit is published because
+// its NOTIFY woke the relay, not by the relay's periodic pass: the pass
+// runs every 10 minutes here, and every task must be in the stream within
+// 5 s of its commit (a few milliseconds on an idle machine: the logged
+// figures; the bound only has to stay far below the pass's interval on a
+// loaded one). Commit-to-stream latency is measured by the bench command.
+func TestRelayPublishesOnNotify(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	r := b.relay(t, outbox.RelayConfig{PublishInterval: 10 * time.Second})
+	r := b.relay(t, outbox.RelayConfig{PublishInterval: 10 * time.Minute})
 	run(t, r.Run)
 	testenv.Eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
 	// Warm up: the relay's first pass dials Redis and prepares statements.
@@ -33,7 +38,7 @@ func TestRelayPublishesOnNotifyWithinMilliseconds(t *testing.T) {
 		return b.count(t, `task_id = $1 AND status = 'SENT'`, warm[0]) == 1
 	})
 
-	t.Run("CommitIsPublishedWithin50ms", func(t *testing.T) {
+	t.Run("CommitIsPublishedWithoutThePeriodicPass", func(t *testing.T) {
 		for i := range 10 {
 			c, err := b.store.Create(ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))})
 			if err != nil {
@@ -45,8 +50,8 @@ func TestRelayPublishesOnNotifyWithinMilliseconds(t *testing.T) {
 				if slicesContains(b.entries(t), want) {
 					break
 				}
-				if time.Since(committed) > 50*time.Millisecond {
-					t.Fatalf("task %d: not in the stream 50ms after commit (poll interval is 10s)", i)
+				if time.Since(committed) > 5*time.Second {
+					t.Fatalf("task %d: not in the stream 5s after commit: the NOTIFY did not wake the relay (its periodic pass is 10 minutes away)", i)
 				}
 				time.Sleep(200 * time.Microsecond)
 			}
