@@ -88,12 +88,12 @@ type outcome struct {
 // processor is the Sink: it starts delivered entries as one batch, runs
 // handlers in bounded slots (a slot is free again once its handler has
 // returned and handed its outcome to the completer) and settles every
-// entry (ack, idle time, DLQ; settle.go). Its parts each own their state: inflight (slots, messages in
-// flight, runs, draining), admission (the kinds' pauses and limits), the
-// completer (outcomes → Postgres → transport; completer.go) and the
-// heartbeater (lease renewal, idle-time refresh, cancel notices;
-// heartbeat.go, cancel.go). launch starts the goroutines and shutdown
-// stops everything in order.
+// entry (ack, idle time, DLQ; settle.go). Its parts each own their
+// state: inflight (slots, messages in flight, runs, draining), admission
+// (the kinds' pauses and limits), the completer (outcomes → Postgres →
+// transport; completer.go) and the heartbeater (lease renewal, idle-time
+// refresh, cancel notices; heartbeat.go, cancel.go). launch starts the
+// goroutines and shutdown stops everything in order.
 type processor struct {
 	processorDeps
 	cfg Config
