@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"net/http"
 	"os"
@@ -172,6 +173,11 @@ func TestOpenAPIFacts(t *testing.T) {
 	}
 	if got, want := enum(schemas+"Task/properties/parked_reason"), []string{task.ParkedPaused, task.ParkedLimit}; !slices.Equal(got, want) {
 		t.Errorf("parked_reason enum %v, want %v", got, want)
+	}
+	// A pattern cannot bound a duration: the description states MaxWait.
+	wait := pointer(t, doc, "/paths/~1v1~1tasks~1{id}/get/parameters/name=wait").(map[string]any)["description"].(string)
+	if bound := fmt.Sprintf("at most %gs", api.MaxWait.Seconds()); !strings.Contains(wait, bound) {
+		t.Errorf("the wait parameter's description %q does not say %q (api.MaxWait)", wait, bound)
 	}
 }
 
