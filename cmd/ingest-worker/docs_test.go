@@ -290,3 +290,58 @@ func TestDocsNameOnlySettings(t *testing.T) {
 		}
 	}
 }
+
+// The command table of docs/ARCHITECTURE.md §7.2 names only commands the
+// binary has, and every command the binary has (docs/CLI.md is
+// generated: TestGeneratedReferences).
+func TestDocsCommandTable(t *testing.T) {
+	t.Parallel()
+	const path = "../../docs/ARCHITECTURE.md"
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n### 7.2 ")
+	if !ok {
+		t.Fatalf("%s has no section 7.2", path)
+	}
+	section, _, _ = strings.Cut(section, "\n### ")
+	root := (&app{scrub: redact.NewScrubber()}).rootCommand()
+	documented := map[string]bool{}
+	for line := range strings.Lines(section) {
+		first, _, _ := strings.Cut(strings.TrimPrefix(line, "| "), " | ")
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		// Each code span of the first cell starts with a command's path.
+		spans := strings.Split(first, "`")
+		for i := 1; i < len(spans); i += 2 {
+			var words []string
+			for _, w := range strings.Fields(spans[i]) {
+				if strings.Trim(w, "abcdefghijklmnopqrstuvwxyz-") != "" || strings.HasPrefix(w, "-") {
+					break
+				}
+				words = append(words, w)
+			}
+			c, rest, err := root.Find(words)
+			if err != nil || len(rest) > 0 || c == root {
+				t.Errorf("%s §7.2 names the command %q, which the binary does not have", path, strings.Join(words, " "))
+				continue
+			}
+			documented[c.CommandPath()] = true
+		}
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			if sub.Runnable() && !documented[sub.CommandPath()] {
+				t.Errorf("%s §7.2 has no row for %q", path, sub.CommandPath())
+			}
+			walk(sub)
+		}
+	}
+	walk(root)
+}
