@@ -1,7 +1,6 @@
 package deploy_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -126,24 +124,6 @@ func buildWorker(t *testing.T) string {
 	return testenv.Binary(t, "github.com/ingest-worker/ingest/cmd/ingest-worker")
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // webhook answers the worker's webhook calls by task kind: "ok" succeeds,
 // "flaky" fails its first attempt (503: retried), "bad" fails for good
 // (400: DEAD, into the DLQ).
@@ -199,7 +179,7 @@ func scrapeWorker(t *testing.T) string {
 			env = append(env, kv)
 		}
 	}
-	var logs syncBuffer
+	var logs testenv.Buffer
 	cmd := exec.Command(bin, "run")
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, &logs, &logs
 	if err := cmd.Start(); err != nil {
