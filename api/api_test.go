@@ -458,7 +458,7 @@ func TestProbesAndMetrics(t *testing.T) {
 	c.Add(3)
 	// What go-redis returns when nothing listens: its address must not
 	// reach the probe's answer.
-	_, redisDown := net.Dial("tcp", "127.0.0.1:"+closedPort(t))
+	_, redisDown := net.Dial("tcp", "127.0.0.1:"+testenv.ClosedPort(t))
 	if redisDown == nil {
 		t.Fatal("dialled a closed port")
 	}

@@ -191,7 +191,7 @@ func startContract(t *testing.T) *contract {
 	}))
 	t.Cleanup(front.Close)
 
-	port := closedPort(t) // free a moment ago: prism listens on it
+	port := testenv.ClosedPort(t) // free a moment ago: prism listens on it
 	c.base = "http://127.0.0.1:" + port
 	px := exec.Command(prism, "proxy", "--errors", "--cors=false", "-h", "127.0.0.1", "-p", port, "openapi.json", front.URL)
 	px.Env = nodeEnv()

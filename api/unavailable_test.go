@@ -2,7 +2,6 @@ package api_test
 
 import (
 	"encoding/json"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -19,29 +18,12 @@ import (
 	"github.com/ingest-worker/ingest/task"
 )
 
-// closedPort returns a local port nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
-	return port
-}
-
 // unreachableStore returns a task store on a pool whose PostgreSQL cannot
 // be reached (a closed port, with the user leakuser, password leakpw and
 // database leakdb, which no answer may show), the pool and the port.
 func unreachableStore(t *testing.T) (*task.Store, *pgxpool.Pool, string) {
 	t.Helper()
-	port := closedPort(t)
-	pool, err := pgxpool.New(t.Context(), "postgres://leakuser:leakpw@127.0.0.1:"+port+"/leakdb?connect_timeout=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, port := testenv.UnreachablePool(t)
 	store, err := task.NewStore(task.Config{}, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +109,7 @@ func TestRedisUnavailable(t *testing.T) {
 	if _, err := b.store.Fail(ctx, "w", task.Failure{ID: r.Task.ID, Error: "boom", Permanent: true}); err != nil {
 		t.Fatal(err)
 	}
-	port := closedPort(t)
+	port := testenv.ClosedPort(t)
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + port, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
 	h, err := api.New(api.Config{DLQClient: rdb, DLQKey: "dlq"}, b.store, nil, nil)

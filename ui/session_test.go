@@ -8,8 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/ui"
 )
 
@@ -85,12 +84,7 @@ func TestSessionRows(t *testing.T) {
 		t.Fatalf("%d session rows, TTL %.0f s (%v); want the login's, the expired one deleted", n, ttl, err)
 	}
 
-	port := closedPort(t)
-	pool, err := pgxpool.New(t.Context(), "postgres://leakuser:leakpw@127.0.0.1:"+port+"/leakdb?connect_timeout=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, port := testenv.UnreachablePool(t)
 	h, err := ui.New(ui.Config{Store: b.store, DB: pool, Token: token, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -2,33 +2,19 @@ package ui_test
 
 import (
 	"log/slog"
-	"net"
 	"net/http/httptest"
 	"net/url"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/ui"
 )
-
-// closedPort returns a local port nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
-	return port
-}
 
 // showsNone fails when the page shows any of secrets.
 func showsNone(t *testing.T, what string, p page, secrets ...string) {
@@ -46,12 +32,7 @@ func showsNone(t *testing.T, what string, p page, secrets ...string) {
 // nor port.
 func TestDatabaseUnavailablePage(t *testing.T) {
 	t.Parallel()
-	port := closedPort(t)
-	pool, err := pgxpool.New(t.Context(), "postgres://leakuser:leakpw@127.0.0.1:"+port+"/leakdb?connect_timeout=5")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, port := testenv.UnreachablePool(t)
 	store, err := task.NewStore(task.Config{}, pool)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +76,7 @@ func TestRedisUnavailableShowsNoAddress(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
 	f := b.fixture(t)
-	port := closedPort(t)
+	port := testenv.ClosedPort(t)
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + port, MaxRetries: -1, DialTimeout: time.Second})
 	t.Cleanup(func() { rdb.Close() })
 	h, err := ui.New(ui.Config{Store: b.store, DB: b.pool, Redis: rdb, Stream: b.stream, Group: "ingest-workers", DLQKey: b.dlqKey,
