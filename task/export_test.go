@@ -2,20 +2,20 @@ package task
 
 import "github.com/ingest-worker/ingest/internal/pgplan"
 
+// planIDs and planOwner are example arguments of the plan tests' statements.
+const planIDs, planOwner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
+
 // HotStatements are the statements of the hot path and the redrive, by
 // name, each with example arguments as SQL literals (for the plan tests,
-// which EXPLAIN EXECUTE them).
+// which EXPLAIN EXECUTE them): those of HotPathStatements that a task's
+// run sends, and the redrive.
 func HotStatements() map[string][2]string {
-	const ids, owner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
-	return map[string][2]string{
-		"start":    {startSQL, ids + ", " + owner + ", 60000, 1024, 10"},
-		"renew":    {renewSQL, ids + ", " + owner + ", 60000"},
-		"succeed":  {succeedSQL, ids + ", " + owner + `, '{"{\"n\": 1}",NULL}'`},
-		"progress": {progressSQL, `'00000000-0000-7000-8000-000000000001', 1, 50, 'half', ''`},
-		"fail":     {failSQL, ids + ", " + owner + `, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`},
-		"release":  {handBackSQL, ids + ", " + owner},
-		"redrive":  {redriveSQL, ids},
+	all := HotPathStatements()
+	out := map[string][2]string{"redrive": {redriveSQL, planIDs}}
+	for _, name := range []string{"start", "renew", "succeed", "progress", "fail", "release"} {
+		out[name] = [2]string{all[name][1], all[name][2]}
 	}
+	return out
 }
 
 // RescueStatements are the rescuer's candidate queries and its re-check,
@@ -55,7 +55,7 @@ func RetentionStatements() map[string][2]string {
 // settings the code sends it with ("" for none), and example arguments
 // as SQL literals.
 func HotPathStatements() map[string][3]string {
-	const ids, owner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`
+	const ids, owner = planIDs, planOwner
 	p := func(sql, args string) [3]string { return [3]string{pgplan.Settings, sql, args} }
 	n := func(sql, args string) [3]string { return [3]string{"", sql, args} }
 	const insertArgs = ids + `, '{plan,plan}', '{"{}","{}"}', '{a,b}', '{"",k}', '{0,0}', '{NULL,NULL}', '{0,0}', '{0,0}', '{"",""}', '{f,f}'`
