@@ -3,10 +3,11 @@ package outbox
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/pgsession"
 )
 
 // listenSQL subscribes the listener connection to the trigger's channel.
@@ -22,23 +23,20 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		r.logger.Info("outbox relay does not LISTEN (no PostgreSQL session: the database URL goes through a transaction pooler and no direct listen URL is set); polling", "interval", r.cfg.PublishInterval)
 		return
 	}
-	delay := r.cfg.ListenRetryMin
+	redial := pgsession.Redial{Min: r.cfg.ListenRetryMin, Max: r.cfg.ListenRetryMax}
 	for {
 		connected, err := r.listenOnce(ctx, wake)
 		if ctx.Err() != nil {
 			return
 		}
 		if connected {
-			delay = r.cfg.ListenRetryMin
+			redial.Connected()
 		}
-		wait := time.Duration(float64(delay) * (0.5 + rand.Float64()/2))
+		wait := redial.Pause()
 		r.logger.Warn("outbox LISTEN connection lost; polling until it is back", "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
+		if !pgsession.Sleep(ctx, wait) {
 			return
-		case <-time.After(wait):
 		}
-		delay = min(delay*2, r.cfg.ListenRetryMax)
 	}
 }
 
