@@ -230,7 +230,7 @@ type taskDetail struct {
 	// most graphLimit of each; absent: none.
 	Graph  []task.GraphNode `json:"dependency_graph,omitempty"`
 	Outbox []outboxRow      `json:"outbox_events"`
-	Redis       struct {
+	Redis  struct {
 		Stream  string       `json:"stream"`
 		Group   string       `json:"group"`
 		Entries []entryState `json:"entries"`
