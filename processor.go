@@ -396,6 +396,10 @@ func (p *processor) start(batch []delivery) {
 			log.Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultPaused
+		case task.Held:
+			log.Debug("task held by its dependencies; acknowledging its entry (their end publishes it)")
+			acks = append(acks, d.id)
+			metric[d.id] = resultSkipped
 		case task.NotDue:
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.NextRetryAt, now)})
 			metric[d.id] = resultNotDue
@@ -434,6 +438,8 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 		Payload:     t.Payload,
 		Attempt:     t.AttemptCount + 1,
 		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
+
+		hasDependencies: t.DependencyDepth > 0,
 	}}
 	r.task.progress = newProgressReporter(p.ioCtx, p.store, p.log, p.cfg.Consumer)
 	hctx, r.span = startAttempt(hctx, r.task, tp)
@@ -455,7 +461,11 @@ func (p *processor) execute(ctx context.Context, r *run) {
 		abandon := time.AfterFunc(timeout+p.cfg.TaskLease, func() { p.abandonAfterTimeout(r, timeout) })
 		defer abandon.Stop()
 	}
-	result, err := call(tctx, p.handlers.lookup(r.task.Kind), r.task)
+	var result json.RawMessage
+	err := p.loadDependencies(tctx, &r.task)
+	if err == nil {
+		result, err = call(tctx, p.handlers.lookup(r.task.Kind), r.task)
+	}
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 	cancel()
 	if err == nil {
