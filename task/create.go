@@ -59,6 +59,20 @@ type NewTask struct {
 	// (stored as timeout_ms; see the worker for the defaults that apply
 	// otherwise). It is kept to the millisecond.
 	Timeout time.Duration
+	// DependsOn lists existing tasks this one waits for: it is held
+	// (QUEUED, never started) until each has ended, and runs with their
+	// results (deps.go). At most MaxDependencies with DependsOnRefs.
+	DependsOn []uuid.UUID
+	// Ref names the task within one CreateBatch, for the DependsOnRefs of
+	// its other items (at most MaxRefLength bytes, unique in the batch).
+	Ref string
+	// DependsOnRefs lists the Refs of other items of the same CreateBatch
+	// this one waits for, so that a whole graph is created at once.
+	DependsOnRefs []string
+	// OnDependencyFailure is what a dependency ending DEAD or CANCELLED
+	// does to this task: OnFailureCancel (the default, "") cancels it,
+	// OnFailureRun runs it anyway.
+	OnDependencyFailure string
 }
 
 // CreateResult is the outcome of creating one task.
@@ -200,7 +214,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	// Rows not inserted lost to an idempotency key: a task that existed
 	// before, or an earlier item of this batch.
 	var recs []transition.Record
-	var delayedIDs []uuid.UUID
+	var delayedIDs, heldIDs []uuid.UUID
 	var due []*time.Time
 	var dueNow []outbox.Message
 	var lostKinds, lostKeys []string
@@ -210,6 +224,12 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if t, ok := inserted[it.id]; ok {
 			res[i] = CreateResult{Task: t}
 			recs = append(recs, transition.Record{TaskID: t.ID, To: string(Queued), Message: "created"})
+			if it.hasDependencies() {
+				// Held until its dependencies end: its outbox row is
+				// held back (linkDependencies, deps.go).
+				heldIDs = append(heldIDs, t.ID)
+				continue
+			}
 			if t.NextRetryAt != nil {
 				// Delayed: its outbox row is due when the task is, and
 				// is never claimed for direct publishing.
@@ -231,6 +251,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	if err := outbox.InsertDue(ctx, tx, s.cfg.Stream, delayedIDs, due); err != nil {
 		return nil, claim, err
 	}
+	if err := insertHeld(ctx, tx, s.cfg.Stream, heldIDs); err != nil {
+		return nil, claim, err
+	}
 	if claim, err = out.StageCreated(ctx, tx, dueNow); err != nil {
 		return nil, claim, err
 	}
@@ -238,6 +261,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if it.sameAs >= 0 {
 			res[i] = CreateResult{Task: res[it.sameAs].Task, Existing: true}
 		}
+	}
+	if err := linkDependencies(ctx, tx, items, res); err != nil {
+		return nil, claim, err
 	}
 	return res, claim, nil
 }
@@ -411,12 +437,19 @@ func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) 
 		if nt.Traceparent == "" {
 			nt.Traceparent = traceparent
 		}
+		if ferr := nt.checkDependencies(); ferr != nil {
+			ferr.Msg = where + ferr.Msg
+			return nil, ferr
+		}
 		sum := sha256.Sum256(canonical)
 		id, err := uuid.NewV7()
 		if err != nil {
 			return nil, err
 		}
 		items[i] = prepared{NewTask: nt, id: id, canonical: canonical, sha: hex.EncodeToString(sum[:]), sameAs: -1}
+	}
+	if ferr := checkRefs(items); ferr != nil {
+		return nil, ferr
 	}
 	return items, nil
 }
