@@ -34,6 +34,13 @@ type CreateRequest struct {
 	DelayMS int64  `json:"delay_ms,omitempty"`
 	// TimeoutMS is the task's handler timeout; 0: the worker's default.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// DependsOn lists the tasks this one waits for: task ids, and in a
+	// batch also the Refs of its other items. OnDependencyFailure is
+	// "cancel" (the default) or "run" (task.NewTask).
+	DependsOn           []string `json:"depends_on,omitempty"`
+	OnDependencyFailure string   `json:"on_dependency_failure,omitempty"`
+	// Ref names an item of a batch for the depends_on of the others.
+	Ref string `json:"ref,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -66,6 +73,11 @@ type TaskResponse struct {
 	Result      json.RawMessage     `json:"result"`
 	Progress    *task.Progress      `json:"progress"`
 	Transitions []transition.Record `json:"transitions"`
+	// DependsOn and Dependents are the task's edges (at most
+	// task.MaxDependencies of each), with the other task's state; the
+	// task's waiting_for counts those still holding it.
+	DependsOn  []task.Edge `json:"depends_on,omitempty"`
+	Dependents []task.Edge `json:"dependents,omitempty"`
 }
 
 // RedriveResponse answers POST /v1/tasks/{id}/redrive.
@@ -154,6 +166,9 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	nt, ierr := s.newTask(req, "")
+	if ierr == nil {
+		ierr = singleDependencies(nt)
+	}
 	if ierr != nil {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
@@ -199,6 +214,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		nts[i] = nt
 	}
+	batchRefs(nts)
 	res, err := s.store.CreateBatch(tracing.ExtractHeader(r.Context(), r.Header), nts)
 	if err != nil {
 		s.storeError(w, r, err, "")
@@ -247,6 +263,15 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 	}
 	if nt.Timeout, ferr = task.TimeoutRange.Millis(req.TimeoutMS); ferr != nil {
 		return task.NewTask{}, ferr
+	}
+	nt.Ref, nt.OnDependencyFailure = req.Ref, req.OnDependencyFailure
+	for _, d := range req.DependsOn {
+		// A task id, else (in a batch) the ref of another item.
+		if id, err := uuid.Parse(d); err == nil && len(d) == 36 {
+			nt.DependsOn = append(nt.DependsOn, id)
+		} else {
+			nt.DependsOnRefs = append(nt.DependsOnRefs, d)
+		}
 	}
 	if ferr := nt.Validate(maxPayloadBytes); ferr != nil {
 		return task.NewTask{}, ferr
@@ -331,7 +356,12 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 	if recs == nil {
 		recs = []transition.Record{}
 	}
-	writeJSON(w, http.StatusOK, TaskResponse{Task: t, Result: t.Result, Progress: t.Progress, Transitions: recs})
+	up, down, err := s.store.Dependencies(r.Context(), id, 0)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, TaskResponse{Task: t, Result: t.Result, Progress: t.Progress, Transitions: recs, DependsOn: up, Dependents: down})
 }
 
 func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
