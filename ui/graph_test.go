@@ -1,11 +1,13 @@
 package ui_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -20,38 +22,38 @@ type pipeline struct {
 	chunks    []task.Task
 }
 
-// link records that dependent waits for dependency (released or holding)
-// and puts both in workflow wf, as creation with depends_on leaves them.
-func (b *bundle) link(t *testing.T, wf, dependency, dependent uuid.UUID, released bool) {
-	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `
-		WITH e AS (INSERT INTO ingest_task_dependency (task_id, depends_on, released_at)
-		           VALUES ($2, $3, CASE WHEN $4 THEN now() END))
-		UPDATE ingest_task SET workflow_id = $1,
-		       waiting_for = CASE WHEN id = $2 AND NOT $4 THEN coalesce(waiting_for, 0) + 1 ELSE waiting_for END
-		WHERE id IN ($2, $3)`, wf, dependent, dependency, released)
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// newPipeline creates a document pipeline of n chunks; the first chunk's
-// kind is chunkKind. The document has ended (its edges are released); the
-// join waits for every chunk.
+// newPipeline creates a document pipeline of n chunks in one batch (the
+// first chunk's kind is chunkKind; the join runs whatever its chunks'
+// ends) and runs the document to success with a result: its chunks are
+// released, the join waits for every chunk.
 func (b *bundle) newPipeline(t *testing.T, n int, chunkKind string) pipeline {
 	t.Helper()
-	var p pipeline
-	p.doc = b.create(t, task.NewTask{Kind: "doc.fetch"})
-	p.join = b.create(t, task.NewTask{Kind: "doc.index"})
+	nts := []task.NewTask{{Kind: "doc.fetch", Ref: "doc", Payload: json.RawMessage(`{"url":"https://example.com/a.pdf"}`)}}
+	var refs []string
 	for i := range n {
 		kind := "doc.embed"
 		if i == 0 {
 			kind = chunkKind
 		}
-		c := b.create(t, task.NewTask{Kind: kind})
-		p.chunks = append(p.chunks, c)
-		b.link(t, p.doc.ID, p.doc.ID, c.ID, true)
-		b.link(t, p.doc.ID, c.ID, p.join.ID, false)
+		ref := fmt.Sprintf("chunk-%d", i)
+		refs = append(refs, ref)
+		nts = append(nts, task.NewTask{Kind: kind, Ref: ref, DependsOnRefs: []string{"doc"}, Payload: json.RawMessage(fmt.Sprintf(`{"chunk":%d}`, i))})
+	}
+	nts = append(nts, task.NewTask{Kind: "doc.index", DependsOnRefs: refs, OnDependencyFailure: task.OnFailureRun, Payload: json.RawMessage(`{}`)})
+	res, err := b.store.CreateBatch(b.ctx, nts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p pipeline
+	p.doc, p.join = res[0].Task, res[len(res)-1].Task
+	for _, r := range res[1 : len(res)-1] {
+		p.chunks = append(p.chunks, r.Task)
+	}
+	if _, err := b.store.Start(b.ctx, "w1", time.Minute, p.doc.ID); err != nil {
+		t.Fatal(err)
+	}
+	if rs, err := b.store.SucceedWith(b.ctx, "w1", task.Success{ID: p.doc.ID, Result: json.RawMessage(`{"pages":3}`)}); err != nil || !rs[0].Applied {
+		t.Fatalf("SucceedWith: %v %+v", err, rs)
 	}
 	return p
 }
@@ -80,7 +82,8 @@ func TestTaskPageGraph(t *testing.T) {
 
 	// The join: the chunks one level up, the document two.
 	page = c.get("/ui/tasks/" + p.join.ID.String())
-	want(t, page, 200, "chunk&lt;script&gt;alert(1)&lt;/script&gt;", "5 tasks", `id="waiting-for">3 edges not yet released`)
+	want(t, page, 200, "chunk&lt;script&gt;alert(1)&lt;/script&gt;", "5 tasks", `id="waiting-for">3 edges not yet released`,
+		`<span class="badge ok">result</span>`, "run anyway (on_dependency_failure: run)")
 	if strings.Contains(page.body, "<script>alert") {
 		t.Fatalf("a hostile kind renders as markup:\n%s", clip(page.body))
 	}
@@ -125,11 +128,11 @@ func TestTaskPageGraphCut(t *testing.T) {
 	b := setup(t, options{})
 	c := b.client(t)
 	root := b.create(t, task.NewTask{Kind: "root"})
-	var ids []uuid.UUID
-	for range ui.GraphMax + 50 {
-		ids = append(ids, b.create(t, task.NewTask{Kind: "leaf"}).ID)
+	var leaves []task.NewTask
+	for i := range ui.GraphMax + 50 {
+		leaves = append(leaves, task.NewTask{Kind: "leaf", Payload: json.RawMessage(fmt.Sprint(i)), DependsOn: []uuid.UUID{root.ID}})
 	}
-	if _, err := b.pool.Exec(b.ctx, `INSERT INTO ingest_task_dependency (task_id, depends_on) SELECT unnest($1::uuid[]), $2`, ids, root.ID); err != nil {
+	if _, err := b.store.CreateBatch(b.ctx, leaves); err != nil {
 		t.Fatal(err)
 	}
 	page := c.get("/ui/tasks/" + root.ID.String())
