@@ -92,8 +92,7 @@ func TestBrowserPipeline(t *testing.T) {
 		check(fmt.Sprintf(`[...document.querySelectorAll("#graph .node .kind")].some(k => k.textContent === %q)`, "chunk"+evil), "the hostile kind as text"),
 		check(`document.querySelector("#graph .node.self").getAttribute("href").endsWith(`+fmt.Sprintf("%q", join)+`)`, "the task itself marked"),
 		check(`document.querySelectorAll("#edges tbody tr").length === 6`, "six edges"),
-		safe, shot.take("task-graph"),
-		reloaded, chromedp.WaitVisible(chromedp.CSS("#graph")),
+		safe, reloaded, chromedp.WaitVisible(chromedp.CSS("#graph")),
 		check(`document.querySelectorAll("#graph .node").length === 5`, "the graph after a live reload"), safe)
 
 	run("a node leads to its task", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#graph a.node[data-id=%q]`, doc))), at("/ui/tasks/"+doc),
@@ -108,4 +107,8 @@ func TestBrowserPipeline(t *testing.T) {
 
 	run("the failed chunk", chromedp.Navigate(u+"tasks/"+p.chunks[2].ID.String()), chromedp.WaitVisible(chromedp.CSS("#last-error")),
 		check(fmt.Sprintf(`document.querySelector("#last-error").textContent.includes(%q)`, evil), "the hostile error as text"), safe)
+
+	// The guide's picture: a plain pipeline's join.
+	clean := b.newPipeline(t, 4, "doc.embed")
+	run("screenshot", chromedp.Navigate(u+"tasks/"+clean.join.ID.String()), chromedp.WaitVisible(chromedp.CSS("#graph")), shot.take("task-graph"))
 }
