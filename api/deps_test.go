@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/task"
 )
 
 // TestCreateWithDependencies: a DAG created in one batch with refs (and
@@ -86,5 +87,35 @@ func TestCreateWithDependencies(t *testing.T) {
 		if msg, _ := r.errorBody(t); r.code != http.StatusBadRequest || !strings.Contains(msg, c.want) {
 			t.Errorf("POST %s %s: %d %q; want 400 naming %q", c.path, c.body, r.code, msg, c.want)
 		}
+	}
+}
+
+// TestRedriveWithDependentsAPI: POST /v1/tasks/{id}/redrive with
+// with_dependents revives the dependents its death cancelled.
+func TestRedriveWithDependentsAPI(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	ctx := context.Background()
+	dep := decode[api.CreateResponse](t, b.do(t, "POST", "/v1/tasks", `{"kind":"k","payload":1,"max_attempts":1}`)).ID
+	d := decode[api.CreateResponse](t, b.do(t, "POST", "/v1/tasks", fmt.Sprintf(`{"kind":"k","payload":2,"depends_on":[%q]}`, dep))).ID
+	if _, err := b.store.Start(ctx, "w", time.Minute, dep); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Fail(ctx, "w", task.Failure{ID: dep, Error: "boom", Permanent: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode[api.TaskResponse](t, b.do(t, "GET", "/v1/tasks/"+d.String(), "")); got.Status != task.Cancelled {
+		t.Fatalf("dependent of a DEAD task is %s", got.Status)
+	}
+	r := b.do(t, "POST", "/v1/tasks/"+dep.String()+"/redrive", `{"with_dependents":true}`)
+	res := decode[api.RedriveResponse](t, r)
+	if r.code != http.StatusOK || len(res.Revived) != 1 || res.Revived[0] != d {
+		t.Fatalf("redrive: %d %s", r.code, r.body)
+	}
+	if got := decode[api.TaskResponse](t, b.do(t, "GET", "/v1/tasks/"+d.String(), "")); got.Status != task.Queued || got.WaitingFor != 1 {
+		t.Fatalf("revived dependent: %s waiting %d", got.Status, got.WaitingFor)
+	}
+	if r := b.do(t, "POST", "/v1/tasks/"+dep.String()+"/redrive", `{"with_dependents":"yes"}`); r.code != http.StatusBadRequest {
+		t.Fatalf("a bad body: %d %s", r.code, r.body)
 	}
 }

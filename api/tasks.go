@@ -88,6 +88,15 @@ type RedriveResponse struct {
 	// last death; 0 without a DLQ or when their removal failed, which the
 	// server logs).
 	DLQRemoved int `json:"dlq_removed"`
+	// Revived lists the dependents revived with with_dependents.
+	Revived []uuid.UUID `json:"revived,omitempty"`
+}
+
+// RedriveRequest is the optional body of POST /v1/tasks/{id}/redrive.
+type RedriveRequest struct {
+	// WithDependents also revives the dependents the task's end cancelled
+	// (and theirs): QUEUED again, held until it ends anew.
+	WithDependents bool `json:"with_dependents,omitempty"`
 }
 
 // BulkRedriveRequest is the body of POST /v1/tasks/redrive: the filter
@@ -369,7 +378,17 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, removed, err := dlq.Redrive(r.Context(), s.cfg.DLQClient, s.dlqKey(), s.store, s.cfg.Actor, id)
+	var req RedriveRequest // an empty body: the task alone
+	if ierr := decodeJSON(w, r, s.cfg.MaxBodyBytes, &req, ""); ierr != nil && ierr.msg != emptyBodyMsg {
+		writeError(w, ierr.code, ierr.msg, ierr.field)
+		return
+	}
+	var redriver dlq.Redriver = s.store
+	withDeps := &task.DependentsRedriver{Store: s.store}
+	if req.WithDependents {
+		redriver = withDeps
+	}
+	res, removed, err := dlq.Redrive(r.Context(), s.cfg.DLQClient, s.dlqKey(), redriver, s.cfg.Actor, id)
 	if err != nil {
 		if rerr := (*dlq.RemoveError)(nil); errors.As(err, &rerr) {
 			// The task is QUEUED again; only its old DLQ entry stayed.
@@ -381,7 +400,7 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	}
 	switch rr := res[0]; {
 	case rr.Applied:
-		writeJSON(w, http.StatusOK, RedriveResponse{ID: id, Status: rr.Status, DLQRemoved: removed})
+		writeJSON(w, http.StatusOK, RedriveResponse{ID: id, Status: rr.Status, DLQRemoved: removed, Revived: withDeps.Revived})
 	case rr.Status == "":
 		writeError(w, http.StatusNotFound, fmt.Sprintf("task %s not found", id), "id")
 	default:
