@@ -310,13 +310,21 @@ func (s *Server) listTasks(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for name := range q {
 		switch name {
-		case "status", "kind", "limit", "cursor":
+		case "status", "kind", "workflow", "limit", "cursor":
 		default:
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown query parameter %q (use status, kind, limit, cursor)", name), name)
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("unknown query parameter %q (use status, kind, workflow, limit, cursor)", name), name)
 			return
 		}
 	}
 	p := task.ListParams{Kind: q.Get("kind"), Cursor: q.Get("cursor")}
+	if v := q.Get("workflow"); v != "" {
+		id, err := uuid.Parse(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("workflow %q is not a workflow id (the UUID of its root task)", clip.String(v, 100)), "workflow")
+			return
+		}
+		p.Workflow = id
+	}
 	if ferr := p.SetStatus(q.Get("status")); ferr != nil {
 		writeError(w, http.StatusBadRequest, ferr.Msg, ferr.Field)
 		return

@@ -52,6 +52,9 @@ type ListParams struct {
 	// retry in its backoff). With Status set, it narrows to that state.
 	Scheduled bool
 	Kind      string // "" for any
+	// Workflow selects the tasks of one pipeline (their workflow_id: the
+	// id of its root task); the zero UUID for any.
+	Workflow uuid.UUID
 	// Since and Until bound created_at to [Since, Until); zero: open.
 	Since, Until time.Time
 	Limit        int // 1..1000; 0 means 50
@@ -115,6 +118,11 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 	}
 	if p.Kind != "" {
 		where = append(where, "kind = "+arg(p.Kind))
+	}
+	if p.Workflow != uuid.Nil {
+		// Through ingest_task_workflow_idx: the pipeline's tasks, then
+		// sorted by id.
+		where = append(where, "workflow_id = "+arg(p.Workflow))
 	}
 	if !p.Since.IsZero() {
 		where = append(where, "created_at >= "+arg(p.Since))

@@ -20,9 +20,9 @@
 // mount it at /ui/):
 //
 //	GET  /ui/                          overview
-//	GET  /ui/tasks                     tasks: ?status= (a state, or scheduled)&kind=&q= (id or idempotency key)&since=&until=&cursor=&select=all
+//	GET  /ui/tasks                     tasks: ?status= (a state, or scheduled)&kind=&q= (id or idempotency key)&since=&until=&workflow= (a pipeline's root task id)&cursor=&select=all
 //	POST /ui/tasks/bulk                redrive, cancel or delete the ticked tasks (action=, id= up to a page's 50)
-//	GET  /ui/tasks/{id}                one task: row, audit timeline, outbox rows, PEL entry, DLQ entries
+//	GET  /ui/tasks/{id}                one task: row, audit timeline, outbox rows, PEL entry, DLQ entries, its pipeline (workflow, dependency graph)
 //	POST /ui/tasks/{id}/cancel         cancel it
 //	POST /ui/tasks/{id}/redrive        redrive it (DEAD or CANCELLED) and remove its DLQ entries
 //	POST /ui/tasks/{id}/delete         delete it (SUCCEEDED, DEAD or CANCELLED) with its history and DLQ entries

@@ -39,6 +39,7 @@ var funcs = template.FuncMap{
 	"pathesc":  url.PathEscape,
 	"count":    func(m map[task.State]int64, s string) int64 { return m[task.State(s)] },
 	"dueLater": dueLater,
+	"graphMax": func() int { return GraphMax },
 }
 
 // ago says how long ago t was: "3.2s ago", "5m10s ago".

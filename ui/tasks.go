@@ -25,12 +25,14 @@ const pageSize = 50
 // tasksView is the tasks page.
 type tasksView struct {
 	Status, Kind, Q, Since, Until string
-	Tasks                         []task.Task
-	Next, First                   string // links ("" when none)
-	Cursor                        string
-	Error                         string
-	Note                          string
-	MaxAttempts                   int
+	// Workflow is the pipeline filter: a root task's id ("" any).
+	Workflow    string
+	Tasks       []task.Task
+	Next, First string // links ("" when none)
+	Cursor      string
+	Error       string
+	Note        string
+	MaxAttempts int
 	// Here is this listing's address (its filters and page), where a bulk
 	// action comes back to; SelectAll and SelectNone are it with every
 	// box of the page ticked, and with none.
@@ -94,11 +96,11 @@ func parseTime(v string) (time.Time, error) {
 func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
 	q := r.URL.Query()
 	tv := &tasksView{Status: strings.ToUpper(q.Get("status")), Kind: q.Get("kind"), Q: strings.TrimSpace(q.Get("q")),
-		Since: q.Get("since"), Until: q.Get("until"), Cursor: q.Get("cursor"), MaxAttempts: h.cfg.MaxAttempts,
+		Since: q.Get("since"), Until: q.Get("until"), Workflow: strings.TrimSpace(q.Get("workflow")), Cursor: q.Get("cursor"), MaxAttempts: h.cfg.MaxAttempts,
 		AllSelected: q.Get("select") == "all", Statuses: statusFilters}
 	v.Title, v.Nav, v.D = "Tasks", "tasks", tv
 	here := url.Values{}
-	for _, k := range []string{"status", "kind", "q", "since", "until", "cursor"} {
+	for _, k := range []string{"status", "kind", "q", "since", "until", "workflow", "cursor"} {
 		if q.Get(k) != "" {
 			here.Set(k, q.Get(k))
 		}
@@ -136,6 +138,12 @@ func (h *Handler) tasks(w http.ResponseWriter, r *http.Request, v *view) {
 	if p.Until, err = parseTime(tv.Until); err != nil {
 		bad("until: " + err.Error())
 		return
+	}
+	if tv.Workflow != "" {
+		if p.Workflow, err = uuid.Parse(tv.Workflow); err != nil {
+			bad(fmt.Sprintf("workflow: %q is not a workflow id (the UUID of its root task)", clip(tv.Workflow, 100)))
+			return
+		}
 	}
 	for _, f := range []struct{ field, v string }{{"kind", tv.Kind}, {"q", tv.Q}} {
 		if ferr := task.CheckText(f.field, f.v); ferr != nil {
@@ -213,6 +221,8 @@ type taskView struct {
 	Group       string
 	RedisErr    string
 	HasRedis    bool
+	// Graph is the task's pipeline: workflow, dependencies, dependents.
+	Graph *graphView
 }
 
 // CanRunNow tells whether the task waits for a later time (QUEUED or
@@ -289,6 +299,9 @@ func (h *Handler) explain(ctx context.Context, id uuid.UUID) (*taskView, error) 
 		tv.TraceID = parts[1]
 	}
 	if tv.Outbox, err = outbox.TaskEvents(ctx, h.cfg.DB, id); err != nil {
+		return nil, err
+	}
+	if tv.Graph, err = dependencyGraph(ctx, h.cfg.DB, id); err != nil {
 		return nil, err
 	}
 	if h.cfg.Redis != nil {

@@ -18,7 +18,9 @@
 //   - capped, rated: as ok, and the run's start and end are recorded in
 //     chaos_run (kinds the suite limits: their overlaps are measured);
 //   - long:  sleep CHAOS_LONG_MS, record, succeed;
-//   - panic: record, then panic (the task ends DEAD after its attempts).
+//   - panic: record, then panic (the task ends DEAD after its attempts);
+//   - pipe.doc, pipe.chunk, pipe.join: a document pipeline whose tasks
+//     check the results of their dependencies (pipeline.go).
 package main
 
 import (
@@ -176,6 +178,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	svc.Handle("rated", h.timed)
 	svc.Handle("long", h.longRun)
 	svc.Handle("panic", h.panics)
+	h.registerPipeline(svc)
 	logger.Info("worker started")
 	return svc.Run(ctx)
 }

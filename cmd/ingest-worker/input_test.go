@@ -155,6 +155,7 @@ func TestFlagsAreRangeChecked(t *testing.T) {
 		{[]string{"enqueue", "--kind", "k", "--payload", "{}", "--idempotency-key", "a\u202eb"}, []string{"--idempotency-key", `\u202e`}},
 		{[]string{"task", "list", "--limit", "1001"}, []string{"--limit", "from 1 to 1000"}},
 		{[]string{"task", "list", "--limit", "1e3"}, []string{"--limit", "from 1 to 1000"}},
+		{[]string{"task", "list", "--workflow", "doc-1"}, []string{"--workflow", "not a workflow id"}},
 		{[]string{"task", "redrive", "--status", "DEAD", "--limit", "1000001"}, []string{"--limit", "from 1 to 1000000"}},
 		{[]string{"task", "redrive", "--status", "DEAD", "--rate", "NaN"}, []string{"--rate", "0.01"}},
 		{[]string{"task", "redrive", "--status", "DEAD", "--rate", "1e-300"}, []string{"--rate", "0.01"}},

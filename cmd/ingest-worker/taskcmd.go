@@ -485,7 +485,7 @@ func relative(t time.Time) string { return humantime.Relative(t, time.Now()) }
 
 func (a *app) taskListCommand() *cobra.Command {
 	var p task.ListParams
-	var status string
+	var status, workflow string
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List tasks, newest first",
@@ -501,6 +501,7 @@ func (a *app) taskListCommand() *cobra.Command {
   LAST ERROR  the error of its last failed attempt, clipped`,
 		Example: `  ingest-worker task list
   ingest-worker task list --status DEAD --kind email --limit 20
+  ingest-worker task list --workflow 0190d5e2-7c1a-7b3e-9f00-2a1b3c4d5e6f
   ingest-worker task list --json | jq -r '.tasks[].id'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -512,6 +513,13 @@ func (a *app) taskListCommand() *cobra.Command {
 				if !p.Status.Valid() {
 					return usagef("--status %q is not one of %v", status, task.States)
 				}
+			}
+			if workflow != "" {
+				id, err := uuid.Parse(workflow)
+				if err != nil {
+					return usagef("--workflow %q is not a workflow id (the UUID of its root task)", clip(workflow, 100))
+				}
+				p.Workflow = id
 			}
 			store, pool, err := a.openStore(cmd.Context())
 			if err != nil {
@@ -541,6 +549,9 @@ func (a *app) taskListCommand() *cobra.Command {
 				if p.Kind != "" {
 					a.notef(" --kind %s", p.Kind)
 				}
+				if workflow != "" {
+					a.notef(" --workflow %s", p.Workflow)
+				}
 				a.notef(" --limit %d\n", p.Limit)
 			}
 			return nil
@@ -549,6 +560,7 @@ func (a *app) taskListCommand() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&status, "status", "s", "", "only tasks in this state: QUEUED, RUNNING, RETRYING, SUCCEEDED, DEAD or CANCELLED")
 	f.StringVarP(&p.Kind, "kind", "k", "", "only tasks of this kind")
+	f.StringVar(&workflow, "workflow", "", "only the tasks of this pipeline (its workflow id: the id of its root task)")
 	rangeFlag(f, &p.Limit, "limit", "n", task.ListLimitRange, 50, "most tasks shown")
 	f.StringVar(&p.Cursor, "cursor", "", "continue a listing (the cursor printed after a full page)")
 	return cmd

@@ -3,7 +3,8 @@
 // directory), injects faults (SIGKILL and SIGSTOP of workers and relays,
 // Redis data loss and freezes, a PostgreSQL restart, poison tasks and
 // entries, long tasks under an aggressive reclaimer, a long-open
-// transaction) and checks, once the system is quiet, the invariants:
+// transaction, a pipeline of dependent tasks under worker kills) and
+// checks, once the system is quiet, the invariants:
 //
 //   - every task is SUCCEEDED or DEAD, XPENDING is empty, and the DLQ holds
 //     exactly the DEAD tasks (plus the injected poison entries);
