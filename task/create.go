@@ -268,7 +268,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // which latency is measured from); any other is due now (both NULL). A timeout_ms
 // $9 of 0 is stored as NULL (none of its own). dedup $11 marks a task
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
-// sequence_key $12 ('' for none) and sequence_no $13 place a task in its
+// sequence_key $12 (” for none) and sequence_no $13 place a task in its
 // sequence (sequence.go).
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
@@ -410,7 +410,7 @@ type prepared struct {
 	id        uuid.UUID
 	canonical []byte
 	sha       string
-	sameAs    int // index of an earlier item of the batch with the same dedup key, or -1
+	sameAs    int   // index of an earlier item of the batch with the same dedup key, or -1
 	seqNo     int64 // place in its sequence (sequencePlaces); 0: none
 }
 
