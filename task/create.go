@@ -268,7 +268,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // which latency is measured from); any other is due now (both NULL). A timeout_ms
 // $9 of 0 is stored as NULL (none of its own). dedup $11 marks a task
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
-// sequence_key $12 (” for none) and sequence_no $13 place a task in its
+// sequence_key $12 (empty for none) and sequence_no $13 place a task in its
 // sequence (sequence.go).
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
