@@ -272,5 +272,14 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list kinds: start rates: %w", err)
 	}
+	blocked, err := s.BlockedSequenceCounts(ctx, kind)
+	if err != nil {
+		return nil, fmt.Errorf("list kinds: %w", err)
+	}
+	for k, n := range blocked {
+		if i, ok := index[k]; ok {
+			out[i].BlockedSequences = n
+		}
+	}
 	return out, nil
 }

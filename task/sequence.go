@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -248,4 +249,74 @@ func releaseOnContinue(ctx context.Context, tx pgx.Tx, kind string, v *string) e
 		return nil
 	}
 	return nil // TODO release through the dependency mechanism
+}
+
+// BlockedSequence is a sequence held by its DEAD head task: its kind's
+// sequence_on_failure is SequenceBlock, and the task's successors wait
+// until it is redriven and succeeds, cancelled or deleted.
+type BlockedSequence struct {
+	Kind        string `json:"kind"`
+	SequenceKey string `json:"sequence_key"`
+	// TaskID is the DEAD task that holds the sequence, SequenceNo its
+	// place in it.
+	TaskID     uuid.UUID  `json:"task_id"`
+	SequenceNo int64      `json:"sequence_no"`
+	DeadAt     *time.Time `json:"dead_at,omitempty"`
+	Error      string     `json:"error,omitempty"`
+	// Waiting counts the tasks of the sequence after it that are held.
+	Waiting int64 `json:"waiting"`
+}
+
+// blockedSQL finds the DEAD tasks with a sequence key that hold their
+// successors: under the kind's SequenceBlock, and no 'sequence' edge to
+// them released (one released under SequenceContinue before the setting
+// changed does not count them). $1: a kind, or ” for all.
+const blockedSQL = `
+FROM ingest_task t
+WHERE t.status = 'DEAD' AND t.sequence_key IS NOT NULL AND ($1 = '' OR t.kind = $1)
+  AND coalesce((SELECT k.sequence_on_failure FROM ingest_kind k WHERE k.kind = t.kind), '` + SequenceBlock + `') = '` + SequenceBlock + `'
+  AND NOT EXISTS (SELECT 1 FROM ingest_task_dependency d
+                  WHERE d.depends_on = t.id AND d.reason = 'sequence' AND d.released_at IS NOT NULL)`
+
+// BlockedSequences lists up to limit blocked sequences (of kind, or of
+// every kind when kind is ""), by kind and key. It reads the kind's DEAD
+// tasks: an operator's query, not one for a hot path.
+func (s *Store) BlockedSequences(ctx context.Context, kind string, limit int) ([]BlockedSequence, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.db.Query(ctx, `
+SELECT t.kind, t.sequence_key, t.id, t.sequence_no, t.finished_at, coalesce(t.error_message, ''),
+    (SELECT count(*) FROM ingest_task w WHERE w.kind = t.kind AND w.sequence_key = t.sequence_key
+        AND w.sequence_no > t.sequence_no AND w.status = 'QUEUED' AND w.waiting_for > 0)
+`+blockedSQL+`
+ORDER BY t.kind, t.sequence_key, t.sequence_no LIMIT $2`, kind, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list blocked sequences: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (BlockedSequence, error) {
+		var b BlockedSequence
+		err := r.Scan(&b.Kind, &b.SequenceKey, &b.TaskID, &b.SequenceNo, &b.DeadAt, &b.Error, &b.Waiting)
+		return b, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list blocked sequences: %w", err)
+	}
+	return out, nil
+}
+
+// BlockedSequenceCounts counts the blocked sequences of each kind that
+// has any (of kind only, when kind is not "").
+func (s *Store) BlockedSequenceCounts(ctx context.Context, kind string) (map[string]int64, error) {
+	rows, err := s.db.Query(ctx, `SELECT t.kind, count(*) `+blockedSQL+` GROUP BY t.kind`, kind)
+	if err != nil {
+		return nil, fmt.Errorf("count blocked sequences: %w", err)
+	}
+	out := map[string]int64{}
+	var k string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&k, &n}, func() error { out[k] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("count blocked sequences: %w", err)
+	}
+	return out, nil
 }
