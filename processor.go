@@ -396,6 +396,10 @@ func (p *processor) start(batch []delivery) {
 			log.Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultPaused
+		case task.Held:
+			log.Debug("task held by its dependencies; acknowledging its entry (their end publishes it)")
+			acks = append(acks, d.id)
+			metric[d.id] = resultSkipped
 		case task.NotDue:
 			later = append(later, deferral{id: d.id, taskID: id, at: timeOr(r.Task.NextRetryAt, now)})
 			metric[d.id] = resultNotDue

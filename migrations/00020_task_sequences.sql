@@ -35,7 +35,56 @@ ALTER TABLE ingest_kind
 ALTER TABLE ingest_kind_change
     ADD COLUMN sequence_on_failure text;
 
+-- The DEAD case of a 'sequence' edge (migration 00018's one place for
+-- it): a DEAD task releases its successor when its kind's
+-- sequence_on_failure is 'continue'.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_sequence_continues(kind text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT k.sequence_on_failure = 'continue' FROM ingest_kind k WHERE k.kind = $1), false)
+$$;
+-- +goose StatementEnd
+
+-- A task cancelled while its sequence predecessor still holds it passes
+-- that hold on: each successor it holds gets a 'sequence' edge to its
+-- predecessor (and one more in waiting_for) before the cancel releases
+-- the successor's edge to it (ingest_task_release_dependents, which fires
+-- after this trigger: triggers of one event fire by name). So cancelling
+-- a task in the middle of a sequence never lets the next one run beside
+-- the one before it.
+-- +goose StatementBegin
+CREATE FUNCTION ingest_task_pass_on_sequence() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    WITH x AS (
+        SELECT n.task_id AS id, p.depends_on AS pred
+        FROM new_rows n
+        JOIN ingest_task_dependency p ON p.task_id = n.task_id AND p.reason = 'sequence' AND p.released_at IS NULL
+        WHERE n.to_status = 'CANCELLED'
+    ), moved AS (
+        INSERT INTO ingest_task_dependency (task_id, depends_on, reason)
+        SELECT s.task_id, x.pred, 'sequence'
+        FROM x JOIN ingest_task_dependency s ON s.depends_on = x.id AND s.reason = 'sequence' AND s.released_at IS NULL
+        ORDER BY s.task_id
+        ON CONFLICT DO NOTHING
+        RETURNING task_id
+    )
+    UPDATE ingest_task t SET waiting_for = coalesce(t.waiting_for, 0) + 1
+    FROM moved m WHERE t.id = m.task_id;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+CREATE TRIGGER ingest_task_pass_on_sequence AFTER INSERT ON ingest_task_transition
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION ingest_task_pass_on_sequence();
+
 -- +goose Down
+DROP TRIGGER ingest_task_pass_on_sequence ON ingest_task_transition;
+DROP FUNCTION ingest_task_pass_on_sequence();
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_sequence_continues(kind text) RETURNS boolean
+LANGUAGE sql STABLE AS $$ SELECT false $$;
+-- +goose StatementEnd
 ALTER TABLE ingest_kind_change DROP COLUMN sequence_on_failure;
 ALTER TABLE ingest_kind DROP COLUMN sequence_on_failure;
 DROP INDEX ingest_task_sequence_idx;

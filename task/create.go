@@ -63,6 +63,20 @@ type NewTask struct {
 	// one Kind with the same key run one at a time, in creation order
 	// (see sequence.go); at most MaxSequenceKeyLength bytes.
 	SequenceKey string
+	// DependsOn lists existing tasks this one waits for: it is held
+	// (QUEUED, never started) until each has ended, and runs with their
+	// results (deps.go). At most MaxDependencies with DependsOnRefs.
+	DependsOn []uuid.UUID
+	// Ref names the task within one CreateBatch, for the DependsOnRefs of
+	// its other items (at most MaxRefLength bytes, unique in the batch).
+	Ref string
+	// DependsOnRefs lists the Refs of other items of the same CreateBatch
+	// this one waits for, so that a whole graph is created at once.
+	DependsOnRefs []string
+	// OnDependencyFailure is what a dependency ending DEAD or CANCELLED
+	// does to this task: OnFailureCancel (the default, "") cancels it,
+	// OnFailureRun runs it anyway.
+	OnDependencyFailure string
 }
 
 // CreateResult is the outcome of creating one task.
@@ -216,7 +230,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	// Rows not inserted lost to an idempotency key: a task that existed
 	// before, or an earlier item of this batch.
 	var recs []transition.Record
-	var delayedIDs []uuid.UUID
+	var delayedIDs, heldIDs []uuid.UUID
 	var due []*time.Time
 	var dueNow []outbox.Message
 	var lostKinds, lostKeys []string
@@ -226,8 +240,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if t, ok := inserted[it.id]; ok {
 			res[i] = CreateResult{Task: t}
 			recs = append(recs, transition.Record{TaskID: t.ID, To: string(Queued), Message: "created"})
-			if held[t.ID] {
-				// Held by its sequence: its release publishes it.
+			if held[t.ID] || it.hasDependencies() {
+				// Held by its sequence or until its dependencies end:
+				// its outbox row is held back (its release replaces it).
+				heldIDs = append(heldIDs, t.ID)
 				continue
 			}
 			if t.NextRetryAt != nil {
@@ -251,6 +267,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	if err := outbox.InsertDue(ctx, tx, s.cfg.Stream, delayedIDs, due); err != nil {
 		return nil, claim, err
 	}
+	if err := insertHeld(ctx, tx, s.cfg.Stream, heldIDs); err != nil {
+		return nil, claim, err
+	}
 	if claim, err = out.StageCreated(ctx, tx, dueNow); err != nil {
 		return nil, claim, err
 	}
@@ -258,6 +277,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if it.sameAs >= 0 {
 			res[i] = CreateResult{Task: res[it.sameAs].Task, Existing: true}
 		}
+	}
+	if err := linkDependencies(ctx, tx, items, res); err != nil {
+		return nil, claim, err
 	}
 	return res, claim, nil
 }
@@ -436,12 +458,19 @@ func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) 
 		if nt.Traceparent == "" {
 			nt.Traceparent = traceparent
 		}
+		if ferr := nt.checkDependencies(); ferr != nil {
+			ferr.Msg = where + ferr.Msg
+			return nil, ferr
+		}
 		sum := sha256.Sum256(canonical)
 		id, err := uuid.NewV7()
 		if err != nil {
 			return nil, err
 		}
 		items[i] = prepared{NewTask: nt, id: id, canonical: canonical, sha: hex.EncodeToString(sum[:]), sameAs: -1}
+	}
+	if ferr := checkRefs(items); ferr != nil {
+		return nil, ferr
 	}
 	return items, nil
 }

@@ -9,10 +9,16 @@ import "strings"
 // (docs/ARCHITECTURE.md §2).
 
 // due is the guard of a waiting task (QUEUED or RETRYING) that may start:
-// not parked, and no next_retry_at or one that has come. a is the alias of
-// ingest_task.
+// not parked, not held by its dependencies (waiting_for, deps.go), and no
+// next_retry_at or one that has come. a is the alias of ingest_task.
 func due(a string) string {
-	return `(` + a + `.parked_at IS NULL AND (` + a + `.next_retry_at IS NULL OR ` + a + `.next_retry_at <= now()))`
+	return `(` + a + `.parked_at IS NULL AND ` + notHeld(a) + ` AND (` + a + `.next_retry_at IS NULL OR ` + a + `.next_retry_at <= now()))`
+}
+
+// notHeld is the guard of a task no edge holds (migration 00018): its
+// waiting_for is NULL or 0. a is the alias of ingest_task.
+func notHeld(a string) string {
+	return `coalesce(` + a + `.waiting_for, 0) = 0`
 }
 
 // scheduled is the guard of a waiting task (QUEUED or RETRYING) due later:

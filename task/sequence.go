@@ -192,8 +192,8 @@ ORDER BY k.ord`
 // there) its edge to its predecessor: the inserted item of the same
 // sequence before it in the batch, else the head found by
 // sequencePlaces. It raises their waiting_for in the same statement and
-// returns the held tasks: they get no outbox row now (their release
-// publishes them).
+// returns the held tasks: their outbox row is held back (insertHeld), and
+// their release replaces it.
 func linkSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, heads map[seqKey]seqHead, inserted map[uuid.UUID]Task) (map[uuid.UUID]bool, error) {
 	if len(heads) == 0 {
 		return nil, nil
@@ -242,13 +242,24 @@ UPDATE ingest_task t SET waiting_for = coalesce(t.waiting_for, 0) + 1
 FROM e WHERE t.id = e.task_id`
 
 // releaseOnContinue, in a kind change that sets sequence_on_failure
-// (nil: not changed), releases the successors held by the kind's DEAD
-// tasks when the setting is SequenceContinue.
+// (nil: not changed; the kind's row already changed in tx), releases the
+// successors held by the kind's DEAD tasks when the setting is
+// SequenceContinue, as their deaths would have under it
+// (ingest_task_end_edges).
 func releaseOnContinue(ctx context.Context, tx pgx.Tx, kind string, v *string) error {
 	if v == nil || *v != SequenceContinue {
 		return nil
 	}
-	return nil // TODO release through the dependency mechanism
+	_, err := tx.Exec(ctx, `
+SELECT ingest_task_end_edges(array_agg(t.id ORDER BY t.id), array_agg('DEAD'::text))
+FROM ingest_task t
+WHERE t.kind = $1 AND t.status = 'DEAD' AND t.sequence_key IS NOT NULL
+  AND EXISTS (SELECT 1 FROM ingest_task_dependency d WHERE d.depends_on = t.id AND d.reason = 'sequence' AND d.released_at IS NULL)
+HAVING count(*) > 0`, kind)
+	if err != nil {
+		return fmt.Errorf("release the sequences held by DEAD tasks: %w", err)
+	}
+	return nil
 }
 
 // BlockedSequence is a sequence held by its DEAD head task: its kind's

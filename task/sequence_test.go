@@ -39,11 +39,11 @@ func (b *bundle) seqEdges(t *testing.T, kind string) map[uuid.UUID]uuid.UUID {
 }
 
 // heldWithoutOutbox reports whether id is held (waiting_for > 0) and has
-// no outbox row.
+// no outbox row but the held one (due at task.HeldUntil).
 func (b *bundle) heldWithoutOutbox(t *testing.T, id uuid.UUID) bool {
 	t.Helper()
 	return b.count(t, `SELECT count(*) FROM ingest_task WHERE id = $1 AND waiting_for > 0`, id) == 1 &&
-		b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1`, id) == 0
+		b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1 AND (next_retry_at IS NULL OR next_retry_at < $2)`, id, task.HeldUntil) == 0
 }
 
 // TestSequenceCreate: the first task of a key runs free; each later one

@@ -99,6 +99,10 @@ const (
 	// was at a limit) since before this call; the release of parked tasks
 	// publishes it again.
 	Parked StartOutcome = "PARKED"
+	// Held: the task is QUEUED and held by its dependencies (or a
+	// sequence predecessor) that have not ended (Task.WaitingFor > 0);
+	// the release of its last one publishes it again.
+	Held StartOutcome = "HELD"
 	// ParkedAtLimit: StartLimited parked the task, due and waiting,
 	// because its kind is at its concurrency or rate limit; a freed slot
 	// or the leader's releaser wakes it.
@@ -112,8 +116,12 @@ const (
 )
 
 // waitingOutcome is the outcome of a QUEUED or RETRYING task that did not
-// start: Parked when parked, else NotDue.
+// start: Held when held by its dependencies, Parked when parked, else
+// NotDue.
 func waitingOutcome(t *Task) StartOutcome {
+	if t.WaitingFor > 0 {
+		return Held
+	}
 	if t.Parked() {
 		return Parked
 	}
