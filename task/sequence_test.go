@@ -202,3 +202,149 @@ func TestSequenceConcurrentCreates(t *testing.T) {
 		}
 	}
 }
+
+// seqLine creates n tasks of kind and key and returns them in order.
+func (b *bundle) seqLine(t *testing.T, kind, key string, n int) []task.Task {
+	t.Helper()
+	out := make([]task.Task, n)
+	for i := range out {
+		out[i] = b.create(t, task.NewTask{Kind: kind, Payload: json.RawMessage(fmt.Sprint(i)), SequenceKey: key})
+	}
+	return out
+}
+
+// free reports whether id is free to run: not held, with a due outbox row.
+func (b *bundle) free(t *testing.T, id uuid.UUID) bool {
+	t.Helper()
+	return b.count(t, `SELECT count(*) FROM ingest_task WHERE id = $1 AND coalesce(waiting_for, 0) = 0`, id) == 1 &&
+		b.count(t, `SELECT count(*) FROM outbox_event WHERE task_id = $1 AND status IN ('NEW', 'RETRYING') AND next_retry_at < $2`, id, task.HeldUntil) == 1
+}
+
+// TestSequenceRelease: a held task is refused by the start guard; each
+// success releases the next task only; a DEAD task blocks its key (listed
+// as blocked, counted by its kind) until redriven and succeeded, or
+// deleted; a cancelled task in the middle passes its hold on; under
+// "continue" a DEAD task releases the next one, and switching a kind to
+// "continue" releases the sequences its DEAD tasks block.
+func TestSequenceRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+
+	t.Run("SuccessReleasesTheNextOnly", func(t *testing.T) {
+		l := b.seqLine(t, "seq", "ok", 3)
+		b.start(t, "w", time.Minute, l[1].ID, task.Held)
+		b.runOK(t, l[0].ID, "")
+		if !b.free(t, l[1].ID) || b.free(t, l[2].ID) {
+			t.Fatalf("after the first success: second free %v, third free %v; want true, false", b.free(t, l[1].ID), b.free(t, l[2].ID))
+		}
+		b.runOK(t, l[1].ID, "")
+		b.runOK(t, l[2].ID, "")
+	})
+
+	t.Run("DeadBlocksUntilRedriven", func(t *testing.T) {
+		l := b.seqLine(t, "seq", "dead", 3)
+		b.runDead(t, l[0].ID)
+		if b.free(t, l[1].ID) {
+			t.Fatal("a DEAD task released its successor under block")
+		}
+		later := b.create(t, task.NewTask{Kind: "seq", Payload: json.RawMessage(`9`), SequenceKey: "dead"})
+		if !b.heldWithoutOutbox(t, later.ID) {
+			t.Error("a task created behind a blocked sequence is not held")
+		}
+		blocked, err := b.store.BlockedSequences(b.ctx, "seq", 10)
+		if err != nil || len(blocked) != 1 || blocked[0].TaskID != l[0].ID || blocked[0].SequenceKey != "dead" || blocked[0].Waiting != 3 {
+			t.Fatalf("BlockedSequences = %+v, %v; want the DEAD task with 3 waiting", blocked, err)
+		}
+		if k, _, err := b.store.Kind(b.ctx, "seq"); err != nil || k.BlockedSequences != 1 || k.SequenceOnFailure != task.SequenceBlock {
+			t.Errorf("Kind = %+v, %v; want 1 blocked sequence under block", k, err)
+		}
+		if r, err := b.store.Redrive(b.ctx, "op", l[0].ID); err != nil || !r[0].Applied {
+			t.Fatalf("Redrive = %+v, %v", r, err)
+		}
+		if b.free(t, l[1].ID) {
+			t.Fatal("a redrive alone released the successor")
+		}
+		b.runOK(t, l[0].ID, "")
+		if !b.free(t, l[1].ID) || b.free(t, l[2].ID) {
+			t.Fatal("the redriven task's success did not release the next task only")
+		}
+		if blocked, _ := b.store.BlockedSequences(b.ctx, "seq", 10); len(blocked) != 0 {
+			t.Errorf("still blocked: %+v", blocked)
+		}
+	})
+
+	t.Run("DeadDeletedReleases", func(t *testing.T) {
+		l := b.seqLine(t, "seq", "deleted", 2)
+		b.runDead(t, l[0].ID)
+		if r, err := b.store.Delete(b.ctx, l[0].ID); err != nil || !r.Deleted {
+			t.Fatalf("Delete = %+v, %v", r, err)
+		}
+		if !b.free(t, l[1].ID) {
+			t.Fatal("deleting the DEAD head did not release the next task")
+		}
+	})
+
+	t.Run("CancelInTheMiddlePassesTheHoldOn", func(t *testing.T) {
+		l := b.seqLine(t, "seq", "cancel", 4)
+		b.start(t, "w", time.Minute, l[0].ID, task.Started)
+		if _, err := b.store.Cancel(b.ctx, "op", "not needed", l[1].ID); err != nil {
+			t.Fatal(err)
+		}
+		if b.free(t, l[2].ID) {
+			t.Fatal("cancelling the second task released the third while the first runs")
+		}
+		if r, err := b.store.Succeed(b.ctx, "w", l[0].ID); err != nil || !r[0].Applied {
+			t.Fatalf("Succeed = %+v, %v", r, err)
+		}
+		if !b.free(t, l[2].ID) || b.free(t, l[3].ID) {
+			t.Fatal("the first task's success did not release the third only")
+		}
+		// A task created now follows the fourth, not the cancelled one.
+		next := b.create(t, task.NewTask{Kind: "seq", Payload: json.RawMessage(`5`), SequenceKey: "cancel"})
+		if p := b.seqEdges(t, "seq")[next.ID]; p != l[3].ID {
+			t.Errorf("new task follows %s, want the fourth %s", p, l[3].ID)
+		}
+	})
+
+	t.Run("Continue", func(t *testing.T) {
+		cont := task.SequenceContinue
+		if _, err := b.store.SetKind(b.ctx, "op", "cont", task.KindUpdate{SequenceOnFailure: &cont}); err != nil {
+			t.Fatal(err)
+		}
+		l := b.seqLine(t, "cont", "k", 2)
+		b.runDead(t, l[0].ID)
+		if !b.free(t, l[1].ID) {
+			t.Fatal("under continue a DEAD task did not release the next one")
+		}
+		if blocked, _ := b.store.BlockedSequences(b.ctx, "cont", 10); len(blocked) != 0 {
+			t.Errorf("blocked under continue: %+v", blocked)
+		}
+		// A task after a DEAD latest one runs free under continue.
+		b.runDead(t, l[1].ID)
+		if next := b.create(t, task.NewTask{Kind: "cont", Payload: json.RawMessage(`2`), SequenceKey: "k"}); !b.free(t, next.ID) {
+			t.Error("a task after a DEAD one is held under continue")
+		}
+	})
+
+	t.Run("SwitchToContinueReleases", func(t *testing.T) {
+		l := b.seqLine(t, "switch", "k", 2)
+		b.runDead(t, l[0].ID)
+		if b.free(t, l[1].ID) {
+			t.Fatal("released under block")
+		}
+		cont := task.SequenceContinue
+		if _, err := b.store.SetKind(b.ctx, "op", "switch", task.KindUpdate{SequenceOnFailure: &cont}); err != nil {
+			t.Fatal(err)
+		}
+		if !b.free(t, l[1].ID) {
+			t.Fatal("switching the kind to continue did not release the sequence its DEAD task blocked")
+		}
+		if n := b.count(t, `SELECT count(*) FROM ingest_kind_change WHERE kind = 'switch' AND sequence_on_failure = 'continue' AND actor = 'op'`); n != 1 {
+			t.Errorf("%d audit rows of the change, want 1", n)
+		}
+		bad := "skip"
+		if _, err := b.store.SetKind(b.ctx, "op", "switch", task.KindUpdate{SequenceOnFailure: &bad}); !errors.Is(err, task.ErrInvalidTask) || !strings.Contains(err.Error(), "sequence_on_failure") {
+			t.Errorf("SetKind(skip) = %v, want a FieldError naming sequence_on_failure", err)
+		}
+	})
+}
