@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -212,7 +213,9 @@ func linkSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, 
 			continue
 		}
 		k := seqKey{it.Kind, it.SequenceKey}
-		if p := last[k]; p != uuid.Nil {
+		// A task that depends on its predecessor already waits for it:
+		// that edge alone holds it (one edge per pair).
+		if p := last[k]; p != uuid.Nil && !slices.Contains(it.DependsOn, p) {
 			tasks, preds = append(tasks, it.id), append(preds, p)
 		}
 		last[k] = it.id
