@@ -30,6 +30,15 @@ type Task struct {
 	Attempt int
 	// MaxAttempts is how many runs the task gets before it goes DEAD.
 	MaxAttempts int
+	// Dependencies holds the results of the task's dependencies
+	// (NewTask.DependsOn), keyed by their ids: JSON null for one that
+	// returned none, or ended DEAD or CANCELLED (a task created with
+	// OnDependencyFailure "run"), or was deleted. Nil for a task without
+	// dependencies: they are read when a run starts, and only then.
+	Dependencies map[uuid.UUID]json.RawMessage
+
+	// hasDependencies: the run reads Dependencies before the handler.
+	hasDependencies bool
 
 	// progress writes this run's progress (nil outside a worker's run).
 	progress *progressReporter

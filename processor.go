@@ -438,6 +438,8 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 		Payload:     t.Payload,
 		Attempt:     t.AttemptCount + 1,
 		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
+
+		hasDependencies: t.DependencyDepth > 0,
 	}}
 	r.task.progress = newProgressReporter(p.ioCtx, p.store, p.log, p.cfg.Consumer)
 	hctx, r.span = startAttempt(hctx, r.task, tp)
@@ -459,7 +461,11 @@ func (p *processor) execute(ctx context.Context, r *run) {
 		abandon := time.AfterFunc(timeout+p.cfg.TaskLease, func() { p.abandonAfterTimeout(r, timeout) })
 		defer abandon.Stop()
 	}
-	result, err := call(tctx, p.handlers.lookup(r.task.Kind), r.task)
+	var result json.RawMessage
+	err := p.loadDependencies(tctx, &r.task)
+	if err == nil {
+		result, err = call(tctx, p.handlers.lookup(r.task.Kind), r.task)
+	}
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 	cancel()
 	if err == nil {

@@ -304,6 +304,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		{"CreateRequest", api.CreateRequest{}, false},
 		{"BulkRedriveRequest", api.BulkRedriveRequest{}, false},
 		{"CancelRequest", api.CancelRequest{}, false},
+		{"RedriveRequest", api.RedriveRequest{}, false},
+		{"DependencyEdge", task.Edge{}, true},
 		{"KindRequest", api.KindRequest{}, false},
 		{"ProgressRequest", api.ProgressRequest{}, false},
 		{"CreateResponse", api.CreateResponse{}, true},

@@ -37,6 +37,13 @@ type CreateRequest struct {
 	// SequenceKey puts the task in its kind's sequence of that key (one
 	// at a time, in creation order).
 	SequenceKey string `json:"sequence_key,omitempty"`
+	// DependsOn lists the tasks this one waits for: task ids, and in a
+	// batch also the Refs of its other items. OnDependencyFailure is
+	// "cancel" (the default) or "run" (task.NewTask).
+	DependsOn           []string `json:"depends_on,omitempty"`
+	OnDependencyFailure string   `json:"on_dependency_failure,omitempty"`
+	// Ref names an item of a batch for the depends_on of the others.
+	Ref string `json:"ref,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -69,6 +76,11 @@ type TaskResponse struct {
 	Result      json.RawMessage     `json:"result"`
 	Progress    *task.Progress      `json:"progress"`
 	Transitions []transition.Record `json:"transitions"`
+	// DependsOn and Dependents are the task's edges (at most
+	// task.MaxDependencies of each), with the other task's state; the
+	// task's waiting_for counts those still holding it.
+	DependsOn  []task.Edge `json:"depends_on,omitempty"`
+	Dependents []task.Edge `json:"dependents,omitempty"`
 }
 
 // RedriveResponse answers POST /v1/tasks/{id}/redrive.
@@ -79,6 +91,15 @@ type RedriveResponse struct {
 	// last death; 0 without a DLQ or when their removal failed, which the
 	// server logs).
 	DLQRemoved int `json:"dlq_removed"`
+	// Revived lists the dependents revived with with_dependents.
+	Revived []uuid.UUID `json:"revived,omitempty"`
+}
+
+// RedriveRequest is the optional body of POST /v1/tasks/{id}/redrive.
+type RedriveRequest struct {
+	// WithDependents also revives the dependents the task's end cancelled
+	// (and theirs): QUEUED again, held until it ends anew.
+	WithDependents bool `json:"with_dependents,omitempty"`
 }
 
 // BulkRedriveRequest is the body of POST /v1/tasks/redrive: the filter
@@ -157,6 +178,9 @@ func (s *Server) createTask(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	nt, ierr := s.newTask(req, "")
+	if ierr == nil {
+		ierr = singleDependencies(nt)
+	}
 	if ierr != nil {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
@@ -202,6 +226,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
 		}
 		nts[i] = nt
 	}
+	batchRefs(nts)
 	res, err := s.store.CreateBatch(tracing.ExtractHeader(r.Context(), r.Header), nts)
 	if err != nil {
 		s.storeError(w, r, err, "")
@@ -251,6 +276,15 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 	}
 	if nt.Timeout, ferr = task.TimeoutRange.Millis(req.TimeoutMS); ferr != nil {
 		return task.NewTask{}, ferr
+	}
+	nt.Ref, nt.OnDependencyFailure = req.Ref, req.OnDependencyFailure
+	for _, d := range req.DependsOn {
+		// A task id, else (in a batch) the ref of another item.
+		if id, err := uuid.Parse(d); err == nil && len(d) == 36 {
+			nt.DependsOn = append(nt.DependsOn, id)
+		} else {
+			nt.DependsOnRefs = append(nt.DependsOnRefs, d)
+		}
 	}
 	if ferr := nt.Validate(maxPayloadBytes); ferr != nil {
 		return task.NewTask{}, ferr
@@ -327,7 +361,12 @@ func (s *Server) getTask(w http.ResponseWriter, r *http.Request) {
 	if recs == nil {
 		recs = []transition.Record{}
 	}
-	writeJSON(w, http.StatusOK, TaskResponse{Task: t, Result: t.Result, Progress: t.Progress, Transitions: recs})
+	up, down, err := s.store.Dependencies(r.Context(), id, 0)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, TaskResponse{Task: t, Result: t.Result, Progress: t.Progress, Transitions: recs, DependsOn: up, Dependents: down})
 }
 
 func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
@@ -335,7 +374,17 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	res, removed, err := dlq.Redrive(r.Context(), s.cfg.DLQClient, s.dlqKey(), s.store, s.cfg.Actor, id)
+	var req RedriveRequest // an empty body: the task alone
+	if ierr := decodeJSON(w, r, s.cfg.MaxBodyBytes, &req, ""); ierr != nil && ierr.msg != emptyBodyMsg {
+		writeError(w, ierr.code, ierr.msg, ierr.field)
+		return
+	}
+	var redriver dlq.Redriver = s.store
+	withDeps := &task.DependentsRedriver{Store: s.store}
+	if req.WithDependents {
+		redriver = withDeps
+	}
+	res, removed, err := dlq.Redrive(r.Context(), s.cfg.DLQClient, s.dlqKey(), redriver, s.cfg.Actor, id)
 	if err != nil {
 		if rerr := (*dlq.RemoveError)(nil); errors.As(err, &rerr) {
 			// The task is QUEUED again; only its old DLQ entry stayed.
@@ -347,7 +396,7 @@ func (s *Server) redriveTask(w http.ResponseWriter, r *http.Request) {
 	}
 	switch rr := res[0]; {
 	case rr.Applied:
-		writeJSON(w, http.StatusOK, RedriveResponse{ID: id, Status: rr.Status, DLQRemoved: removed})
+		writeJSON(w, http.StatusOK, RedriveResponse{ID: id, Status: rr.Status, DLQRemoved: removed, Revived: withDeps.Revived})
 	case rr.Status == "":
 		writeError(w, http.StatusNotFound, fmt.Sprintf("task %s not found", id), "id")
 	default:

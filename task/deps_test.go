@@ -295,3 +295,48 @@ func TestCancelAndDeleteRelease(t *testing.T) {
 		t.Fatalf("successor of a deleted predecessor: waiting %d, %d due rows", got.WaitingFor, b.dueOutbox(t, next.ID))
 	}
 }
+
+// TestRedriveWithDependents: redriving a DEAD dependency with its
+// dependents revives those its death cancelled (and theirs), audited and
+// held again; its success then runs them. A plain redrive leaves them.
+func TestRedriveWithDependents(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	dep := b.create(t, task.NewTask{})
+	res, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+		{Kind: "c", Payload: json.RawMessage(`1`), Ref: "c", DependsOn: []uuid.UUID{dep.ID}},
+		{Kind: "cc", Payload: json.RawMessage(`2`), DependsOnRefs: []string{"c"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, cc := res[0].Task, res[1].Task
+	other := b.create(t, task.NewTask{Kind: "x"}) // cancelled by hand: not revived
+	b.runDead(t, dep.ID)
+	if _, err := b.store.Redrive(b.ctx, "op", dep.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.get(t, c.ID); got.Status != task.Cancelled {
+		t.Fatalf("a plain redrive revived the dependent: %s", got.Status)
+	}
+	b.runDead(t, dep.ID)
+	if _, err := b.store.Cancel(b.ctx, "op", "", other.ID); err != nil {
+		t.Fatal(err)
+	}
+	rs, revived, err := b.store.RedriveWithDependents(b.ctx, "op", dep.ID, other.ID)
+	if err != nil || len(rs) != 2 || !rs[0].Applied || len(revived) != 2 {
+		t.Fatalf("RedriveWithDependents = %+v, %v, %v; want the task redriven and 2 revived", rs, revived, err)
+	}
+	for _, id := range []uuid.UUID{c.ID, cc.ID} {
+		got := b.get(t, id)
+		last := b.lastTransition(t, id)
+		if got.Status != task.Queued || got.WaitingFor != 1 || got.CancelReason != "" || last.From != string(task.Cancelled) ||
+			!strings.HasPrefix(last.Message, task.RevivedMessage) || last.Worker != "op" {
+			t.Fatalf("revived %s: %s waiting %d, last audit %+v", id, got.Status, got.WaitingFor, last)
+		}
+		b.start(t, "w", time.Minute, id, task.Held)
+	}
+	b.runOK(t, dep.ID, "")
+	b.runOK(t, c.ID, "")
+	b.runOK(t, cc.ID, "")
+}

@@ -66,6 +66,10 @@ type Request struct {
 	Kind    string          `json:"kind"`
 	Payload json.RawMessage `json:"payload"`
 	Attempt int             `json:"attempt"`
+	// Dependencies holds the results of the task's dependencies, keyed by
+	// their ids (null for one that returned none); absent for a task
+	// without dependencies.
+	Dependencies map[uuid.UUID]json.RawMessage `json:"dependencies,omitempty"`
 }
 
 // IdempotencyKeyHeader carries the task id.
@@ -161,7 +165,7 @@ func NewResult(cfg Config) (ingest.ResultHandler, error) {
 const maxErrorBody = 256
 
 func (h *handler) handle(ctx context.Context, t ingest.Task) (json.RawMessage, error) {
-	body, err := json.Marshal(Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt})
+	body, err := json.Marshal(Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt, Dependencies: t.Dependencies})
 	if err != nil {
 		return nil, ingest.Permanent(fmt.Errorf("webhook: encode task %s: %w", t.ID, err))
 	}

@@ -356,3 +356,30 @@ func TestResultFromResponse(t *testing.T) {
 		t.Errorf("MaxResultBytes 1: %v, want an error naming it", err)
 	}
 }
+
+// TestDependenciesInBody: the results of a task's dependencies go in the
+// request body's dependencies object, keyed by task id; a task without
+// dependencies has none.
+func TestDependenciesInBody(t *testing.T) {
+	t.Parallel()
+	var rec recorder
+	srv := rec.serve(t, status(http.StatusOK))
+	h := newHandler(t, webhook.Config{URL: srv.URL})
+	dep := uuid.New()
+	tk := testTask()
+	tk.Dependencies = map[uuid.UUID]json.RawMessage{dep: json.RawMessage(`{"pages":3}`)}
+	if err := h(context.Background(), tk); err != nil {
+		t.Fatal(err)
+	}
+	if err := h(context.Background(), testTask()); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got := rec.reqs[0].body.Dependencies; len(got) != 1 || string(got[dep]) != `{"pages":3}` {
+		t.Errorf("dependencies = %v, want the result of %s", got, dep)
+	}
+	if got := rec.reqs[1].body.Dependencies; got != nil {
+		t.Errorf("dependencies of a task without any = %v, want none", got)
+	}
+}

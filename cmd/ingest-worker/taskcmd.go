@@ -41,6 +41,7 @@ func (a *app) taskRedriveCommand() *cobra.Command {
 		since, until string
 		dryRun       bool
 		rate         float64
+		withDeps     bool
 	)
 	cmd := &cobra.Command{
 		Use:   "redrive (ID... | --status DEAD|CANCELLED [filters])",
@@ -56,10 +57,13 @@ DLQ entries of the redriven tasks are removed, as 'dlq replay' does. Prints
 the ids, then "matched N, redriven N" on standard error (--json: one object).
 Given task ids instead of filters, it redrives exactly those tasks (and
 removes their DLQ entries), printing a line per id; the exit status is 1
-when an id was not redriven.`,
+when an id was not redriven. With --with-dependents (ids only) the
+dependents their ends cancelled are revived too (and theirs): QUEUED again,
+held until their dependencies end anew, each printed as "revived".`,
 		Example: `  ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --dry-run
   ingest-worker task redrive --status DEAD --kind embed --error-contains "upstream 503" --since 2026-11-24T09:00:00Z --limit 100000
-  ingest-worker task redrive 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f`,
+  ingest-worker task redrive 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f
+  ingest-worker task redrive --with-dependents 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
 				return err
@@ -70,7 +74,10 @@ when an id was not redriven.`,
 						return usagef("give task ids or --%s and the other filters, not both", name)
 					}
 				}
-				return a.redriveIDs(cmd.Context(), args)
+				return a.redriveIDs(cmd.Context(), args, withDeps)
+			}
+			if withDeps {
+				return usagef("--with-dependents takes task ids, not filters")
 			}
 			f.Status = task.State(strings.ToUpper(status))
 			for _, t := range []struct {
@@ -145,6 +152,7 @@ when an id was not redriven.`,
 	fl.StringVar(&until, "until", "", "only tasks that finished before this RFC 3339 time")
 	rangeFlag(fl, &f.Limit, "limit", "", task.RedriveLimitRange, task.DefaultRedriveLimit, "most tasks matched")
 	fl.BoolVar(&dryRun, "dry-run", false, "list what would be redriven; change nothing")
+	fl.BoolVar(&withDeps, "with-dependents", false, "with task ids: also revive the dependents their ends cancelled")
 	fl.Float64Var(&rate, "rate", task.DefaultRedriveRate, fmt.Sprintf("most tasks redriven per second (%g..%g)", float64(task.MinRedriveRate), float64(task.MaxRedriveRate)))
 	return cmd
 }
@@ -218,8 +226,11 @@ type entryState = stream.EntryState
 type taskDetail struct {
 	Task        task.Task           `json:"task"`
 	Transitions []transition.Record `json:"transitions"`
-	Outbox      []outboxRow         `json:"outbox_events"`
-	Redis       struct {
+	// Graph is the task's ancestors and descendants (dependencies), at
+	// most graphLimit of each; absent: none.
+	Graph  []task.GraphNode `json:"dependency_graph,omitempty"`
+	Outbox []outboxRow      `json:"outbox_events"`
+	Redis  struct {
 		Stream  string       `json:"stream"`
 		Group   string       `json:"group"`
 		Entries []entryState `json:"entries"`
@@ -263,6 +274,9 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 				return err
 			}
 			if d.Outbox, err = outboxOf(ctx, pool, id); err != nil {
+				return err
+			}
+			if d.Graph, err = task.DependencyGraph(ctx, pool, id, graphLimit); err != nil {
 				return err
 			}
 			d.Redis.Stream, d.Redis.Group = a.cfg.StreamKey, a.cfg.Group
@@ -371,6 +385,7 @@ func (a *app) printTask(d taskDetail) {
 	kv = append(kv, []string{"payload", clip(string(t.Payload), 200)})
 	a.table([]string{"TASK", ""}, kv)
 	a.printResult(t)
+	a.printGraph(t, d.Graph)
 
 	a.printf("\nTRANSITIONS (ingest_task_transition)\n")
 	rows := make([][]string, len(d.Transitions))

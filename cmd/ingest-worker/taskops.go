@@ -191,7 +191,7 @@ limits (resume the kind or raise its limit). The audit trail records a
 }
 
 // redriveIDs redrives tasks by id through dlq.Redrive (task redrive ID...).
-func (a *app) redriveIDs(ctx context.Context, args []string) error {
+func (a *app) redriveIDs(ctx context.Context, args []string, withDependents bool) error {
 	ids, err := parseTaskIDs(args)
 	if err != nil {
 		return err
@@ -201,7 +201,12 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeAll()
-	res, removed, err := dlq.Redrive(ctx, rdb, key, store, a.actor(), ids...)
+	var redriver dlq.Redriver = store
+	withDeps := &task.DependentsRedriver{Store: store}
+	if withDependents {
+		redriver = withDeps
+	}
+	res, removed, err := dlq.Redrive(ctx, rdb, key, redriver, a.actor(), ids...)
 	if rerr := (*dlq.RemoveError)(nil); err != nil && !errors.As(err, &rerr) {
 		return err
 	}
@@ -219,7 +224,10 @@ func (a *app) redriveIDs(ctx context.Context, args []string) error {
 			failed++
 		}
 	}
-	if perr := a.printOutcomes(out, "redriven", len(out)-failed, removed); perr != nil {
+	for _, id := range withDeps.Revived {
+		out = append(out, idOutcome{ID: id, Outcome: "revived", Status: task.Queued})
+	}
+	if perr := a.printOutcomes(out, "redriven", len(res)-failed, removed); perr != nil {
 		return perr
 	}
 	switch {
