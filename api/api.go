@@ -163,6 +163,7 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 		{"GET /v1/periodic", s.auth(s.periodic)},
 		{"GET /v1/kinds", s.auth(s.listKinds)},
 		{"PUT /v1/kinds/{kind}", s.auth(s.putKind)},
+		{"GET /v1/sequences/blocked", s.auth(s.listBlockedSequences)},
 	}
 	if gatherer != nil {
 		routes = append(routes, route{"GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})})

@@ -386,6 +386,7 @@ func TestOpenAPIContract(t *testing.T) {
 		c.expect(t, http.StatusNoContent, "", "DELETE", id, "")
 		c.expect(t, http.StatusNotFound, "id", "GET", id, "")
 		c.expect(t, http.StatusOK, "", "GET", "/v1/kinds", "")
+		c.expect(t, http.StatusOK, "", "GET", "/v1/sequences/blocked?kind=held&limit=10", "")
 
 		// A RUNNING task's cancel: 202, and it ends CANCELLED.
 		slow := decode[struct{ ID string }](t, c.expect(t, http.StatusCreated, "", "POST", "/v1/tasks", `{"kind":"slow","payload":{}}`))

@@ -20,6 +20,8 @@ type KindRequest struct {
 	Paused      *bool   `json:"paused"`
 	Concurrency *int    `json:"concurrency"`
 	Rate        *string `json:"rate"`
+	// SequenceOnFailure is "block" or "continue".
+	SequenceOnFailure *string `json:"sequence_on_failure"`
 }
 
 // KindResponse answers PUT /v1/kinds/{kind}: the kind after the change
@@ -45,7 +47,7 @@ func (s *Server) listKinds(w http.ResponseWriter, r *http.Request) {
 }
 
 // putKind answers PUT /v1/kinds/{kind} {"paused": bool, "concurrency":
-// n, "rate": "5/s"}: 200 with the kind; 400 naming a bad field.
+// n, "rate": "5/s", "sequence_on_failure": "block"}: 200 with the kind; 400 naming a bad field.
 func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 	kind := r.PathValue("kind")
 	var req KindRequest
@@ -53,7 +55,7 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency}
+	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency, SequenceOnFailure: req.SequenceOnFailure}
 	if req.Rate != nil {
 		rate, err := task.ParseRate(*req.Rate)
 		if err != nil {

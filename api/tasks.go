@@ -34,6 +34,9 @@ type CreateRequest struct {
 	DelayMS int64  `json:"delay_ms,omitempty"`
 	// TimeoutMS is the task's handler timeout; 0: the worker's default.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// SequenceKey puts the task in its kind's sequence of that key (one
+	// at a time, in creation order).
+	SequenceKey string `json:"sequence_key,omitempty"`
 	// DependsOn lists the tasks this one waits for: task ids, and in a
 	// batch also the Refs of its other items. OnDependencyFailure is
 	// "cancel" (the default) or "run" (task.NewTask).
@@ -251,7 +254,8 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 	if len(req.Payload) == 0 || string(req.Payload) == "null" {
 		return task.NewTask{}, &FieldError{Field: "payload", Msg: "payload is required (any JSON value but null)"}
 	}
-	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey}
+	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
+		SequenceKey: req.SequenceKey}
 	if req.MaxAttempts != nil {
 		// Given, it must be in range: 0 is not "none" here.
 		if ferr := task.MaxAttemptsRange.Check(int64(*req.MaxAttempts)); ferr != nil {

@@ -159,3 +159,20 @@ func NewReleaser(cfg ReleaserConfig, store *task.Store, reg *prometheus.Registry
 
 // RunOnce runs one releaser pass and returns how many tasks it released.
 func (r *releaser) RunOnce(ctx context.Context) (int, error) { return r.runOnce(ctx) }
+
+// SequenceCounter counts blocked sequences, outside any Maintainer.
+type SequenceCounter = sequenceCounter
+
+// NewSequenceCounter returns a counter on store, counting every interval,
+// with its ingest_sequences_blocked collector on reg.
+func NewSequenceCounter(interval time.Duration, store *task.Store, reg *prometheus.Registry) (*SequenceCounter, error) {
+	m, err := newMetrics(reg, false)
+	if err != nil {
+		return nil, err
+	}
+	c := newSequenceCounter(interval, store, m)
+	return c, reg.Register(newBlockedCollector(c))
+}
+
+// RunOnce takes one count.
+func (c *sequenceCounter) RunOnce(ctx context.Context) error { return c.runOnce(ctx) }

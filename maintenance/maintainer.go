@@ -130,6 +130,11 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 			return nil, err
 		}
 		mt.services = append(mt.services, r.service())
+		sc := newSequenceCounter(cfg.Releaser.WaitingInterval, o.store, m)
+		if _, err := promreg.Register[prometheus.Collector](reg, newBlockedCollector(sc)); err != nil {
+			return nil, err
+		}
+		mt.services = append(mt.services, sc.service())
 	}
 	if !cfg.ConsumersDisabled {
 		c := cfg.Consumers

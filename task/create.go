@@ -59,6 +59,10 @@ type NewTask struct {
 	// (stored as timeout_ms; see the worker for the defaults that apply
 	// otherwise). It is kept to the millisecond.
 	Timeout time.Duration
+	// SequenceKey, when set, puts the task in a sequence: the tasks of
+	// one Kind with the same key run one at a time, in creation order
+	// (see sequence.go); at most MaxSequenceKeyLength bytes.
+	SequenceKey string
 	// DependsOn lists existing tasks this one waits for: it is held
 	// (QUEUED, never started) until each has ended, and runs with their
 	// results (deps.go). At most MaxDependencies with DependsOnRefs.
@@ -162,6 +166,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			ins = append(ins, i)
 		}
 	}
+	heads, err := s.sequencePlaces(ctx, tx, items, ins)
+	if err != nil {
+		return nil, claim, err
+	}
 	inserted := map[uuid.UUID]Task{}
 	if len(ins) > 0 {
 		cols := struct {
@@ -173,6 +181,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			keyed            bool
 			runAt            []*time.Time
 			delay, timeout   []int64
+			seqKeys          []string
+			seqNos           []int64
 		}{}
 		for _, i := range ins {
 			it := items[i]
@@ -191,6 +201,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.timeout = append(cols.timeout, it.Timeout.Milliseconds())
 			cols.tps = append(cols.tps, it.Traceparent)
 			cols.dedup = append(cols.dedup, it.DedupByPayload)
+			cols.seqKeys = append(cols.seqKeys, it.SequenceKey)
+			cols.seqNos = append(cols.seqNos, it.seqNo)
 			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
 		sql := insertPlainSQL
@@ -198,7 +210,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			sql = insertKeyedSQL
 		}
 		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup)
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.seqKeys, cols.seqNos)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -209,6 +221,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		for _, t := range created {
 			inserted[t.ID] = t
 		}
+	}
+	held, err := linkSequences(ctx, tx, items, ins, heads, inserted)
+	if err != nil {
+		return nil, claim, err
 	}
 
 	// Rows not inserted lost to an idempotency key: a task that existed
@@ -224,9 +240,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if t, ok := inserted[it.id]; ok {
 			res[i] = CreateResult{Task: t}
 			recs = append(recs, transition.Record{TaskID: t.ID, To: string(Queued), Message: "created"})
-			if it.hasDependencies() {
-				// Held until its dependencies end: its outbox row is
-				// held back (linkDependencies, deps.go).
+			if held[t.ID] || it.hasDependencies() {
+				// Held by its sequence or until its dependencies end:
+				// its outbox row is held back (its release replaces it).
 				heldIDs = append(heldIDs, t.ID)
 				continue
 			}
@@ -274,6 +290,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // which latency is measured from); any other is due now (both NULL). A timeout_ms
 // $9 of 0 is stored as NULL (none of its own). dedup $11 marks a task
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
+// sequence_key $12 (empty for none) and sequence_no $13 place a task in its
+// sequence (sequence.go).
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
 // unique (kind, idempotency_key) index (insertKeyedSQL); one without
@@ -281,11 +299,13 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // plainly, sparing Postgres the speculative insertion (a WAL record per
 // row more).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup,
+    sequence_key, sequence_no)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, ord)
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(seq_key, ''), NULLIF(seq_no, 0)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[],
+            $12::text[], $13::bigint[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, seq_key, seq_no, ord)
     CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
                                     WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`
@@ -412,7 +432,8 @@ type prepared struct {
 	id        uuid.UUID
 	canonical []byte
 	sha       string
-	sameAs    int // index of an earlier item of the batch with the same dedup key, or -1
+	sameAs    int   // index of an earlier item of the batch with the same dedup key, or -1
+	seqNo     int64 // place in its sequence (sequencePlaces); 0: none
 }
 
 // dedupKey names the payload dedup lock of the item. It goes to Postgres as
@@ -479,7 +500,7 @@ const MaxIdempotencyKeyLength = 1000
 // store (a RedriveFilter, ListParams, a kind's settings, a cancel).
 type FieldError struct {
 	// Field is kind, payload, idempotency_key, max_attempts, run_at,
-	// delay_ms, timeout_ms or traceparent (for a RedriveFilter: status,
+	// delay_ms, timeout_ms, traceparent or sequence_key (for a RedriveFilter: status,
 	// limit, since, kind or error_contains; ListParams: status, limit,
 	// kind or cursor; a Range's field; a cancel's reason).
 	Field string
@@ -520,6 +541,9 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 		return nil, ferr
 	}
 	if ferr := CheckName("idempotency_key", nt.IdempotencyKey, MaxIdempotencyKeyLength); ferr != nil {
+		return nil, ferr
+	}
+	if ferr := CheckName("sequence_key", nt.SequenceKey, MaxSequenceKeyLength); ferr != nil {
 		return nil, ferr
 	}
 	if nt.MaxAttempts != 0 { // 0: none of its own (max_attempts NULL)

@@ -170,7 +170,8 @@ SELECT id, status, workflow_id, coalesce(dependency_depth, 0) FROM ingest_task
 WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE`
 
 // linkSQL writes the edges ($1 dependents, $2 their dependencies) and the
-// dependents' columns ($3 ids, $4 waiting_for, $5 policy, $6 workflow,
+// dependents' columns ($3 ids, $4 added to waiting_for (a sequence edge
+// may count there already), $5 policy, $6 workflow,
 // $7 depth); the roots $8 (dependencies without a workflow) become the
 // roots of their own.
 const linkSQL = `
@@ -180,7 +181,7 @@ WITH edges AS (
 ), roots AS (
     UPDATE ingest_task SET workflow_id = id WHERE id = ANY($8::uuid[]) AND workflow_id IS NULL
 )
-UPDATE ingest_task t SET waiting_for = x.n, on_dependency_failure = NULLIF(x.p, ''), workflow_id = x.w, dependency_depth = x.d
+UPDATE ingest_task t SET waiting_for = coalesce(t.waiting_for, 0) + x.n, on_dependency_failure = NULLIF(x.p, ''), workflow_id = x.w, dependency_depth = x.d
 FROM unnest($3::uuid[], $4::int[], $5::text[], $6::uuid[], $7::int[]) AS x(id, n, p, w, d)
 WHERE t.id = x.id`
 

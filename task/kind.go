@@ -159,6 +159,12 @@ type KindInfo struct {
 	Concurrency int `json:"concurrency"`
 	// Rate is the kind's rate limit as ParseRate reads it ("0": none).
 	Rate string `json:"rate"`
+	// SequenceOnFailure is what a DEAD task of the kind does to its
+	// sequence: SequenceBlock (the default) or SequenceContinue.
+	SequenceOnFailure string `json:"sequence_on_failure"`
+	// BlockedSequences counts the kind's sequences whose head task is DEAD
+	// and holds its successors (see Store.BlockedSequences).
+	BlockedSequences int64 `json:"blocked_sequences"`
 	// Counts are the kind's tasks by status (states without tasks are
 	// left out).
 	Counts map[State]int64 `json:"counts"`
@@ -195,9 +201,9 @@ WITH c AS (
 )
 SELECT coalesce(c.kind, k.kind), coalesce(k.paused, false), k.updated_at, coalesce(k.updated_by, ''),
        coalesce(k.concurrency, 0), coalesce(k.rate_count, 0), coalesce(k.rate_period_ms, 1000),
-       coalesce(c.status, ''), coalesce(c.n, 0), coalesce(c.running, 0), coalesce(c.parked, 0)
+       coalesce(k.sequence_on_failure, 'block'), coalesce(c.status, ''), coalesce(c.n, 0), coalesce(c.running, 0), coalesce(c.parked, 0)
 FROM c FULL JOIN (SELECT * FROM ingest_kind WHERE $1 = '' OR kind = $1) k ON k.kind = c.kind
-ORDER BY 1, 8`
+ORDER BY 1, 9`
 
 // Kinds returns every kind that has tasks or settings, by name.
 func (s *Store) Kinds(ctx context.Context) ([]KindInfo, error) { return s.kinds(ctx, "") }
@@ -228,7 +234,7 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 			periodMS          int64
 		)
 		if err := rows.Scan(&k.Kind, &k.Paused, &k.UpdatedAt, &k.UpdatedBy, &k.Concurrency, &rate.Count, &periodMS,
-			&status, &n, &running, &parks); err != nil {
+			&k.SequenceOnFailure, &status, &n, &running, &parks); err != nil {
 			return nil, fmt.Errorf("list kinds: %w", err)
 		}
 		rate.Per = time.Duration(periodMS) * time.Millisecond
@@ -265,6 +271,15 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list kinds: start rates: %w", err)
+	}
+	blocked, err := s.BlockedSequenceCounts(ctx, kind)
+	if err != nil {
+		return nil, fmt.Errorf("list kinds: %w", err)
+	}
+	for k, n := range blocked {
+		if i, ok := index[k]; ok {
+			out[i].BlockedSequences = n
+		}
 	}
 	return out, nil
 }

@@ -109,6 +109,9 @@ type KindUpdate struct {
 	Paused      *bool
 	Concurrency *int
 	Rate        *Rate
+	// SequenceOnFailure is SequenceBlock or SequenceContinue (see
+	// sequence.go).
+	SequenceOnFailure *string
 }
 
 // KindLimits returns the settings of every kind that is paused or
@@ -153,8 +156,11 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	if actor == "" {
 		return 0, fmt.Errorf("%w: changing a kind's settings needs an actor", ErrInvalidTask)
 	}
-	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil {
-		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency or rate"}
+	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.SequenceOnFailure == nil {
+		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate or sequence_on_failure"}
+	}
+	if err := checkSequenceOnFailure(u.SequenceOnFailure); err != nil {
+		return 0, err
 	}
 	if c := u.Concurrency; c != nil && !ConcurrencyRange.Contains(int64(*c)) {
 		ferr := ConcurrencyRange.Check(int64(*c))
@@ -177,18 +183,22 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	var changeID int64
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		var periodMS int64
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by)
-			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6)
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, sequence_on_failure, updated_by)
+			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), coalesce($7, 'block'), $6)
 			ON CONFLICT (kind) DO UPDATE SET paused = coalesce($2, k.paused), concurrency = coalesce($3, k.concurrency),
 				rate_count = coalesce($4, k.rate_count), rate_period_ms = coalesce($5, k.rate_period_ms),
+				sequence_on_failure = coalesce($7, k.sequence_on_failure),
 				updated_at = now(), updated_by = $6
 			RETURNING paused, concurrency, rate_count, rate_period_ms`,
-			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor).Scan(&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS); err != nil {
+			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.SequenceOnFailure).Scan(&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS); err != nil {
 			return err
 		}
 		lim.Rate.Per = time.Duration(periodMS) * time.Millisecond
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-			kind, actor, u.Paused, u.Concurrency, rateText).Scan(&changeID); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, sequence_on_failure) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+			kind, actor, u.Paused, u.Concurrency, rateText, u.SequenceOnFailure).Scan(&changeID); err != nil {
+			return err
+		}
+		if err := releaseOnContinue(ctx, tx, kind, u.SequenceOnFailure); err != nil {
 			return err
 		}
 		if u.Concurrency != nil && *u.Concurrency > 0 {

@@ -204,6 +204,10 @@ type Task struct {
 	// DependencyDepth is the length of the longest chain of dependencies
 	// above the task; 0: it has none.
 	DependencyDepth int `json:"dependency_depth,omitempty"`
+	// SequenceKey is the task's sequence key ("" when in none) and
+	// SequenceNo its place in that sequence, from 1 (see sequence.go).
+	SequenceKey string `json:"sequence_key,omitempty"`
+	SequenceNo  *int64 `json:"sequence_no,omitempty"`
 }
 
 // EffectiveMaxAttempts returns the task's own limit of runs, or workerMax
@@ -220,14 +224,16 @@ const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, '
 	next_retry_at, coalesce(last_error, ''), coalesce(error_message, ''), coalesce(lease_owner, ''), lease_until,
 	created_at, updated_at, finished_at, cancel_requested_at, coalesce(cancel_reason, ''), coalesce(cancel_requested_by, ''),
 	coalesce(traceparent, ''), coalesce(timeout_ms, 0), parked_at,
-	coalesce(waiting_for, 0), coalesce(on_dependency_failure, ''), workflow_id, coalesce(dependency_depth, 0)`
+	coalesce(waiting_for, 0), coalesce(on_dependency_failure, ''), workflow_id, coalesce(dependency_depth, 0),
+	coalesce(sequence_key, ''), sequence_no`
 
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
 	dest := append([]any{&t.ID, &t.Kind, &t.Payload, &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
 		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS, &t.ParkedAt,
-		&t.WaitingFor, &t.OnDependencyFailure, &t.WorkflowID, &t.DependencyDepth}, extra...)
+		&t.WaitingFor, &t.OnDependencyFailure, &t.WorkflowID, &t.DependencyDepth,
+		&t.SequenceKey, &t.SequenceNo}, extra...)
 	err := row.Scan(dest...)
 	return t, err
 }

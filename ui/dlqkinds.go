@@ -258,7 +258,13 @@ func (h *Handler) discard(w http.ResponseWriter, r *http.Request) {
 type kindsView struct {
 	Kinds    []task.KindInfo
 	Periodic []maintenance.Slot
+	// Blocked are the first blocked sequences (task.Store.BlockedSequences),
+	// each linked to the DEAD task that holds it.
+	Blocked []task.BlockedSequence
 }
+
+// blockedShown is how many blocked sequences the kinds page lists.
+const blockedShown = 50
 
 func (h *Handler) kinds(w http.ResponseWriter, r *http.Request, v *view) {
 	ks, err := h.cfg.Store.Kinds(r.Context())
@@ -267,6 +273,15 @@ func (h *Handler) kinds(w http.ResponseWriter, r *http.Request, v *view) {
 		return
 	}
 	kv := &kindsView{Kinds: ks}
+	for _, k := range ks {
+		if k.BlockedSequences > 0 {
+			if kv.Blocked, err = h.cfg.Store.BlockedSequences(r.Context(), "", blockedShown); err != nil {
+				h.internal(w, r, err)
+				return
+			}
+			break
+		}
+	}
 	if h.cfg.Periodic != nil {
 		kv.Periodic = h.cfg.Periodic(time.Now())
 	}

@@ -545,6 +545,25 @@ func testEndToEnd(t *testing.T, bin string) {
 	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited"); r.code != exitUsage || !strings.Contains(r.stderr, "--concurrency or --rate") {
 		t.Fatalf("kind set without a limit: exit %d, stderr %q; want a usage error", r.code, r.stderr)
 	}
+	// kind set --sequence-on-failure; kind blocked; enqueue --sequence-key
+	// (the order itself: sequence_test.go).
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.seq", "--force", "--sequence-on-failure", "continue"); !strings.Contains(out, "sequence on failure continue") {
+		t.Fatalf("kind set --sequence-on-failure continue: %q", out)
+	}
+	if r := runBin(t, bin, env, "", "kind", "set", "e2e.seq", "--sequence-on-failure", "skip"); r.code != exitUsage || !strings.Contains(r.stderr, "sequence_on_failure") {
+		t.Fatalf("kind set --sequence-on-failure skip: exit %d, stderr %q; want a usage error naming it", r.code, r.stderr)
+	}
+	var seqTask taskDetail
+	for no := int64(1); no <= 2; no++ {
+		id := strings.TrimSpace(mustRun(t, bin, env, "", "enqueue", "--kind", "e2e.seq", "--payload", "{}", "--sequence-key", "doc-1", "--delay", "1h"))
+		if err := json.Unmarshal([]byte(mustRun(t, bin, env, "", "task", "show", id, "--json")), &seqTask); err != nil ||
+			seqTask.Task.SequenceKey != "doc-1" || seqTask.Task.SequenceNo == nil || *seqTask.Task.SequenceNo != no {
+			t.Fatalf("task show of sequenced task %d: %+v, %v", no, seqTask.Task, err)
+		}
+	}
+	if out := mustRun(t, bin, env, "", "kind", "blocked", "e2e.seq", "--json"); !strings.Contains(out, `"sequences": []`) {
+		t.Fatalf("kind blocked: %q; want no sequences", out)
+	}
 	if r := runBin(t, bin, env, "", "task", "redrive", "--status", "RUNNING"); r.code != exitUsage || !strings.Contains(r.stderr, "status must be DEAD or CANCELLED") {
 		t.Fatalf("task redrive --status RUNNING: exit %d, stderr %q; want a usage error naming the status", r.code, r.stderr)
 	}

@@ -20,11 +20,11 @@ import (
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
-		kind, payload, key, file, runAt string
-		maxAttempts                     int
-		delay, timeout                  time.Duration
-		dependsOn                       []string
-		onDepFailure                    string
+		kind, payload, key, file, runAt, seqKey string
+		maxAttempts                             int
+		delay, timeout                          time.Duration
+		dependsOn                               []string
+		onDepFailure                            string
 	)
 	cmd := &cobra.Command{
 		Use:   "enqueue (--kind K --payload JSON|@file | --file tasks.ndjson)",
@@ -36,7 +36,9 @@ transaction; a running worker publishes it to the stream and runs it.
 
 --payload is a JSON value, @path to read it from a file, or @- for stdin.
 A repeated --idempotency-key (per kind) returns the existing task instead
-of creating a second one.
+of creating a second one. Tasks of one kind with the same --sequence-key run
+one at a time, in creation order (a DEAD one blocks the later ones unless
+the kind's sequence_on_failure is continue: 'kind set').
 
 --run-at (RFC 3339) or --delay (a duration) schedules the task: it stays
 QUEUED and is published to the stream, and started, only once it is due
@@ -51,7 +53,8 @@ unless --on-dependency-failure run.
 --file reads newline-delimited JSON, one task per line:
   {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
    "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000,
-   "ref": "parse", "depends_on": ["fetch", "0190f1c2-..."], "on_dependency_failure": "run"}
+   "ref": "parse", "depends_on": ["fetch", "0190f1c2-..."], "on_dependency_failure": "run",
+   "sequence_key": "doc-7"}
 (all but kind and payload are optional; run_at and delay_ms exclusive;
 depends_on names task ids or the refs of other lines) and
 creates all of them in one transaction: all or none. Use --file - for stdin.`,
@@ -70,10 +73,10 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 			var err error
 			switch {
 			case file != "":
-				if kind != "" || payload != "" || key != "" || runAt != "" ||
+				if kind != "" || payload != "" || key != "" || runAt != "" || seqKey != "" ||
 					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") ||
 					len(dependsOn) > 0 || onDepFailure != "" {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay, --timeout, --depends-on or --on-dependency-failure (put them in the file's lines)")
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --sequence-key, --max-attempts, --run-at, --delay, --timeout, --depends-on or --on-dependency-failure (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -86,7 +89,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 					return err
 				}
 				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout,
-					OnDependencyFailure: onDepFailure}
+					OnDependencyFailure: onDepFailure, SequenceKey: seqKey}
 				for _, d := range dependsOn {
 					id, perr := uuid.Parse(strings.TrimSpace(d))
 					if perr != nil {
@@ -162,6 +165,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.StringVarP(&kind, "kind", "k", "", "task kind (selects the handler)")
 	f.StringVarP(&payload, "payload", "p", "", "JSON payload, @file, or @- for stdin")
 	f.StringVar(&key, "idempotency-key", "", "a repeat with the same kind and key returns the existing task")
+	f.StringVar(&seqKey, "sequence-key", "", "tasks of the kind with this key run one at a time, in creation order")
 	rangeFlag(f, &maxAttempts, "max-attempts", "", task.MaxAttemptsRange, 0, "runs before the task is DEAD (default INGEST_REDIS_MAX_ATTEMPTS)")
 	f.StringVar(&runAt, "run-at", "", "run the task at this RFC 3339 time, not before")
 	f.DurationVar(&delay, "delay", 0, "run the task after this delay (e.g. 90s, 15m), not before")
@@ -173,7 +177,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 }
 
 // enqueueFlags are the flags of enqueue by the task field each sets.
-var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key",
+var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key", "sequence_key": "sequence-key",
 	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout",
 	"depends_on": "depends-on", "on_dependency_failure": "on-dependency-failure"}
 

@@ -23,10 +23,11 @@ waiting task is parked: no failed attempt, no consumer slot); 'kind resume
 KIND' publishes the parked tasks again. 'kind set KIND --concurrency N --rate
 5/s' limits the kind across all workers: at most N tasks RUNNING at once, at
 most 5 starts in any second (0: no limit); tasks beyond a limit wait parked.
+'kind blocked [KIND]' lists the sequence keys held by a DEAD task.
 Every change is recorded in ingest_kind_change with this invocation
 (cli:<host>-<pid>).`,
 	}
-	cmd.AddCommand(a.kindListCommand(), a.kindPauseCommand(true), a.kindPauseCommand(false), a.kindSetCommand())
+	cmd.AddCommand(a.kindListCommand(), a.kindPauseCommand(true), a.kindPauseCommand(false), a.kindSetCommand(), a.kindBlockedCommand())
 	return cmd
 }
 
@@ -41,6 +42,7 @@ func (a *app) kindListCommand() *cobra.Command {
   RATE         most starts per period ('kind set --rate'; -: no limit)
   QUEUED .. CANCELLED  tasks of the kind in each state
   PARKED       waiting tasks held in PostgreSQL by a pause or a limit
+  BLOCKED      sequence keys held by a DEAD task ('kind blocked')
   STARTS/S     starts per second of the kind over the last 10 seconds`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -76,9 +78,9 @@ func (a *app) kindListCommand() *cobra.Command {
 				}
 				rows[i] = []string{k.Kind, state, conc, rate, n(task.Queued), n(task.Retrying), strconv.FormatInt(k.Running, 10),
 					strconv.FormatInt(k.Parked, 10), n(task.Succeeded), n(task.Dead), n(task.Cancelled),
-					strconv.FormatFloat(k.StartRate, 'f', 1, 64)}
+					strconv.FormatFloat(k.StartRate, 'f', 1, 64), strconv.FormatInt(k.BlockedSequences, 10)}
 			}
-			a.table([]string{"KIND", "STATE", "CONCURRENCY", "RATE", "QUEUED", "RETRYING", "RUNNING", "PARKED", "SUCCEEDED", "DEAD", "CANCELLED", "STARTS/S"}, rows)
+			a.table([]string{"KIND", "STATE", "CONCURRENCY", "RATE", "QUEUED", "RETRYING", "RUNNING", "PARKED", "SUCCEEDED", "DEAD", "CANCELLED", "STARTS/S", "BLOCKED"}, rows)
 			return nil
 		},
 	}
@@ -127,11 +129,11 @@ a kind whose tasks are still to come.`,
 
 func (a *app) kindSetCommand() *cobra.Command {
 	var concurrency int
-	var rate string
+	var rate, onFailure string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD]",
-		Short: "Limit a kind across all workers: concurrency and start rate (0: no limit)",
+		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD] [--sequence-on-failure block|continue]",
+		Short: "Limit a kind across all workers: concurrency and start rate (0: no limit); its sequences' failure policy",
 		Long: `Sets the kind's limits, applied by every worker within about a second:
 --concurrency N: at most N tasks of the kind RUNNING at once (a slot freed by
 a crashed worker comes back when its lease expires); --rate 5/s, 300/m,
@@ -140,13 +142,18 @@ limit. Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
 consumer slot) and start as slots and starts free. A kind that has no tasks
 and no settings yet is set with a warning on stderr (a typo would otherwise
 succeed silently); --force silences it, for a kind whose tasks are still to
-come.`,
+come. --sequence-on-failure block (the default) keeps the later tasks of a
+sequence key waiting while a DEAD task of it is not redriven or deleted;
+continue lets them go on (and releases those waiting now).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
 				return err
 			}
 			var u task.KindUpdate
+			if cmd.Flags().Changed("sequence-on-failure") {
+				u.SequenceOnFailure = &onFailure
+			}
 			if cmd.Flags().Changed("concurrency") {
 				u.Concurrency = &concurrency
 			}
@@ -157,22 +164,25 @@ come.`,
 				}
 				u.Rate = &r
 			}
-			if u.Concurrency == nil && u.Rate == nil {
-				return usagef("kind set needs --concurrency or --rate (0 removes a limit)")
+			if u.Concurrency == nil && u.Rate == nil && u.SequenceOnFailure == nil {
+				return usagef("kind set needs --concurrency or --rate (0 removes a limit), or --sequence-on-failure")
 			}
 			k, released, err := a.changeKind(cmd.Context(), args[0], u, force)
 			if err != nil {
 				return err
 			}
 			if a.json {
-				return a.printJSON(map[string]any{"kind": args[0], "paused": k.Paused, "concurrency": k.Concurrency, "rate": k.Rate, "released": released})
+				return a.printJSON(map[string]any{"kind": args[0], "paused": k.Paused, "concurrency": k.Concurrency, "rate": k.Rate,
+					"sequence_on_failure": k.SequenceOnFailure, "released": released})
 			}
-			a.printf("kind %s: concurrency %s, rate %s; %d parked tasks released\n", args[0], limitText(strconv.Itoa(k.Concurrency)), limitText(k.Rate), released)
+			a.printf("kind %s: concurrency %s, rate %s, sequence on failure %s; %d parked tasks released\n", args[0],
+				limitText(strconv.Itoa(k.Concurrency)), limitText(k.Rate), k.SequenceOnFailure, released)
 			return nil
 		},
 	}
 	rangeFlag(cmd.Flags(), &concurrency, "concurrency", "", task.ConcurrencyRange, 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&rate, "rate", "", "most starts per period across all workers: 5/s, 300/m, 10/500ms (0: no limit)")
+	cmd.Flags().StringVar(&onFailure, "sequence-on-failure", "", "what a DEAD task does to its sequence key: block (the default) or continue")
 	cmd.Flags().BoolVar(&force, "force", false, "set a kind that has no tasks and no settings yet without a warning")
 	return cmd
 }

@@ -362,6 +362,9 @@ func (a *app) printTask(d taskDetail) {
 	if t.IdempotencyKey != "" {
 		kv = append(kv, []string{"idempotency key", t.IdempotencyKey})
 	}
+	if t.SequenceKey != "" && t.SequenceNo != nil {
+		kv = append(kv, []string{"sequence", fmt.Sprintf("%s, number %d", t.SequenceKey, *t.SequenceNo)})
+	}
 	kv = append(kv,
 		[]string{"created", timeOrEmpty(&t.CreatedAt)},
 		[]string{"updated", timeOrEmpty(&t.UpdatedAt)},
