@@ -134,6 +134,16 @@ func New(cfg Config) (ingest.Handler, error) {
 // JSON body of a 2xx response is the task's result (see the package
 // documentation).
 func NewResult(cfg Config) (ingest.ResultHandler, error) {
+	h, err := newHandler(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return h.handle, nil
+}
+
+// newHandler validates cfg and returns the handler of its URL, with its
+// client.
+func newHandler(cfg Config) (*handler, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -153,8 +163,7 @@ func NewResult(cfg Config) (ingest.ResultHandler, error) {
 	// A client span per POST, a child of the attempt's, whose traceparent
 	// the request carries (docs/ARCHITECTURE.md §7.4).
 	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithPropagators(tracing.Propagator()))
-	h := &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}
-	return h.handle, nil
+	return &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}, nil
 }
 
 // maxErrorBody is how much of a failed response's body goes into the error.
