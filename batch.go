@@ -126,6 +126,9 @@ type BatchHandler func(ctx context.Context, tasks []Task) ([]Outcome, error)
 // so Config.Concurrency still bounds the tasks in flight. The error names
 // a bad argument.
 func (s *Service) HandleBatch(kind string, fn BatchHandler, opts BatchOptions) error {
+	if kind == "" {
+		return errors.New("ingest: HandleBatch: empty kind (HandleDefaultBatch serves every kind)")
+	}
 	return s.worker.handleBatch(kind, fn, opts)
 }
 
