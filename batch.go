@@ -11,6 +11,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/ingest-worker/ingest/internal/tracing"
 )
 
 // Limits of BatchOptions.
@@ -294,6 +299,8 @@ func (b *batcher) run(items []*batchItem) {
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
+	ctx, span := startBatch(ctx, live)
+	defer span.End()
 	var left atomic.Int64
 	left.Store(int64(len(live)))
 	tasks := make([]Task, len(live))
@@ -308,9 +315,32 @@ func (b *batcher) run(items []*batchItem) {
 		defer stop()
 	}
 	outs, err := callBatch(ctx, b.fn, tasks)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
 	for _, m := range b.match(live, outs, err) {
 		m.it.done <- m.res
 	}
+}
+
+// startBatch starts the span of a batch handler's call: a root span (the
+// batch serves tasks of many traces) linked to each task's attempt span,
+// the parent of the handler's spans.
+func startBatch(ctx context.Context, items []*batchItem) (context.Context, trace.Span) {
+	links := make([]trace.Link, 0, len(items))
+	for _, it := range items {
+		if sc := trace.SpanContextFromContext(it.ctx); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return tracing.Tracer().Start(ctx, tracing.SpanBatch,
+		trace.WithNewRoot(),
+		trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String(tracing.AttrTaskKind, items[0].task.Kind),
+			attribute.Int(tracing.AttrTaskCount, len(items)),
+		))
 }
 
 // matched is an item with its result.
