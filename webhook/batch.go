@@ -17,7 +17,9 @@ import (
 )
 
 // BatchRequest is the JSON body POSTed for a batch of task runs (NewBatch):
-// one element per task, each what a single POST sends.
+// one element per task, each what a single POST sends. A batch has no
+// Idempotency-Key header (a thousand ids do not fit the header limits of
+// common proxies): each element's task_id is its task's key.
 type BatchRequest struct {
 	Tasks []Request `json:"tasks"`
 }
@@ -55,10 +57,6 @@ type TaskResult struct {
 	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
 }
 
-// BatchIdempotencyKeyHeader carries the task ids of a batch, comma
-// separated, in the order of the body's tasks.
-const BatchIdempotencyKeyHeader = "Idempotency-Keys"
-
 // NewBatch returns a batch handler (ingest.BatchHandler; register it with
 // Service.HandleDefaultBatch) that POSTs each batch of task runs to
 // cfg.URL as one BatchRequest and takes each task's outcome from the
@@ -73,10 +71,8 @@ func NewBatch(cfg Config) (ingest.BatchHandler, error) {
 
 func (h *handler) handleBatch(ctx context.Context, tasks []ingest.Task) ([]ingest.Outcome, error) {
 	body := BatchRequest{Tasks: make([]Request, len(tasks))}
-	ids := make([]string, len(tasks))
 	for i, t := range tasks {
 		body.Tasks[i] = Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt}
-		ids[i] = t.ID.String()
 	}
 	b, err := json.Marshal(body)
 	if err != nil {
@@ -90,7 +86,6 @@ func (h *handler) handleBatch(ctx context.Context, tasks []ingest.Task) ([]inges
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", h.cfg.UserAgent)
-	req.Header.Set(BatchIdempotencyKeyHeader, strings.Join(ids, ","))
 
 	resp, err := h.client.Do(req)
 	if err != nil {

@@ -20,8 +20,8 @@
 //
 // NewBatch's handler (the binary's with INGEST_WEBHOOK_BATCH_MAX > 1, an
 // ingest.BatchHandler) POSTs a batch of runs of one kind as one
-// BatchRequest {"tasks": [...]} (header Idempotency-Keys: the task ids)
-// and takes each task's outcome from the 2xx JSON BatchResponse
+// BatchRequest {"tasks": [...]} (each element's task_id is its
+// idempotency key; the request has no Idempotency-Key header) and takes each task's outcome from the 2xx JSON BatchResponse
 // {"results": [{"task_id", "status": "ok"|"retry"|"fail", "result",
 // "error", "retry_after_seconds"}]}; a task without a result is a failed
 // run. A non-2xx answer or a malformed body fails every task of the batch
