@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -156,7 +157,7 @@ func (w *worker) handleBatch(kind string, fn BatchHandler, opts BatchOptions) er
 		w.log.Warn("batch handler's Max exceeds the worker's concurrency: its batches hold at most Concurrency tasks and wait out Wait",
 			"kind", kind, "max", opts.Max, "concurrency", w.cfg.Concurrency)
 	}
-	b := &batcher{fn: fn, opts: opts, log: w.log, pending: map[string]*pendingBatch{}}
+	b := &batcher{fn: fn, opts: opts, log: w.log, size: w.proc.met.batchSize, pending: map[string]*pendingBatch{}}
 	if kind == "" {
 		w.handlers.handleDefault(b.handle)
 		return nil
@@ -176,6 +177,8 @@ type batcher struct {
 	fn   BatchHandler
 	opts BatchOptions
 	log  *slog.Logger
+	// size observes each call's number of tasks, by kind.
+	size *prometheus.HistogramVec
 
 	mu      sync.Mutex
 	pending map[string]*pendingBatch // by kind
@@ -301,6 +304,7 @@ func (b *batcher) run(items []*batchItem) {
 	defer cancel(nil)
 	ctx, span := startBatch(ctx, live)
 	defer span.End()
+	b.size.WithLabelValues(live[0].task.Kind).Observe(float64(len(live)))
 	var left atomic.Int64
 	left.Store(int64(len(live)))
 	tasks := make([]Task, len(live))

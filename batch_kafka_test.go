@@ -20,7 +20,7 @@ import (
 func TestKafkaBatchHandler(t *testing.T) {
 	t.Parallel()
 	kb := ksetup(t, 4, task.Config{Backoff: task.Backoff{Base: 50 * time.Millisecond, Max: 200 * time.Millisecond}})
-	w, _ := kb.worker(ingest.Config{Concurrency: 32}, nil)
+	w, reg := kb.worker(ingest.Config{Concurrency: 32}, nil)
 	var log batchLog
 	if err := w.HandleBatch("k", func(ctx context.Context, tasks []ingest.Task) ([]ingest.Outcome, error) {
 		log.add(tasks)
@@ -70,4 +70,5 @@ func TestKafkaBatchHandler(t *testing.T) {
 		t.Errorf("%d records in the DLQ topic, want the 10 permanent failures", got)
 	}
 	testenv.Eventually(t, 10*time.Second, "group lag 0", func() bool { return kb.lag() == 0 })
+	awaitMetric(t, reg, "ingest_task_batch_size", map[string]string{"kind": "k"}, float64(len(log.sizes())))
 }
