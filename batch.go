@@ -36,8 +36,9 @@ type BatchOptions struct {
 	Max int
 	// Wait is how long a batch waits to fill after its first task arrives,
 	// 0..MaxBatchWait; it is handed to the handler once it holds Max tasks
-	// or Wait has passed, whichever comes first. 0: no waiting, a batch
-	// takes the tasks that are ready together (those of one read).
+	// or Wait has passed, whichever comes first. 0: no waiting, a batch is
+	// handed over at once with the tasks that joined it meanwhile (at
+	// most those started by the same read; often just one).
 	Wait time.Duration
 	// Timeout is the default deadline of the kind's runs, as
 	// HandlerOptions.Timeout (0: the worker's); a task's deadline counts

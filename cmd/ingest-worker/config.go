@@ -329,7 +329,7 @@ var settings = []setting{
 		set:   setInt(func(c *Config) *int { return &c.WebhookBatchMax }, 1, ingest.MaxBatchSize)},
 	{env: "INGEST_WEBHOOK_BATCH_WAIT_MS", def: ms(defaultWebhookBatchWait), typ: "ms", scope: scopeWorker,
 		usage: "with INGEST_WEBHOOK_BATCH_MAX > 1: how long a batch waits to fill after its first task",
-		long:  "with `INGEST_WEBHOOK_BATCH_MAX` > 1: how long a batch waits to fill after its first task, 0.." + ms(ingest.MaxBatchWait) + " (0: it takes the tasks ready together)",
+		long:  "with `INGEST_WEBHOOK_BATCH_MAX` > 1: how long a batch waits to fill after its first task, 0.." + ms(ingest.MaxBatchWait) + " (0: no waiting, a batch is handed over at once with whatever has joined it)",
 		set: func(c *Config, v string) error {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			if most := ingest.MaxBatchWait.Milliseconds(); err != nil || n < 0 || n > most {
