@@ -370,9 +370,11 @@ func (b *batcher) match(items []*batchItem, outs []Outcome, err error) []matched
 		return res
 	}
 	seen := make([]int, len(items))
+	strangers := 0
 	for _, o := range outs {
 		i, ok := byID[o.TaskID]
 		if !ok {
+			strangers++
 			b.log.Warn("batch handler returned an outcome for a task not in its batch; ignored", "task_id", o.TaskID, "kind", items[0].task.Kind)
 			continue
 		}
@@ -388,6 +390,8 @@ func (b *batcher) match(items []*batchItem, outs []Outcome, err error) []matched
 	}
 	for i, n := range seen {
 		switch {
+		case n == 0 && strangers > 0:
+			res[i].res = batchResult{err: fmt.Errorf("batch handler returned no outcome for task %s (a batch of %d; %d outcomes named tasks not in the batch: build them with Task.Outcome)", items[i].task.ID, len(items), strangers)}
 		case n == 0:
 			res[i].res = batchResult{err: fmt.Errorf("batch handler returned no outcome for task %s (a batch of %d)", items[i].task.ID, len(items))}
 		case n > 1:

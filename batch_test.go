@@ -630,3 +630,24 @@ func TestBatchHandlerCancelAndTimeoutPerTask(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchHandlerOutcomesWithoutTaskIDs: outcomes that name no task of
+// the batch (a zero TaskID) leave every task without an outcome: each run
+// fails with an error saying how to build them.
+func TestBatchHandlerOutcomesWithoutTaskIDs(t *testing.T) {
+	t.Parallel()
+	b := newServiceBundle(t)
+	svc := b.run(b.fastConfig("w1"), nil, slog.LevelError)
+	if err := svc.HandleBatch("k", func(ctx context.Context, tasks []ingest.Task) ([]ingest.Outcome, error) {
+		return make([]ingest.Outcome, len(tasks)), nil
+	}, ingest.BatchOptions{Max: 2, Wait: 100 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range b.create("k", 1, `{}`, `{}`) {
+		got := waitEnd(t, svc, id)
+		if got.Status != task.Dead || !strings.Contains(got.LastError, "batch handler returned no outcome for task "+id.String()) ||
+			!strings.Contains(got.LastError, "named tasks not in the batch: build them with Task.Outcome") {
+			t.Errorf("task %s: %s, %q; want DEAD naming the missing outcome", id, got.Status, got.LastError)
+		}
+	}
+}
