@@ -72,7 +72,7 @@ func NewBatch(cfg Config) (ingest.BatchHandler, error) {
 func (h *handler) handleBatch(ctx context.Context, tasks []ingest.Task) ([]ingest.Outcome, error) {
 	body := BatchRequest{Tasks: make([]Request, len(tasks))}
 	for i, t := range tasks {
-		body.Tasks[i] = Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt}
+		body.Tasks[i] = requestOf(t)
 	}
 	b, err := json.Marshal(body)
 	if err != nil {

@@ -68,6 +68,12 @@ type Request struct {
 	Attempt int             `json:"attempt"`
 }
 
+// requestOf is the request body element of run t: the one place that
+// says what a receiver is told about a run, alone or in a batch.
+func requestOf(t ingest.Task) Request {
+	return Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt}
+}
+
 // IdempotencyKeyHeader carries the task id.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
@@ -170,7 +176,7 @@ func newHandler(cfg Config) (*handler, error) {
 const maxErrorBody = 256
 
 func (h *handler) handle(ctx context.Context, t ingest.Task) (json.RawMessage, error) {
-	body, err := json.Marshal(Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt})
+	body, err := json.Marshal(requestOf(t))
 	if err != nil {
 		return nil, ingest.Permanent(fmt.Errorf("webhook: encode task %s: %w", t.ID, err))
 	}
