@@ -141,8 +141,12 @@ func (s *Service) HandleBatch(kind string, fn BatchHandler, opts BatchOptions) e
 
 // HandleDefaultBatch registers fn for every kind without a handler of its
 // own; each batch holds tasks of one kind (the binary's webhook handler in
-// batch mode). The error names a bad argument.
+// batch mode). Its runs take the tasks' own or the worker's timeout, so
+// opts.Timeout must be 0. The error names a bad argument.
 func (s *Service) HandleDefaultBatch(fn BatchHandler, opts BatchOptions) error {
+	if opts.Timeout != 0 {
+		return configError("BatchOptions.Timeout", "must be 0 for HandleDefaultBatch (the default handler's runs take Config.TaskTimeout), got %s", opts.Timeout)
+	}
 	return s.worker.handleBatch("", fn, opts)
 }
 

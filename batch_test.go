@@ -62,6 +62,9 @@ func TestHandleBatchRefusesBadArguments(t *testing.T) {
 	if err := svc.HandleBatch("", fn, ingest.BatchOptions{Max: 2}); err == nil || !strings.Contains(err.Error(), "kind") {
 		t.Errorf("empty kind: %v", err)
 	}
+	if err := svc.HandleDefaultBatch(fn, ingest.BatchOptions{Max: 2, Timeout: time.Second}); err == nil || !strings.Contains(err.Error(), "BatchOptions.Timeout") {
+		t.Errorf("default with a timeout: %v, want an error naming BatchOptions.Timeout", err)
+	}
 }
 
 // mode is what the test handlers do with a task, by its payload's "mode"
