@@ -6,16 +6,19 @@
 // consumer, reclaimer, DLQ, outbox relay, rescuer and retention), built by
 // NewService on a Queue (Redis or Kafka) from one Config, and defines the
 // Go API library users see: Handler, ResultHandler (a handler that
-// returns a result; Returning), Task (with ReportProgress), Permanent,
-// RetryAfter and Service.Wait. docs/ARCHITECTURE.md describes the whole
-// path, docs/PIPELINES.md results, progress and waiting.
+// returns a result; Returning), BatchHandler (tasks of a kind in batches,
+// an Outcome per task; Service.HandleBatch), Task (with ReportProgress),
+// Permanent, RetryAfter and Service.Wait. docs/ARCHITECTURE.md describes
+// the whole path, docs/PIPELINES.md results, progress, waiting and batch
+// handlers.
 //
 // It owns the worker engine: the processor (processor.go: start, dispatch,
 // execute, shutdown) and its parts, each owning its state: the in-flight
 // set (inflight.go), per-kind admission (kinds.go), the completer
 // (completer.go) and the heartbeater with its cancel listener
 // (heartbeat.go, cancel.go), the progress writer of each run
-// (progress.go), and each queue mode's consumer, transport and
+// (progress.go), the batcher that gathers runs into a batch handler's
+// batches (batch.go: each task keeps its own run), and each queue mode's consumer, transport and
 // gauges (queue_redis.go, queue_kafka.go).
 //
 // # The worker's contract

@@ -57,3 +57,8 @@ func (w *worker) BeforeRecord(f func(op string)) { w.proc.completer.beforeRecord
 
 // FreeSlots returns the number of w's free handler slots.
 func (w *worker) FreeSlots() int { return w.proc.inflight.freeCount() }
+
+// HandleBatch is Service.HandleBatch on a bare worker.
+func (w *worker) HandleBatch(kind string, fn BatchHandler, opts BatchOptions) error {
+	return w.handleBatch(kind, fn, opts)
+}

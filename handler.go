@@ -42,6 +42,8 @@ type Task struct {
 
 	// progress writes this run's progress (nil outside a worker's run).
 	progress *progressReporter
+	// ctx is this run's context (see Context; nil outside a worker's run).
+	ctx context.Context
 }
 
 // ReportProgress reports how far this run has come: percent (0 to 100)
@@ -279,6 +281,7 @@ func call(ctx context.Context, h ResultHandler, t Task) (result json.RawMessage,
 			result, err = nil, fmt.Errorf("panic: %v\n%s", v, shortStack())
 		}
 	}()
+	t.ctx = ctx
 	return h(ctx, t)
 }
 

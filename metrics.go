@@ -32,6 +32,8 @@ type metrics struct {
 	dlq     prometheus.Counter
 	// throttled counts the starts a kind's limit held back, by kind.
 	throttled *prometheus.CounterVec
+	// batchSize observes the tasks of each batch handler call, by kind.
+	batchSize *prometheus.HistogramVec
 }
 
 // newMetrics registers the worker metrics (the queue's gauges are its
@@ -55,6 +57,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "ingest_kind_throttled_total",
 			Help: "Tasks whose start their kind's concurrency or rate limit held back (they wait parked), by kind.",
 		}, []string{"kind"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ingest_task_batch_size",
+			Help:    "Tasks handed to each call of a batch handler, by kind.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000},
+		}, []string{"kind"}),
 	}
 	var err error
 	if m.total, err = promreg.Register(reg, m.total); err != nil {
@@ -67,6 +74,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.throttled, err = promreg.Register(reg, m.throttled); err != nil {
+		return nil, err
+	}
+	if m.batchSize, err = promreg.Register(reg, m.batchSize); err != nil {
 		return nil, err
 	}
 	for _, r := range results {

@@ -18,6 +18,16 @@
 //     HTTP date, sets the delay through ingest.RetryAfter);
 //   - any other 4xx: ingest.Permanent, the task goes DEAD at once.
 //
+// NewBatch's handler (the binary's with INGEST_WEBHOOK_BATCH_MAX > 1, an
+// ingest.BatchHandler) POSTs a batch of runs of one kind as one
+// BatchRequest {"tasks": [...]} (each element's task_id is its
+// idempotency key; the request has no Idempotency-Key header) and takes each task's outcome from the 2xx JSON BatchResponse
+// {"results": [{"task_id", "status": "ok"|"retry"|"fail", "result",
+// "error", "retry_after_seconds"}]}; a task without a result is a failed
+// run. A non-2xx answer or a malformed body fails every task of the batch
+// as a retryable run, never a permanent one (a Retry-After header still
+// sets the delay).
+//
 // Redirects are not followed (a followed 301/302 would turn the POST into a
 // GET). The URL's password and secret-looking query parameters never appear
 // in errors.

@@ -72,6 +72,12 @@ type Request struct {
 	Dependencies map[uuid.UUID]json.RawMessage `json:"dependencies,omitempty"`
 }
 
+// requestOf is the request body element of run t: the one place that
+// says what a receiver is told about a run, alone or in a batch.
+func requestOf(t ingest.Task) Request {
+	return Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt, Dependencies: t.Dependencies}
+}
+
 // IdempotencyKeyHeader carries the task id.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
@@ -138,6 +144,16 @@ func New(cfg Config) (ingest.Handler, error) {
 // JSON body of a 2xx response is the task's result (see the package
 // documentation).
 func NewResult(cfg Config) (ingest.ResultHandler, error) {
+	h, err := newHandler(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return h.handle, nil
+}
+
+// newHandler validates cfg and returns the handler of its URL, with its
+// client.
+func newHandler(cfg Config) (*handler, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -157,15 +173,14 @@ func NewResult(cfg Config) (ingest.ResultHandler, error) {
 	// A client span per POST, a child of the attempt's, whose traceparent
 	// the request carries (docs/ARCHITECTURE.md §7.4).
 	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithPropagators(tracing.Propagator()))
-	h := &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}
-	return h.handle, nil
+	return &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}, nil
 }
 
 // maxErrorBody is how much of a failed response's body goes into the error.
 const maxErrorBody = 256
 
 func (h *handler) handle(ctx context.Context, t ingest.Task) (json.RawMessage, error) {
-	body, err := json.Marshal(Request{TaskID: t.ID, Kind: t.Kind, Payload: t.Payload, Attempt: t.Attempt, Dependencies: t.Dependencies})
+	body, err := json.Marshal(requestOf(t))
 	if err != nil {
 		return nil, ingest.Permanent(fmt.Errorf("webhook: encode task %s: %w", t.ID, err))
 	}

@@ -70,7 +70,9 @@ type Config struct {
 	UIReadOnly             bool // INGEST_UI_READONLY
 	WebhookURL             string
 	WebhookTimeout         time.Duration
-	Periodic               string // INGEST_PERIODIC, validated JSON (see periodic)
+	WebhookBatchMax        int           // INGEST_WEBHOOK_BATCH_MAX: tasks per POST (1: one POST per task)
+	WebhookBatchWait       time.Duration // INGEST_WEBHOOK_BATCH_WAIT_MS
+	Periodic               string        // INGEST_PERIODIC, validated JSON (see periodic)
 	// Retention windows of finished tasks by state (INGEST_RETENTION_*;
 	// 0: kept forever).
 	RetentionSucceeded      time.Duration
@@ -321,6 +323,21 @@ var settings = []setting{
 	{env: "INGEST_WEBHOOK_TIMEOUT_MS", def: ms(webhook.DefaultTimeout), typ: "ms", scope: scopeWorker,
 		usage: "timeout of one webhook request",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.WebhookTimeout }, 1)},
+	{env: "INGEST_WEBHOOK_BATCH_MAX", def: "1", typ: "int", scope: scopeWorker,
+		usage: "the webhook handler POSTs up to this many tasks of a kind at once (1: one POST per task)",
+		long:  "the webhook handler POSTs up to this many tasks of a kind in one request, 1.." + strconv.Itoa(ingest.MaxBatchSize) + "; 1: one POST per task (see [batch handlers](PIPELINES.md#batch-handlers))",
+		set:   setInt(func(c *Config) *int { return &c.WebhookBatchMax }, 1, ingest.MaxBatchSize)},
+	{env: "INGEST_WEBHOOK_BATCH_WAIT_MS", def: ms(defaultWebhookBatchWait), typ: "ms", scope: scopeWorker,
+		usage: "with INGEST_WEBHOOK_BATCH_MAX > 1: how long a batch waits to fill after its first task",
+		long:  "with `INGEST_WEBHOOK_BATCH_MAX` > 1: how long a batch waits to fill after its first task, 0.." + ms(ingest.MaxBatchWait) + " (0: no waiting, a batch is handed over at once with whatever has joined it)",
+		set: func(c *Config, v string) error {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if most := ingest.MaxBatchWait.Milliseconds(); err != nil || n < 0 || n > most {
+				return fmt.Errorf("must be a whole number of milliseconds from 0 to %d, got %q", most, v)
+			}
+			c.WebhookBatchWait = time.Duration(n) * time.Millisecond
+			return nil
+		}},
 	{env: "INGEST_QUEUE", def: queueRedis, typ: "queue", scope: scopeGlobal,
 		usage: "the transport that carries tasks to workers: redis or kafka",
 		long:  "the transport that carries tasks to workers: `redis` or `kafka` (see [Kafka mode](KAFKA.md))",
@@ -442,6 +459,9 @@ func (c *Config) periodic() []maintenance.Schedule {
 
 // itoa and ms write a package's default as a setting's text.
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// defaultWebhookBatchWait is INGEST_WEBHOOK_BATCH_WAIT_MS's default.
+const defaultWebhookBatchWait = 100 * time.Millisecond
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 

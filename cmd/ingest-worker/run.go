@@ -22,7 +22,6 @@ import (
 	"github.com/ingest-worker/ingest/migrations"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
-	"github.com/ingest-worker/ingest/webhook"
 )
 
 const runLong = `Run a worker process: stream consumers (INGEST_WORKER_CONCURRENCY tasks at a
@@ -73,7 +72,7 @@ func (a *app) runCommand() *cobra.Command {
 			if a.cfg.WebhookURL == "" {
 				return usagef("%s", noHandlerHelp)
 			}
-			h, err := webhook.NewResult(webhook.Config{URL: a.cfg.WebhookURL, Timeout: a.cfg.WebhookTimeout, MaxResultBytes: a.cfg.MaxResultBytes})
+			register, err := a.webhookHandler()
 			if err != nil {
 				return usageErr(err)
 			}
@@ -92,7 +91,9 @@ func (a *app) runCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			st.svc.HandleDefaultResult(h)
+			if err := register(st.svc); err != nil {
+				return usageErr(err)
+			}
 			return st.run(ctx, nil)
 		},
 	}

@@ -17,6 +17,9 @@ const (
 	SpanCreate  = "ingest.task.create"
 	SpanPublish = "ingest.task.publish"
 	SpanAttempt = "ingest.task.attempt"
+	// SpanBatch is a batch handler's call: a root span linked to the
+	// attempt spans of its tasks.
+	SpanBatch = "ingest.task.batch"
 )
 
 // Attribute keys of the spans.
