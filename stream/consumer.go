@@ -95,9 +95,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 // readNew reads new entries: as many as there are free slots (up to
 // Config.Count) without blocking, from the streams of every priority in
 // the order of PriorityShare, and, when there are none, waits for one with
-// a blocking read. Waiting for new entries so holds a slot per priority
-// stream at most, and the other free slots stay available to the
-// reclaimer feeding the same Sink.
+// a blocking read. Waiting for new entries so holds a single slot, and the
+// other free slots stay available to the reclaimer feeding the same Sink.
+// (A blocking read of several streams can return an entry of each; those
+// beyond the slot take more free slots, or are handed back to the
+// reclaimers: see blockOnce.)
 func (c *Consumer) readNew(ctx context.Context) error {
 	n, _, err := c.readOnce(ctx, c.cfg.Count, func(ctx context.Context, n int) ([]redis.XMessage, error) {
 		return c.reader.readNew(ctx, n)
@@ -105,10 +107,44 @@ func (c *Consumer) readNew(ctx context.Context) error {
 	if err != nil || n > 0 {
 		return err
 	}
-	_, _, err = c.readOnce(ctx, len(c.reader.keys), func(ctx context.Context, n int) ([]redis.XMessage, error) {
-		return c.reader.block(ctx, n, c.cfg.Block)
-	})
-	return err
+	return c.blockOnce(ctx)
+}
+
+// blockOnce reserves one slot and waits up to Config.Block for a new entry
+// of any priority's stream (XREADGROUP COUNT 1 over all of them). Should
+// the read return more than one entry (several streams had one), it
+// reserves free slots for the others; entries beyond those are handed back
+// (Config.HandBackIdle), so a reclaimer claims them at its next round.
+func (c *Consumer) blockOnce(ctx context.Context) error {
+	n := c.reserve(ctx, 1)
+	if n == 0 {
+		return ctx.Err()
+	}
+	msgs, err := c.reader.block(context.WithoutCancel(ctx), c.cfg.Block)
+	if err != nil {
+		c.sink.Process(ctx, nil, n)
+		if IsNoGroup(err) || isNoGroupIn(err) {
+			return errNoGroup{err}
+		}
+		c.log.Warn("read stream failed", "err", err)
+		c.sleep(ctx, c.cfg.ErrorBackoff)
+		return err
+	}
+	if len(msgs) > n {
+		n += c.sink.Reserve(len(msgs) - n)
+	}
+	if len(msgs) > n {
+		var back []string
+		for _, m := range msgs[n:] {
+			back = append(back, m.ID)
+		}
+		msgs = msgs[:n]
+		if err := c.group.SetIdle(context.WithoutCancel(ctx), c.cfg.HandBackIdle, back...); err != nil {
+			c.log.Warn("hand back entries beyond the free slots failed; they are reclaimed after the reclaim idle time", "err", err)
+		}
+	}
+	c.sink.Process(ctx, msgs, n)
+	return nil
 }
 
 // readOwn hands this consumer's pending entries (left by an earlier run

@@ -42,7 +42,17 @@ type Config struct {
 	Count int
 	// ErrorBackoff is the wait after a failed read or group creation.
 	ErrorBackoff time.Duration
+	// HandBackIdle is the idle time that makes a pending entry claimable
+	// at once by the reclaimers (their min-idle, INGEST_REDIS_RECLAIM_IDLE_MS).
+	// A blocking read of every priority's stream may return an entry per
+	// stream; the ones beyond the free slots are handed back so. Zero:
+	// DefaultHandBackIdle.
+	HandBackIdle time.Duration
 }
+
+// DefaultHandBackIdle is the default Config.HandBackIdle: the reclaimers'
+// default min-idle (package reclaim's DefaultMinIdle).
+const DefaultHandBackIdle = 10 * time.Minute
 
 // WithDefaults returns the configuration with every zero field set to
 // its default.
@@ -52,6 +62,7 @@ func (c Config) WithDefaults() Config {
 	c.Block = cmp.Or(c.Block, DefaultBlock)
 	c.Count = cmp.Or(c.Count, DefaultCount)
 	c.ErrorBackoff = cmp.Or(c.ErrorBackoff, DefaultErrorBackoff)
+	c.HandBackIdle = cmp.Or(c.HandBackIdle, DefaultHandBackIdle)
 	return c
 }
 

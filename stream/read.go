@@ -131,12 +131,10 @@ func (r *priorityReader) runScript(ctx context.Context, keys []string, n int) ([
 	return res, err
 }
 
-// block waits up to block for a new entry of the n highest priorities'
-// streams (one XREADGROUP, COUNT 1 per stream: at most n entries). With
-// fewer free slots than streams, the lower ones are left out of this wait;
-// the next non-blocking read (readNew) looks at all of them.
-func (r *priorityReader) block(ctx context.Context, n int, block time.Duration) ([]redis.XMessage, error) {
-	keys := r.keys[:min(n, len(r.keys))]
+// block waits up to block for a new entry of any priority's stream (one
+// XREADGROUP, COUNT 1: at most one entry per stream).
+func (r *priorityReader) block(ctx context.Context, block time.Duration) ([]redis.XMessage, error) {
+	keys := r.keys
 	streams := make([]string, 0, 2*len(keys))
 	streams = append(streams, keys...)
 	for range keys {

@@ -59,6 +59,11 @@ type NewTask struct {
 	// (stored as timeout_ms; see the worker for the defaults that apply
 	// otherwise). It is kept to the millisecond.
 	Timeout time.Duration
+	// Priority is 1 (the highest) to 4 (PriorityRange); 0 is the default,
+	// 2. Among ready tasks, higher priorities start first, and lower ones
+	// get a share of the reads (docs/FAIRNESS.md "Priorities"). The
+	// default is stored as NULL.
+	Priority int
 }
 
 // CreateResult is the outcome of creating one task.
@@ -159,6 +164,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			keyed            bool
 			runAt            []*time.Time
 			delay, timeout   []int64
+			priority         []int16
 		}{}
 		for _, i := range ins {
 			it := items[i]
@@ -177,6 +183,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.timeout = append(cols.timeout, it.Timeout.Milliseconds())
 			cols.tps = append(cols.tps, it.Traceparent)
 			cols.dedup = append(cols.dedup, it.DedupByPayload)
+			cols.priority = append(cols.priority, int16(it.Priority))
 			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
 		sql := insertPlainSQL
@@ -184,7 +191,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			sql = insertKeyedSQL
 		}
 		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup)
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.priority)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -217,7 +224,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 				due = append(due, t.NextRetryAt)
 				continue
 			}
-			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent})
+			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent, Priority: t.Priority})
 			continue
 		}
 		lostKinds, lostKeys, lost = append(lostKinds, it.Kind), append(lostKeys, it.IdempotencyKey), append(lost, i)
@@ -248,6 +255,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // which latency is measured from); any other is due now (both NULL). A timeout_ms
 // $9 of 0 is stored as NULL (none of its own). dedup $11 marks a task
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
+// A priority $12 of 0 or 2 (the default) is stored as NULL.
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
 // unique (kind, idempotency_key) index (insertKeyedSQL); one without
@@ -255,11 +263,11 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // plainly, sparing Postgres the speculative insertion (a WAL record per
 // row more).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup, priority)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, ord)
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(NULLIF(priority, 0), 2)
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[], $12::smallint[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, priority, ord)
     CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
                                     WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`
@@ -499,6 +507,11 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 	}
 	if ferr := TimeoutRange.checkMillis(nt.Timeout); ferr != nil {
 		return nil, ferr
+	}
+	if nt.Priority != 0 { // 0: the default
+		if ferr := PriorityRange.Check(int64(nt.Priority)); ferr != nil {
+			return nil, ferr
+		}
 	}
 	switch {
 	case nt.Traceparent != "" && !tracing.Valid(nt.Traceparent):
