@@ -34,6 +34,8 @@ type CreateRequest struct {
 	DelayMS int64  `json:"delay_ms,omitempty"`
 	// TimeoutMS is the task's handler timeout; 0: the worker's default.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Priority is 1 (the highest) to 4; absent: 2 (task.NewTask.Priority).
+	Priority *int `json:"priority,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -247,6 +249,13 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 	}
 	if nt.Timeout, ferr = task.TimeoutRange.Millis(req.TimeoutMS); ferr != nil {
 		return task.NewTask{}, ferr
+	}
+	if req.Priority != nil {
+		// Given, it must be in range: 0 is not "the default" here.
+		if ferr := task.PriorityRange.Check(int64(*req.Priority)); ferr != nil {
+			return task.NewTask{}, ferr
+		}
+		nt.Priority = *req.Priority
 	}
 	if ferr := nt.Validate(maxPayloadBytes); ferr != nil {
 		return task.NewTask{}, ferr
