@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,5 +142,74 @@ func TestPriorityBacklog(t *testing.T) {
 		urgent, before, backlog, 100*float64(before)/backlog, early)
 	if before >= backlog*9/10 {
 		t.Fatalf("%d backlog tasks started before the last urgent one, want fewer than %d", before, backlog*9/10)
+	}
+}
+
+// TestPriorityReclaim: an entry of the priority-1 stream left pending by a
+// consumer that crashed is claimed by a live worker's reclaimer and its
+// task runs; its entry is acknowledged in the priority-1 stream. A task
+// that dies there is dead-lettered from the priority-1 stream.
+func TestPriorityReclaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newServiceBundle(t)
+	g, err := stream.NewGroup(stream.Config{Stream: b.stream, Consumer: "crashed"}, b.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.EnsureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := stream.Key(b.stream, 1)
+	var ids []uuid.UUID
+	for _, kind := range []string{"k", "broken"} {
+		res, err := b.store.Create(ctx, task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`), Priority: 1, MaxAttempts: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := res.Task.ID
+		ids = append(ids, id)
+		// Published as the relay would (the row names the priority-1
+		// stream), then read by a consumer that crashed.
+		entryID, err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: stream.Entry{TaskID: id, Kind: kind}.Values()}).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.db.Pool.Exec(ctx, `UPDATE outbox_event SET status = 'SENT', stream = $2, stream_id = $3, sent_at = now() WHERE task_id = $1`,
+			id, key, entryID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: stream.DefaultGroup, Consumer: "crashed",
+		Streams: []string{key, ">"}, Count: 10, Block: -1}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var runs sync.Map
+	b.run(b.fastConfig("w1"), map[string]ingest.Handler{
+		"k": func(_ context.Context, tk ingest.Task) error {
+			n, _ := runs.LoadOrStore(tk.ID, new(int))
+			*n.(*int)++
+			return nil
+		},
+		"broken": func(context.Context, ingest.Task) error { return ingest.Permanent(fmt.Errorf("broken")) },
+	}, slog.LevelError)
+	testenv.Eventually(t, 30*time.Second, "both tasks finished", func() bool {
+		a, _ := b.store.Get(ctx, ids[0])
+		d, _ := b.store.Get(ctx, ids[1])
+		return a.Status == task.Succeeded && d.Status == task.Dead
+	})
+	testenv.Eventually(t, 10*time.Second, "nothing pending on the priority-1 stream", func() bool {
+		_, pending, err := g.StatsOf(ctx, key)
+		return err == nil && pending == 0
+	})
+	if n, ok := runs.Load(ids[0]); !ok || *n.(*int) != 1 {
+		t.Errorf("task k ran %v times, want once", n)
+	}
+	dead, err := b.rdb.XRange(ctx, b.dlq, "-", "+").Result()
+	if err != nil || len(dead) != 1 || dead[0].Values["task_id"] != ids[1].String() {
+		t.Fatalf("DLQ = %v, %v; want the broken task", dead, err)
+	}
+	if p, _ := stream.SplitID(dead[0].Values["source_id"].(string)); p != 1 {
+		t.Errorf("DLQ source_id %v: want a priority-1 message id", dead[0].Values["source_id"])
 	}
 }
