@@ -48,7 +48,8 @@ func (q *redisQueue) redis() redis.UniversalClient { return q.rdb }
 
 func (q *redisQueue) newWorker(cfg Config, store *task.Store, _ *pgxpool.Pool, logger *slog.Logger, reg prometheus.Registerer) (*worker, error) {
 	log := logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)
-	scfg := stream.Config{Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, Block: cfg.Block, Count: cfg.ReadCount}
+	scfg := stream.Config{Stream: cfg.Stream, Group: cfg.Group, Consumer: cfg.Consumer, Block: cfg.Block, Count: cfg.ReadCount,
+		HandBackIdle: cfg.ReclaimIdle}
 	group, err := stream.NewGroup(scfg, q.rdb)
 	if err != nil {
 		return nil, err
@@ -173,7 +174,8 @@ func (t *redisTransport) abandon(ctx context.Context, ids []string) error {
 }
 
 // streamCollector reads ingest_stream_length, ingest_stream_pending and
-// ingest_stream_pending_overdue_seconds from Redis at scrape time.
+// ingest_stream_pending_overdue_seconds from Redis at scrape time, one
+// series of each per priority stream (label stream: stream.Keys).
 type streamCollector struct {
 	g           *stream.Group
 	reclaimIdle time.Duration
@@ -195,13 +197,13 @@ func newStreamCollector(g *stream.Group, reclaimIdle time.Duration, log *slog.Lo
 		g:           g,
 		reclaimIdle: reclaimIdle,
 		log:         log,
-		length: prometheus.NewDesc("ingest_stream_length", "Entries in the task stream (XLEN).",
-			nil, prometheus.Labels{"stream": cfg.Stream}),
-		pending: prometheus.NewDesc("ingest_stream_pending", "Entries delivered and not yet acknowledged (XPENDING).",
-			nil, prometheus.Labels{"stream": cfg.Stream, "group": cfg.Group}),
+		length: prometheus.NewDesc("ingest_stream_length", "Entries in the task stream (XLEN), per priority stream.",
+			[]string{"stream"}, nil),
+		pending: prometheus.NewDesc("ingest_stream_pending", "Entries delivered and not yet acknowledged (XPENDING), per priority stream.",
+			[]string{"stream"}, prometheus.Labels{"group": cfg.Group}),
 		overdue: prometheus.NewDesc("ingest_stream_pending_overdue_seconds",
-			fmt.Sprintf("How long the most overdue pending entry has been idle beyond the reclaim idle time (0: none); a lower bound when more than %d are overdue.", overdueScan),
-			nil, prometheus.Labels{"stream": cfg.Stream, "group": cfg.Group}),
+			fmt.Sprintf("How long the most overdue pending entry has been idle beyond the reclaim idle time (0: none), per priority stream; a lower bound when more than %d are overdue.", overdueScan),
+			[]string{"stream"}, prometheus.Labels{"group": cfg.Group}),
 	}
 }
 
@@ -216,17 +218,19 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), collectTimeout)
 	defer cancel()
-	length, pending, err := c.g.Stats(ctx)
-	if err != nil {
-		c.log.Warn("read stream metrics failed", "err", err)
-		return
+	for _, key := range stream.Keys(c.g.Config().Stream) {
+		length, pending, err := c.g.StatsOf(ctx, key)
+		if err != nil {
+			c.log.Warn("read stream metrics failed", "stream", key, "err", err)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.length, prometheus.GaugeValue, float64(length), key)
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending), key)
+		overdue, err := c.g.OverdueOf(ctx, key, c.reclaimIdle, overdueScan)
+		if err != nil {
+			c.log.Warn("read overdue pending entries failed", "stream", key, "err", err)
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, overdue.Seconds(), key)
 	}
-	ch <- prometheus.MustNewConstMetric(c.length, prometheus.GaugeValue, float64(length))
-	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(pending))
-	overdue, err := c.g.Overdue(ctx, c.reclaimIdle, overdueScan)
-	if err != nil {
-		c.log.Warn("read overdue pending entries failed", "err", err)
-		return
-	}
-	ch <- prometheus.MustNewConstMetric(c.overdue, prometheus.GaugeValue, overdue.Seconds())
 }

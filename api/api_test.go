@@ -33,6 +33,7 @@ type bundle struct {
 	token string
 	rdb   *redis.Client // with options.dlq
 	dlq   string
+	db    *testenv.Database
 }
 
 type options struct {
@@ -52,7 +53,7 @@ func setup(t *testing.T, o options) *bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &bundle{store: store, token: o.token}
+	b := &bundle{store: store, token: o.token, db: db}
 	cfg := api.Config{Token: o.token, Periodic: o.periodic, Registerer: o.registerer}
 	if o.dlq {
 		b.rdb = testenv.Client(t, testenv.RedisURL(t))
@@ -174,6 +175,41 @@ func TestCreate(t *testing.T) {
 		}
 	})
 
+	t.Run("Priority", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, options{})
+		for _, tc := range []struct {
+			body string
+			want int
+		}{
+			{`{"kind":"k","payload":1,"priority":1}`, 1},
+			{`{"kind":"k","payload":2,"priority":4}`, 4},
+			{`{"kind":"k","payload":3,"priority":2}`, 2},
+			{`{"kind":"k","payload":4}`, 2},
+		} {
+			r := b.do(t, "POST", "/v1/tasks", tc.body)
+			if r.code != http.StatusCreated {
+				t.Fatalf("%s: %d %s", tc.body, r.code, r.body)
+			}
+			id := decode[api.CreateResponse](t, r).ID
+			got, err := b.store.Get(context.Background(), id)
+			if err != nil || got.Priority != tc.want {
+				t.Fatalf("%s: stored priority %d, %v; want %d", tc.body, got.Priority, err, tc.want)
+			}
+			var stored *int
+			if err := b.db.Pool.QueryRow(context.Background(), `SELECT priority FROM ingest_task WHERE id = $1`, id).Scan(&stored); err != nil {
+				t.Fatal(err)
+			}
+			if (tc.want == 2) != (stored == nil) {
+				t.Fatalf("%s: priority column %v; want NULL exactly for the default", tc.body, stored)
+			}
+			r = b.do(t, "GET", "/v1/tasks/"+id.String(), "")
+			if shown := decode[task.Task](t, r); shown.Priority != tc.want {
+				t.Fatalf("%s: GET shows priority %d, want %d", tc.body, shown.Priority, tc.want)
+			}
+		}
+	})
+
 	t.Run("BadInput", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, options{})
@@ -194,7 +230,10 @@ func TestCreate(t *testing.T) {
 			{"NULInPayload", `{"kind":"k","payload":"a\u0000b"}`, "payload", "\\u0000"},
 			{"ZeroMaxAttempts", `{"kind":"k","payload":1,"max_attempts":0}`, "max_attempts", "from 1 to 1000000"},
 			{"MaxAttemptsNotInt", `{"kind":"k","payload":1,"max_attempts":"3"}`, "max_attempts", "must be a whole number"},
-			{"UnknownField", `{"kind":"k","payload":1,"priority":5}`, "priority", "unknown field"},
+			{"UnknownField", `{"kind":"k","payload":1,"urgency":5}`, "urgency", "unknown field"},
+			{"PriorityTooHigh", `{"kind":"k","payload":1,"priority":0}`, "priority", "from 1 to 4"},
+			{"PriorityTooLow", `{"kind":"k","payload":1,"priority":5}`, "priority", "from 1 to 4"},
+			{"PriorityNotInt", `{"kind":"k","payload":1,"priority":"high"}`, "priority", "must be a JSON integer"},
 			{"LongIdempotencyKey", `{"kind":"k","payload":1,"idempotency_key":"` + strings.Repeat("i", 1001) + `"}`, "idempotency_key", "longer than"},
 			{"RunAtNotRFC3339", `{"kind":"k","payload":1,"run_at":"tomorrow"}`, "run_at", "RFC 3339"},
 			{"RunAtAndDelay", `{"kind":"k","payload":1,"run_at":"2030-01-01T00:00:00Z","delay_ms":5}`, "run_at", "exclusive"},

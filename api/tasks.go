@@ -44,6 +44,8 @@ type CreateRequest struct {
 	OnDependencyFailure string   `json:"on_dependency_failure,omitempty"`
 	// Ref names an item of a batch for the depends_on of the others.
 	Ref string `json:"ref,omitempty"`
+	// Priority is 1 (the highest) to 4; absent: 2 (task.NewTask.Priority).
+	Priority *int `json:"priority,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -285,6 +287,13 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 		} else {
 			nt.DependsOnRefs = append(nt.DependsOnRefs, d)
 		}
+	}
+	if req.Priority != nil {
+		// Given, it must be in range: 0 is not "the default" here.
+		if ferr := task.PriorityRange.Check(int64(*req.Priority)); ferr != nil {
+			return task.NewTask{}, ferr
+		}
+		nt.Priority = *req.Priority
 	}
 	if ferr := nt.Validate(maxPayloadBytes); ferr != nil {
 		return task.NewTask{}, ferr

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/internal/configerr"
+	"github.com/ingest-worker/ingest/stream"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -45,7 +45,8 @@ type Entry struct {
 	AttemptCount int `json:"attempt_count"`
 	// LastError is why it died.
 	LastError string `json:"last_error"`
-	// SourceID is the task-stream entry id.
+	// SourceID is the task-stream entry id; for an entry of a priority
+	// stream, qualified with its priority (stream.QualifyID: "p1/<id>").
 	SourceID string `json:"source_id"`
 	// DeadAt is when it was dead-lettered.
 	DeadAt time.Time `json:"dead_at"`
@@ -132,17 +133,7 @@ func NewWriter(cfg Config, rdb redis.UniversalClient) (*Writer, error) {
 // HashTag returns the Redis Cluster hash tag of key, "" when it has none:
 // the text between the first '{' and the first '}' after it, when not
 // empty. Keys with the same tag are in the same slot.
-func HashTag(key string) string {
-	open := strings.IndexByte(key, '{')
-	if open < 0 {
-		return ""
-	}
-	end := strings.IndexByte(key[open+1:], '}')
-	if end <= 0 {
-		return ""
-	}
-	return key[open+1 : open+1+end]
-}
+func HashTag(key string) string { return stream.HashTag(key) }
 
 // Enabled reports whether the writer writes DLQ entries (a DLQ key is
 // configured).
@@ -157,17 +148,21 @@ func (w *Writer) Write(ctx context.Context, e Entry) (string, error) {
 	if e.SourceID == "" {
 		return "", errors.New("dlq write: entry has no source id")
 	}
+	// A source entry of a priority stream has a qualified id
+	// (stream.QualifyID), kept as it is in the DLQ entry's source_id.
+	prio, sourceID := stream.SplitID(e.SourceID)
+	src := stream.Key(w.cfg.Stream, prio)
 	if !w.Enabled() {
-		if err := w.rdb.XAck(ctx, w.cfg.Stream, w.cfg.Group, e.SourceID).Err(); err != nil {
-			return "", fmt.Errorf("xack %s %s: %w", w.cfg.Stream, e.SourceID, err)
+		if err := w.rdb.XAck(ctx, src, w.cfg.Group, sourceID).Err(); err != nil {
+			return "", fmt.Errorf("xack %s %s: %w", src, sourceID, err)
 		}
 		return "", nil
 	}
 	if e.DeadAt.IsZero() {
 		e.DeadAt = time.Now()
 	}
-	args := append([]any{w.cfg.Group, e.SourceID, MarkerTTL.Milliseconds()}, e.values()...)
-	keys := []string{w.cfg.Stream, w.cfg.DLQ}
+	args := append([]any{w.cfg.Group, sourceID, MarkerTTL.Milliseconds()}, e.values()...)
+	keys := []string{src, w.cfg.DLQ}
 	if e.Death != "" {
 		// Derived from the DLQ key, so it shares its Cluster hash tag.
 		keys = append(keys, w.cfg.DLQ+":death:"+e.Death)
@@ -177,7 +172,7 @@ func (w *Writer) Write(ctx context.Context, e Entry) (string, error) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("dead-letter %s %s to %s: %w", w.cfg.Stream, e.SourceID, w.cfg.DLQ, err)
+		return "", fmt.Errorf("dead-letter %s %s to %s: %w", src, sourceID, w.cfg.DLQ, err)
 	}
 	return id, nil
 }

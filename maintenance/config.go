@@ -277,7 +277,8 @@ type RetentionConfig struct {
 	// BatchesPerRun bounds the DELETEs of SENT rows of one pass (tasks
 	// are deleted until a batch is short).
 	BatchesPerRun int
-	// Streams are the task streams to trim (default: the default stream).
+	// Streams are the task streams to trim (default: the default stream),
+	// each with the streams of its other priorities (stream.Keys).
 	Streams []string
 	// DisableTrim leaves the streams alone (rows are still deleted).
 	DisableTrim bool

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	ingeststream "github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -148,7 +149,14 @@ func (r *rescuer) page(ctx context.Context, class task.RescueClass, grace time.D
 			return false, err
 		}
 		res.Missing += len(missing)
-		rescued, err := task.Rescue(ctx, r.pool, stream, missing)
+		// The stream of a priority other than the default is the task
+		// stream's too: the new row goes to the task stream, whose relay
+		// publishes it to the stream of the task's priority.
+		to := stream
+		if _, err := ingeststream.PriorityOf(r.cfg.Stream, stream); err == nil {
+			to = r.cfg.Stream
+		}
+		rescued, err := task.Rescue(ctx, r.pool, to, missing)
 		if err != nil {
 			return false, err
 		}

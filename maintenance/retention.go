@@ -56,7 +56,8 @@ type retentionResult struct {
 // A stream is trimmed (XTRIM MINID) below the oldest entry any consumer
 // group still needs: the smallest pending id (XPENDING summary) and the
 // first entry after the group's last-delivered-id, the minimum over all
-// groups. A stream without groups is not trimmed.
+// groups. A stream without groups is not trimmed. Every priority's stream
+// of a task stream (stream.Keys) is trimmed so.
 type retention struct {
 	cfg     RetentionConfig
 	pool    *pgxpool.Pool
@@ -101,10 +102,12 @@ func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 	res.Deleted = n
 	errs = append(errs, err)
 	if !r.cfg.DisableTrim {
-		for _, stream := range r.cfg.Streams {
-			n, err := r.trim(ctx, stream)
-			res.Trimmed += n
-			errs = append(errs, err)
+		for _, base := range r.cfg.Streams {
+			for _, key := range stream.Keys(base) { // every priority's stream
+				n, err := r.trim(ctx, key)
+				res.Trimmed += n
+				errs = append(errs, err)
+			}
 		}
 	}
 	return res, errors.Join(errs...)

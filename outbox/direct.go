@@ -70,7 +70,7 @@ func (r *Relay) reserve(msgs []Message) (c Claim, ok bool) {
 	}
 	rows := make([]row, len(msgs))
 	for i, m := range msgs {
-		rows[i] = row{taskID: m.TaskID, stream: m.Stream, kind: m.Kind, traceparent: m.Traceparent}
+		rows[i] = row{taskID: m.TaskID, stream: m.Stream, kind: m.Kind, traceparent: m.Traceparent, priority: m.Priority}
 	}
 	return Claim{relay: r, c: claimed{rows: rows, unwritten: true}}, true
 }
@@ -120,7 +120,7 @@ func (r *Relay) insertClaimed(ctx context.Context, db Querier, msgs []Message) (
 		var rw row
 		_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.createdAt, &c.until}, func() error {
 			m := byTask[rw.taskID]
-			rw.stream, rw.kind, rw.traceparent = m.Stream, m.Kind, m.Traceparent
+			rw.stream, rw.kind, rw.traceparent, rw.priority = m.Stream, m.Kind, m.Traceparent, m.Priority
 			c.rows = append(c.rows, rw)
 			return nil
 		})
@@ -264,6 +264,9 @@ func (r *Relay) writeDirect(ctx context.Context, c claimed, ids []string, errs [
 	sent, sentIDs, failed, failMsgs := splitPublished(c.rows, ids, errs)
 	if len(sent) > 0 {
 		taskIDs, streams := targets(sent)
+		for i, rw := range sent {
+			streams[i] = r.dest(rw) // a published row names its entry's stream
+		}
 		if _, err := r.pool.Exec(ctx, insertSentSQL, taskIDs, streams, sentIDs); err != nil {
 			r.logger.Error("outbox direct publish: writing the SENT rows of published tasks failed; the rescuer publishes them again after its grace",
 				"rows", len(sent), "err", err)

@@ -30,7 +30,7 @@ func HotPathStatements() map[string][3]string {
 	const ids, taskIDs = `'{1,2}'`, `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`
 	return map[string][3]string{
 		"claim":          {claimPlanSQL, claimSQL, `'r', 1000, 60000`},
-		"mark-sent":      {pgplan.Settings, markSentSQL, `'r', now(), ` + ids + `, '{1-1,1-2}'`},
+		"mark-sent":      {pgplan.Settings, markSentSQL, `'r', now(), ` + ids + `, '{1-1,1-2}', '{s,s:p1}'`},
 		"mark-failed":    {pgplan.Settings, markFailedSQL, `'r', now(), ` + ids + `, '{boom,boom}', 10, 1, 1000, 0.1`},
 		"insert":         {"", insertSQL, taskIDs + `, 's', '{NULL,NULL}'`},
 		"insert-claimed": {"", insertClaimedSQL, taskIDs + `, '{s,s}', 'r', 60000`},

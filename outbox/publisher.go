@@ -20,6 +20,19 @@ type Message struct {
 	// Traceparent is the task's W3C trace context ("" when none): the
 	// stream entry's traceparent field, the Kafka record's header.
 	Traceparent string
+	// Priority is the task's priority (0 or 2: the default). A Publisher
+	// that is a Router publishes to Route(Stream, Priority).
+	Priority int
+}
+
+// Router is a Publisher whose messages go to a destination that depends
+// on their priority (Redis mode: a stream per priority). The relay records
+// Route's destination as the published row's outbox_event.stream, so the
+// row names the stream its entry is in. A Publisher that is no Router
+// publishes every message to its Stream, whatever its priority (Kafka
+// mode: one topic).
+type Router interface {
+	Route(stream string, priority int) string
 }
 
 // Publisher carries outbox rows to the transport that hands tasks to
@@ -42,13 +55,17 @@ type RedisPublisher struct {
 // NewRedisPublisher returns a publisher on rdb.
 func NewRedisPublisher(rdb redis.UniversalClient) *RedisPublisher { return &RedisPublisher{rdb: rdb} }
 
-// Publish implements Publisher.
+// Route implements Router: the stream of the priority (stream.Key).
+func (p *RedisPublisher) Route(base string, priority int) string { return stream.Key(base, priority) }
+
+// Publish implements Publisher: each message goes to the stream of its
+// priority (Route).
 func (p *RedisPublisher) Publish(ctx context.Context, msgs []Message) ([]string, []error) {
 	cmds := make([]*redis.StringCmd, len(msgs))
 	_, _ = p.rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		for i, m := range msgs {
 			cmds[i] = pipe.XAdd(ctx, &redis.XAddArgs{
-				Stream: m.Stream,
+				Stream: p.Route(m.Stream, m.Priority),
 				Values: stream.Entry{TaskID: m.TaskID, Kind: m.Kind, Traceparent: m.Traceparent}.Values(),
 			})
 		}
@@ -59,7 +76,7 @@ func (p *RedisPublisher) Publish(ctx context.Context, msgs []Message) ([]string,
 	for i, cmd := range cmds {
 		ids[i], errs[i] = cmd.Result()
 		if errs[i] != nil {
-			errs[i] = fmt.Errorf("xadd %s: %w", msgs[i].Stream, errs[i])
+			errs[i] = fmt.Errorf("xadd %s: %w", p.Route(msgs[i].Stream, msgs[i].Priority), errs[i])
 		}
 	}
 	return ids, errs

@@ -481,6 +481,8 @@ type row struct {
 	createdAt time.Time
 	// traceparent is the task's (ingest_task.traceparent), "" when none.
 	traceparent string
+	// priority is the task's (0 or 2: the default).
+	priority int
 }
 
 // claimed is the result of one claim: the rows and the claim's identity
@@ -513,7 +515,7 @@ WITH due AS (
     FROM due WHERE o.id = due.id
     RETURNING o.id, o.task_id, o.stream, o.next_retry_at, o.created_at, o.claimed_until
 )
-SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until, coalesce(t.traceparent, '')
+SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until, coalesce(t.traceparent, ''), coalesce(t.priority, 2)
 FROM claimed c JOIN ingest_task t ON t.id = c.task_id
 ORDER BY c.next_retry_at, c.id`
 
@@ -539,7 +541,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 		if rows, err = br.Query(); err == nil {
 			c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
 				var rw row
-				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until, &rw.traceparent)
+				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until, &rw.traceparent, &rw.priority)
 				return rw, err
 			})
 		}
@@ -557,7 +559,7 @@ func (r *Relay) publish(ctx context.Context, rows []row) ([]string, []error) {
 	spans := startPublishSpans(rows)
 	msgs := make([]Message, len(rows))
 	for i, rw := range rows {
-		msgs[i] = Message{Stream: rw.stream, TaskID: rw.taskID, Kind: rw.kind, Traceparent: rw.traceparent}
+		msgs[i] = Message{Stream: rw.stream, TaskID: rw.taskID, Kind: rw.kind, Traceparent: rw.traceparent, Priority: rw.priority}
 	}
 	ids, errs := r.pub.Publish(ctx, msgs)
 	if len(ids) != len(rows) || len(errs) != len(rows) {
@@ -598,20 +600,25 @@ const claimedGuard = `CASE WHEN o.claimed_by = $1 AND o.claimed_until = $2 AND o
 // changed) are left alone. It returns each row's publish delay, from when
 // it became due (dueSinceSQL: its creation or, for a row written due later
 // (a delayed task) and never failed, its due time).
+//
+// $5 is each row's destination (Relay.dest): the stream of its task's
+// priority in Redis mode, which the row then names.
 var markSentSQL = `
-WITH c AS (` + claimedSQL + `
+WITH c AS (
+    SELECT s.id, s.val, s.dest FROM unnest($3::bigint[], $4::text[], $5::text[]) AS s(id, val, dest) ORDER BY s.id
 )
-UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val
+UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val, stream = c.dest
 FROM c
 WHERE o.id = c.id AND ` + claimedGuard + `
 RETURNING extract(epoch FROM o.sent_at - (` + dueSinceSQL("o") + `))::float8`
 
 func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs []string) (int, error) {
 	ids := make([]int64, len(rows))
+	dests := make([]string, len(rows))
 	for i, rw := range rows {
-		ids[i] = rw.id
+		ids[i], dests[i] = rw.id, r.dest(rw)
 	}
-	dbRows, err := pgplan.Query(ctx, r.pool, markSentSQL, r.cfg.ID, c.until, ids, streamIDs)
+	dbRows, err := pgplan.Query(ctx, r.pool, markSentSQL, r.cfg.ID, c.until, ids, streamIDs, dests)
 	if err != nil {
 		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(rows), err)
 	}
@@ -624,6 +631,15 @@ func (r *Relay) markSent(ctx context.Context, c claimed, rows []row, streamIDs [
 	}
 	r.metrics.publishTotal.WithLabelValues(resultSuccess).Add(float64(len(delays)))
 	return len(delays), nil
+}
+
+// dest is where rw's message is published: its stream, or, when the
+// publisher is a Router, the stream of its priority there.
+func (r *Relay) dest(rw row) string {
+	if rt, ok := r.pub.(Router); ok {
+		return rt.Route(rw.stream, rw.priority)
+	}
+	return rw.stream
 }
 
 // markFailedSQL records a failed publish of rows $3 (errors $4) claimed by

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -18,24 +19,46 @@ const republishTimeout = 10 * time.Second
 //
 // XAUTOCLAIM has already removed the ids from the PEL, so the write is not
 // cut short by ctx (shutdown): it gets republishTimeout of its own.
-func (r *Reclaimer) handleDeleted(ctx context.Context, ids []string) int {
+//
+// The ids are message ids (stream.QualifyID) of any priority's stream;
+// the new outbox events go to the task stream, whose relay publishes each
+// to its task's priority stream again.
+func (r *Reclaimer) handleDeleted(ctx context.Context, qids []string) int {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), republishTimeout)
 	defer cancel()
-	tasks, matched, err := task.RepublishDeleted(ctx, r.db, r.cfg.Stream, ids)
-	if err != nil {
-		r.metrics.add(resultError, 1)
-		r.logger.Error("republish tasks of deleted stream entries: retrying next round",
-			"ids", len(ids), "message_id", ids[0], "err", fmt.Errorf("republish %d deleted entries of %s: %w", len(ids), r.cfg.Stream, err))
-		r.toBacklog(ids)
-		return 0
+	per := map[int][]string{}
+	for _, q := range qids {
+		p, id := stream.SplitID(q)
+		per[p] = append(per[p], id)
 	}
-	if unknown := len(ids) - matched; unknown > 0 {
-		r.logger.Warn("deleted stream entries without an outbox event: not republished", "ids", unknown)
+	republished := 0
+	for _, p := range stream.Priorities {
+		ids := per[p]
+		if len(ids) == 0 {
+			continue
+		}
+		key := stream.Key(r.cfg.Stream, p)
+		tasks, matched, err := task.RepublishDeleted(ctx, r.db, key, r.cfg.Stream, ids)
+		if err != nil {
+			r.metrics.add(resultError, 1)
+			r.logger.Error("republish tasks of deleted stream entries: retrying next round",
+				"ids", len(ids), "message_id", ids[0], "err", fmt.Errorf("republish %d deleted entries of %s: %w", len(ids), key, err))
+			back := make([]string, len(ids))
+			for i, id := range ids {
+				back[i] = stream.QualifyID(p, id)
+			}
+			r.toBacklog(back)
+			continue
+		}
+		if unknown := len(ids) - matched; unknown > 0 {
+			r.logger.Warn("deleted stream entries without an outbox event: not republished", "stream", key, "ids", unknown)
+		}
+		for _, id := range tasks {
+			r.logger.Debug("republished task of a deleted stream entry", "task_id", id)
+		}
+		republished += len(tasks)
 	}
-	for _, id := range tasks {
-		r.logger.Debug("republished task of a deleted stream entry", "task_id", id)
-	}
-	return len(tasks)
+	return republished
 }
 
 func (r *Reclaimer) toBacklog(ids []string) {

@@ -40,8 +40,28 @@ type Reclaimer struct {
 	// groupLost, when set, is called when a round finds the group missing.
 	groupLost func()
 	// takeoverFrom holds, per silent consumer, the entry id where the next
-	// round's takeover scan goes on (see takeOver).
-	takeoverFrom map[string]string
+	// round's takeover scan of the current stream goes on (see takeOver);
+	// takeoverFroms holds it for every priority's stream.
+	takeoverFrom  map[string]string
+	takeoverFroms map[string]map[string]string
+	// cur is the priority stream a round is working on.
+	cur priorityStream
+}
+
+// priorityStream is one of the streams of the task stream (stream.Keys):
+// its key and its priority.
+type priorityStream struct {
+	key      string
+	priority int
+}
+
+// qualify gives msgs of the current stream their message ids
+// (stream.QualifyID), which the sink and the transport use.
+func (r *Reclaimer) qualify(msgs []redis.XMessage) []redis.XMessage {
+	for i := range msgs {
+		msgs[i].ID = stream.QualifyID(r.cur.priority, msgs[i].ID)
+	}
+	return msgs
 }
 
 // OnGroupLost makes r call f when a reclaim round finds the consumer group
@@ -86,7 +106,7 @@ func New(cfg Config, rdb redis.UniversalClient, db *pgxpool.Pool, sink stream.Si
 		logger:  logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer),
 		metrics: m,
 
-		takeoverFrom: map[string]string{},
+		takeoverFroms: map[string]map[string]string{},
 	}, nil
 }
 
@@ -118,11 +138,12 @@ type roundResult struct {
 	Skipped     bool // the sink had no free slot: (the rest of) the round was skipped
 }
 
-// runOnce runs one round: republish the backlog, claim idle entries page
-// by page within the sink's free capacity, then take over the entries of
-// expired leases held by silent consumers (takeOver; only when LeaseIdle is
-// below MinIdle, else XAUTOCLAIM has taken them). Errors are logged and
-// counted here.
+// runOnce runs one round: republish the backlog, then, on the stream of
+// every priority, highest first, claim idle entries page by page within
+// the sink's free capacity, then take over the entries of expired leases
+// held by silent consumers (takeOver; only when LeaseIdle is below
+// MinIdle, else XAUTOCLAIM has taken them). Errors are logged and counted
+// here.
 func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -132,9 +153,19 @@ func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 		r.backlog = nil
 		res.Republished += r.handleDeleted(ctx, ids)
 	}
-	r.claim(ctx, &res)
-	if !res.Skipped && ctx.Err() == nil && r.cfg.LeaseIdle < r.cfg.MinIdle && !r.noGroup {
-		r.takeOver(ctx, &res)
+	for _, p := range stream.Priorities {
+		if res.Skipped || ctx.Err() != nil {
+			break
+		}
+		r.cur = priorityStream{key: stream.Key(r.cfg.Stream, p), priority: p}
+		if r.takeoverFrom = r.takeoverFroms[r.cur.key]; r.takeoverFrom == nil {
+			r.takeoverFrom = map[string]string{}
+			r.takeoverFroms[r.cur.key] = r.takeoverFrom
+		}
+		r.claim(ctx, &res)
+		if !res.Skipped && ctx.Err() == nil && r.cfg.LeaseIdle < r.cfg.MinIdle && !r.noGroup {
+			r.takeOver(ctx, &res)
+		}
 	}
 	if res.Claimed > 0 || res.Deleted > 0 || res.Republished > 0 || res.TakenOver > 0 {
 		r.logger.Info("reclaimed pending entries", "claimed", res.Claimed, "deleted", res.Deleted, "republished", res.Republished,
@@ -155,7 +186,7 @@ func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 			return
 		}
 		msgs, next, deleted, err := r.rdb.XAutoClaimWithDeleted(ctx, &redis.XAutoClaimArgs{
-			Stream:   r.cfg.Stream,
+			Stream:   r.cur.key,
 			Group:    r.cfg.Group,
 			Consumer: r.cfg.Consumer,
 			MinIdle:  r.cfg.MinIdle,
@@ -173,12 +204,15 @@ func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 		}
 		r.sawGroup = true
 		// Hand over first: the slots were reserved for these entries.
-		r.sink.Process(ctx, msgs, n)
+		r.sink.Process(ctx, r.qualify(msgs), n)
 		res.Claimed += len(msgs)
 		r.metrics.add(resultClaimed, len(msgs))
 		if len(deleted) > 0 {
 			res.Deleted += len(deleted)
 			r.metrics.add(resultDeleted, len(deleted))
+			for i, id := range deleted {
+				deleted[i] = stream.QualifyID(r.cur.priority, id)
+			}
 			res.Republished += r.handleDeleted(ctx, deleted)
 		}
 		if next == "0-0" || next == "" {
@@ -209,5 +243,5 @@ func (r *Reclaimer) claimFailed(ctx context.Context, err error) {
 		return
 	}
 	r.metrics.add(resultError, 1)
-	r.logger.Error("claim idle pending entries", "err", fmt.Errorf("xautoclaim %s: %w", r.cfg.Stream, err))
+	r.logger.Error("claim idle pending entries", "err", fmt.Errorf("xautoclaim %s: %w", r.cur.key, err))
 }

@@ -33,11 +33,11 @@ const (
 // lease expired from the consumers that have been silent for LeaseIdle, and
 // hands them to the sink, within its free slots.
 func (r *Reclaimer) takeOver(ctx context.Context, res *roundResult) {
-	consumers, err := r.rdb.XInfoConsumers(ctx, r.cfg.Stream, r.cfg.Group).Result()
+	consumers, err := r.rdb.XInfoConsumers(ctx, r.cur.key, r.cfg.Group).Result()
 	if err != nil {
 		if ctx.Err() == nil && !stream.IsNoGroup(err) {
 			r.metrics.add(resultError, 1)
-			r.logger.Error("list consumers for the takeover of expired leases", "err", fmt.Errorf("xinfo consumers %s: %w", r.cfg.Stream, err))
+			r.logger.Error("list consumers for the takeover of expired leases", "err", fmt.Errorf("xinfo consumers %s: %w", r.cur.key, err))
 		}
 		return
 	}
@@ -86,11 +86,11 @@ func (r *Reclaimer) takeOverFrom(ctx context.Context, consumer string, budget *i
 	for *budget > 0 && ctx.Err() == nil {
 		count := min(takeoverPage, *budget)
 		ps, err := r.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: r.cfg.Stream, Group: r.cfg.Group, Idle: r.cfg.LeaseIdle,
+			Stream: r.cur.key, Group: r.cfg.Group, Idle: r.cfg.LeaseIdle,
 			Start: start, End: "+", Count: int64(count), Consumer: consumer,
 		}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			r.takeoverFailed(ctx, consumer, fmt.Errorf("xpending %s %s %s: %w", r.cfg.Stream, r.cfg.Group, consumer, err))
+			r.takeoverFailed(ctx, consumer, fmt.Errorf("xpending %s %s %s: %w", r.cur.key, r.cfg.Group, consumer, err))
 			return true
 		}
 		*budget -= len(ps)
@@ -111,15 +111,15 @@ func (r *Reclaimer) takeOverFrom(ctx context.Context, consumer string, budget *i
 				return false
 			}
 			msgs, err := r.rdb.XClaim(ctx, &redis.XClaimArgs{
-				Stream: r.cfg.Stream, Group: r.cfg.Group, Consumer: r.cfg.Consumer,
+				Stream: r.cur.key, Group: r.cfg.Group, Consumer: r.cfg.Consumer,
 				MinIdle: r.cfg.LeaseIdle, Messages: claimable[:n],
 			}).Result()
 			if err != nil {
 				r.sink.Process(ctx, nil, n) // give the slots back
-				r.takeoverFailed(ctx, consumer, fmt.Errorf("xclaim %s %s: %w", r.cfg.Stream, r.cfg.Group, err))
+				r.takeoverFailed(ctx, consumer, fmt.Errorf("xclaim %s %s: %w", r.cur.key, r.cfg.Group, err))
 				return true
 			}
-			r.sink.Process(ctx, msgs, n)
+			r.sink.Process(ctx, r.qualify(msgs), n)
 			res.TakenOver += len(msgs)
 			r.metrics.add(resultTakeover, len(msgs))
 			for _, m := range msgs {
@@ -153,12 +153,12 @@ func (r *Reclaimer) expiredLeaseEntries(ctx context.Context, ids []string) ([]st
 	cmds := make([]*redis.XMessageSliceCmd, len(ids))
 	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.XRangeN(ctx, r.cfg.Stream, id, id, 1)
+			cmds[i] = p.XRangeN(ctx, r.cur.key, id, id, 1)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("xrange %s (%d entries): %w", r.cfg.Stream, len(ids), err)
+		return nil, fmt.Errorf("xrange %s (%d entries): %w", r.cur.key, len(ids), err)
 	}
 	taskOf := make([]uuid.UUID, len(ids))
 	var taskIDs []uuid.UUID

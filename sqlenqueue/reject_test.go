@@ -59,7 +59,14 @@ func TestRejectionsMatchTheAPI(t *testing.T) {
 		{"kind inner newline", "a\nb", `{}`, `{}`},
 		{"payload null", "k", `null`, `{}`},
 		{"payload too large", "k", big + ` `, `{}`},
-		{"unknown option", "k", `{}`, `{"priority":5}`},
+		{"unknown option", "k", `{}`, `{"urgency":5}`},
+		{"priority zero", "k", `{}`, `{"priority":0}`},
+		{"priority too low", "k", `{}`, `{"priority":5}`},
+		{"priority negative", "k", `{}`, `{"priority":-1}`},
+		{"priority fraction", "k", `{}`, `{"priority":1.5}`},
+		{"priority beyond int64", "k", `{}`, `{"priority":99999999999999999999}`},
+		{"priority string", "k", `{}`, `{"priority":"1"}`},
+		{"priority bool", "k", `{}`, `{"priority":true}`},
 		{"key type", "k", `{}`, `{"idempotency_key":5}`},
 		{"key too long", "k", `{}`, fmt.Sprintf(`{"idempotency_key":%q}`, strings.Repeat("k", task.MaxIdempotencyKeyLength+1))},
 		{"key control", "k", `{}`, `{"idempotency_key":"a\tb"}`},
@@ -171,7 +178,7 @@ func TestRejectionsBeyondTheAPI(t *testing.T) {
 		}
 	}
 	// An unknown field's hint lists the accepted ones.
-	_, err := db.Exec(ctx, `SELECT ingest_enqueue('k', '{}', '{"priority":1}')`)
+	_, err := db.Exec(ctx, `SELECT ingest_enqueue('k', '{}', '{"urgency":1}')`)
 	if hint := pgError(t, err).Hint; !strings.Contains(hint, strings.Join(sqlenqueue.Options, ", ")) {
 		t.Errorf("hint %q does not list the options %v", hint, sqlenqueue.Options)
 	}

@@ -3,8 +3,8 @@ package stream
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,8 +27,10 @@ type Consumer struct {
 	cfg   Config
 	rdb   redis.UniversalClient
 	group *Group
-	sink  Sink
-	log   *slog.Logger
+	// reader reads the streams of every priority.
+	reader *priorityReader
+	sink   Sink
+	log    *slog.Logger
 	// groupLost, when set, is called when a read finds the group missing.
 	groupLost func()
 }
@@ -46,7 +48,7 @@ func NewConsumer(cfg Config, rdb redis.UniversalClient, sink Sink, logger *slog.
 		logger = slog.New(slog.DiscardHandler)
 	}
 	cfg = g.Config()
-	return &Consumer{cfg: cfg, rdb: rdb, group: g, sink: sink,
+	return &Consumer{cfg: cfg, rdb: rdb, group: g, reader: newPriorityReader(cfg, rdb), sink: sink,
 		log: logger.With("stream", cfg.Stream, "group", cfg.Group, "consumer", cfg.Consumer)}, nil
 }
 
@@ -91,76 +93,105 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // readNew reads new entries: as many as there are free slots (up to
-// Config.Count) without blocking, and, when there are none, one entry with
+// Config.Count) without blocking, from the streams of every priority in
+// the order of PriorityShare, and, when there are none, waits for one with
 // a blocking read. Waiting for new entries so holds a single slot, and the
 // other free slots stay available to the reclaimer feeding the same Sink.
+// (A blocking read of several streams can return an entry of each; those
+// beyond the slot take more free slots, or are handed back to the
+// reclaimers: see blockOnce.)
 func (c *Consumer) readNew(ctx context.Context) error {
-	n, _, err := c.readOnce(ctx, ">", c.cfg.Count, false)
+	n, _, err := c.readOnce(ctx, c.cfg.Count, func(ctx context.Context, n int) ([]redis.XMessage, error) {
+		return c.reader.readNew(ctx, n)
+	})
 	if err != nil || n > 0 {
 		return err
 	}
-	_, _, err = c.readOnce(ctx, ">", 1, true)
-	return err
+	return c.blockOnce(ctx)
+}
+
+// blockOnce reserves one slot and waits up to Config.Block for a new entry
+// of any priority's stream (XREADGROUP COUNT 1 over all of them). Should
+// the read return more than one entry (several streams had one), it
+// reserves free slots for the others; entries beyond those are handed back
+// (Config.HandBackIdle), so a reclaimer claims them at its next round.
+func (c *Consumer) blockOnce(ctx context.Context) error {
+	n := c.reserve(ctx, 1)
+	if n == 0 {
+		return ctx.Err()
+	}
+	msgs, err := c.reader.block(context.WithoutCancel(ctx), c.cfg.Block)
+	if err != nil {
+		c.sink.Process(ctx, nil, n)
+		if IsNoGroup(err) || isNoGroupIn(err) {
+			return errNoGroup{err}
+		}
+		c.log.Warn("read stream failed", "err", err)
+		c.sleep(ctx, c.cfg.ErrorBackoff)
+		return err
+	}
+	if len(msgs) > n {
+		n += c.sink.Reserve(len(msgs) - n)
+	}
+	if len(msgs) > n {
+		var back []string
+		for _, m := range msgs[n:] {
+			back = append(back, m.ID)
+		}
+		msgs = msgs[:n]
+		if err := c.group.SetIdle(context.WithoutCancel(ctx), c.cfg.HandBackIdle, back...); err != nil {
+			c.log.Warn("hand back entries beyond the free slots failed; they are reclaimed after the reclaim idle time", "err", err)
+		}
+	}
+	c.sink.Process(ctx, msgs, n)
+	return nil
 }
 
 // readOwn hands this consumer's pending entries (left by an earlier run
-// under the same name) to the Sink, in batches, before new ones are read.
+// under the same name) of every priority's stream to the Sink, in batches,
+// before new ones are read.
 func (c *Consumer) readOwn(ctx context.Context) {
-	last := "0"
-	for ctx.Err() == nil {
-		n, id, err := c.readOnce(ctx, last, c.cfg.Count, false)
-		if err != nil {
-			if IsNoGroup(err) {
-				c.lostGroup()
-				return // the PEL went with the group
+	for _, key := range c.reader.keys {
+		last := "0"
+		for ctx.Err() == nil {
+			n, lastID, err := c.readOnce(ctx, c.cfg.Count, func(ctx context.Context, n int) ([]redis.XMessage, error) {
+				return c.reader.readOwn(ctx, key, last, n)
+			})
+			if err != nil {
+				if IsNoGroup(err) {
+					c.lostGroup()
+					return // the PEL went with the group
+				}
+				continue
 			}
-			continue
+			if n == 0 {
+				break
+			}
+			_, last = SplitID(lastID)
 		}
-		if n == 0 {
-			return
-		}
-		last = id
 	}
 }
 
 // readOnce reserves up to count slots, reads at most that many entries
-// after id (">" for new entries; blocking up to Config.Block if block) and
-// hands them to the Sink. It returns how many entries it read and the last
-// one's id. Failures other than a missing group are logged and followed by
-// Config.ErrorBackoff.
-func (c *Consumer) readOnce(ctx context.Context, id string, count int, block bool) (int, string, error) {
+// with read and hands them to the Sink. It returns how many entries it
+// read and the last one's (qualified) id. Failures other than a missing
+// group are logged and followed by Config.ErrorBackoff.
+func (c *Consumer) readOnce(ctx context.Context, count int, read func(context.Context, int) ([]redis.XMessage, error)) (int, string, error) {
 	n := c.reserve(ctx, count)
 	if n == 0 {
 		return 0, "", ctx.Err()
 	}
-	blockFor := time.Duration(-1) // no BLOCK argument
-	if block {
-		blockFor = c.cfg.Block
-	}
 	// The read is not cut off by ctx: entries it returns are already
 	// delivered (in this consumer's PEL) and must reach the Sink.
-	res, err := c.rdb.XReadGroup(context.WithoutCancel(ctx), &redis.XReadGroupArgs{
-		Group:    c.cfg.Group,
-		Consumer: c.cfg.Consumer,
-		Streams:  []string{c.cfg.Stream, id},
-		Count:    int64(n),
-		Block:    blockFor,
-	}).Result()
-	if errors.Is(err, redis.Nil) {
-		err, res = nil, nil // BLOCK timed out
-	}
+	msgs, err := read(context.WithoutCancel(ctx), n)
 	if err != nil {
 		c.sink.Process(ctx, nil, n)
-		if IsNoGroup(err) {
-			return 0, "", err
+		if IsNoGroup(err) || isNoGroupIn(err) {
+			return 0, "", errNoGroup{err}
 		}
 		c.log.Warn("read stream failed", "err", err)
 		c.sleep(ctx, c.cfg.ErrorBackoff)
-		return 0, "", fmt.Errorf("xreadgroup %s %s: %w", c.cfg.Stream, id, err)
-	}
-	var msgs []redis.XMessage
-	for _, s := range res {
-		msgs = append(msgs, s.Messages...)
+		return 0, "", err
 	}
 	if len(msgs) > n { // cannot happen (COUNT n); never overrun the slots
 		msgs = msgs[:n]
@@ -171,6 +202,20 @@ func (c *Consumer) readOnce(ctx context.Context, id string, count int, block boo
 	}
 	return len(msgs), msgs[len(msgs)-1].ID, nil
 }
+
+// isNoGroupIn reports whether a wrapped error (or a script's error)
+// carries NOGROUP or UNBLOCKED.
+func isNoGroupIn(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "NOGROUP") || strings.Contains(msg, "UNBLOCKED")
+}
+
+// errNoGroup is a read's error that says the group is gone; IsNoGroup
+// holds for it.
+type errNoGroup struct{ err error }
+
+func (e errNoGroup) Error() string { return "NOGROUP: " + e.err.Error() }
+func (e errNoGroup) Unwrap() error { return e.err }
 
 // reserve waits until the Sink has at least one free slot and reserves up
 // to count; it returns 0 when ctx is done first.

@@ -42,7 +42,17 @@ type Config struct {
 	Count int
 	// ErrorBackoff is the wait after a failed read or group creation.
 	ErrorBackoff time.Duration
+	// HandBackIdle is the idle time that makes a pending entry claimable
+	// at once by the reclaimers (their min-idle, INGEST_REDIS_RECLAIM_IDLE_MS).
+	// A blocking read of every priority's stream may return an entry per
+	// stream; the ones beyond the free slots are handed back so. Zero:
+	// DefaultHandBackIdle.
+	HandBackIdle time.Duration
 }
+
+// DefaultHandBackIdle is the default Config.HandBackIdle: the reclaimers'
+// default min-idle (package reclaim's DefaultMinIdle).
+const DefaultHandBackIdle = 10 * time.Minute
 
 // WithDefaults returns the configuration with every zero field set to
 // its default.
@@ -52,6 +62,7 @@ func (c Config) WithDefaults() Config {
 	c.Block = cmp.Or(c.Block, DefaultBlock)
 	c.Count = cmp.Or(c.Count, DefaultCount)
 	c.ErrorBackoff = cmp.Or(c.ErrorBackoff, DefaultErrorBackoff)
+	c.HandBackIdle = cmp.Or(c.HandBackIdle, DefaultHandBackIdle)
 	return c
 }
 
@@ -119,13 +130,22 @@ func isBusyGroup(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "BUSYGROUP")
 }
 
-// EnsureGroup creates the group (and the stream, MKSTREAM) if it does not
-// exist. A new group starts at the beginning of the stream, so entries
-// added before any worker started are delivered too.
+// EnsureGroup creates the group (and the stream, MKSTREAM) on the stream
+// of every priority (Keys) if it does not exist. A new group starts at the
+// beginning of its stream, so entries added before any worker started are
+// delivered too.
 func (g *Group) EnsureGroup(ctx context.Context) error {
-	err := g.rdb.XGroupCreateMkStream(ctx, g.cfg.Stream, g.cfg.Group, "0").Err()
-	if err != nil && !isBusyGroup(err) {
-		return fmt.Errorf("xgroup create %s %s: %w", g.cfg.Stream, g.cfg.Group, err)
+	pipe := g.rdb.Pipeline()
+	keys := Keys(g.cfg.Stream)
+	cmds := make([]*redis.StatusCmd, len(keys))
+	for i, k := range keys {
+		cmds[i] = pipe.XGroupCreateMkStream(ctx, k, g.cfg.Group, "0")
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && !isBusyGroup(err) {
+			return fmt.Errorf("xgroup create %s %s: %w", keys[i], g.cfg.Group, err)
+		}
 	}
 	return nil
 }
@@ -136,17 +156,12 @@ type Idle struct {
 	Idle time.Duration
 }
 
-// xclaimArgs is XCLAIM <stream> <group> <self> 0 <ids...> [IDLE ms] JUSTID.
-// JUSTID keeps the delivery counter; entries that are no longer pending are
-// left alone (no FORCE).
-func (g *Group) xclaimArgs(idle time.Duration, ids []string) []any {
-	return g.xclaimArgsFor(g.cfg.Consumer, idle, ids)
-}
-
-// xclaimArgsFor is xclaimArgs claiming for consumer.
-func (g *Group) xclaimArgsFor(consumer string, idle time.Duration, ids []string) []any {
+// xclaimArgsFor is XCLAIM <stream> <group> <consumer> 0 <ids...> [IDLE ms]
+// JUSTID. JUSTID keeps the delivery counter; entries that are no longer
+// pending are left alone (no FORCE).
+func (g *Group) xclaimArgsFor(stream, consumer string, idle time.Duration, ids []string) []any {
 	args := make([]any, 0, 8+len(ids))
-	args = append(args, "xclaim", g.cfg.Stream, g.cfg.Group, consumer, 0)
+	args = append(args, "xclaim", stream, g.cfg.Group, consumer, 0)
 	for _, id := range ids {
 		args = append(args, id)
 	}
@@ -157,20 +172,39 @@ func (g *Group) xclaimArgsFor(consumer string, idle time.Duration, ids []string)
 }
 
 // Touch resets the idle time of pending entries to zero (the heartbeat of
-// long-running entries) and makes them this consumer's.
+// long-running entries) and makes them this consumer's. Ids are message
+// ids (QualifyID) of any priority's stream.
 func (g *Group) Touch(ctx context.Context, ids ...string) error {
 	return g.SetIdle(ctx, 0, ids...)
 }
 
 // SetIdle sets the idle time of pending entries and makes them this
 // consumer's. An entry with idle time i becomes claimable by an XAUTOCLAIM
-// with min-idle m after m-i.
+// with min-idle m after m-i. Ids are message ids (QualifyID) of any
+// priority's stream.
 func (g *Group) SetIdle(ctx context.Context, idle time.Duration, ids ...string) error {
+	return g.claimTo(ctx, g.cfg.Consumer, idle, ids)
+}
+
+// claimTo XCLAIMs the message ids for consumer with the idle time, one
+// command per stream, in one pipeline when they are of several streams.
+func (g *Group) claimTo(ctx context.Context, consumer string, idle time.Duration, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	if err := g.rdb.Do(ctx, g.xclaimArgs(idle, ids)...).Err(); err != nil {
-		return fmt.Errorf("xclaim %s %d entries idle %s: %w", g.cfg.Stream, len(ids), idle, err)
+	per := byStream(g.cfg.Stream, ids)
+	if len(per) == 1 {
+		if err := g.rdb.Do(ctx, g.xclaimArgsFor(per[0].stream, consumer, idle, per[0].ids)...).Err(); err != nil {
+			return fmt.Errorf("xclaim %s %d entries for %s idle %s: %w", per[0].stream, len(ids), consumer, idle, err)
+		}
+		return nil
+	}
+	pipe := g.rdb.Pipeline()
+	for _, s := range per {
+		pipe.Do(ctx, g.xclaimArgsFor(s.stream, consumer, idle, s.ids)...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("xclaim %d entries of %s (all priorities) for %s idle %s: %w", len(ids), g.cfg.Stream, consumer, idle, err)
 	}
 	return nil
 }
@@ -189,18 +223,12 @@ func AbandonedConsumer(consumer string) string { return consumer + "/abandoned" 
 // their leases expire, and that this worker's own reclaimer must not
 // swallow.
 func (g *Group) Abandon(ctx context.Context, ids ...string) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	to := AbandonedConsumer(g.cfg.Consumer)
-	if err := g.rdb.Do(ctx, g.xclaimArgsFor(to, 0, ids)...).Err(); err != nil {
-		return fmt.Errorf("xclaim %s %d entries for %s: %w", g.cfg.Stream, len(ids), to, err)
-	}
-	return nil
+	return g.claimTo(ctx, AbandonedConsumer(g.cfg.Consumer), 0, ids)
 }
 
 // Apply acknowledges acks and sets idles, in one pipeline: the form the
-// worker's completer uses after a commit.
+// worker's completer uses after a commit. Ids are message ids (QualifyID)
+// of any priority's stream.
 func (g *Group) Apply(ctx context.Context, acks []string, idles []Idle) error {
 	if len(acks) == 0 && len(idles) == 0 {
 		return nil
@@ -209,11 +237,12 @@ func (g *Group) Apply(ctx context.Context, acks []string, idles []Idle) error {
 		return g.SetIdle(ctx, idles[0].Idle, idles[0].ID)
 	}
 	pipe := g.rdb.Pipeline()
-	if len(acks) > 0 {
-		pipe.XAck(ctx, g.cfg.Stream, g.cfg.Group, acks...)
+	for _, s := range byStream(g.cfg.Stream, acks) {
+		pipe.XAck(ctx, s.stream, g.cfg.Group, s.ids...)
 	}
 	for _, i := range idles {
-		pipe.Do(ctx, g.xclaimArgs(i.Idle, []string{i.ID})...)
+		p, id := SplitID(i.ID)
+		pipe.Do(ctx, g.xclaimArgsFor(Key(g.cfg.Stream, p), g.cfg.Consumer, i.Idle, []string{id})...)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("xack %d / xclaim %d entries of %s: %w", len(acks), len(idles), g.cfg.Stream, err)
@@ -221,22 +250,28 @@ func (g *Group) Apply(ctx context.Context, acks []string, idles []Idle) error {
 	return nil
 }
 
-// Stats returns the stream's length and the group's pending count. A
-// missing stream or group counts as empty.
+// Stats returns the length of the stream of the default priority
+// (Config.Stream) and the group's pending count there. A missing stream or
+// group counts as empty. PriorityStats covers every priority's stream.
 func (g *Group) Stats(ctx context.Context) (length, pending int64, err error) {
+	return g.StatsOf(ctx, g.cfg.Stream)
+}
+
+// StatsOf is Stats of one stream key (one of Keys(Config.Stream)).
+func (g *Group) StatsOf(ctx context.Context, key string) (length, pending int64, err error) {
 	pipe := g.rdb.Pipeline()
-	l := pipe.XLen(ctx, g.cfg.Stream)
-	p := pipe.XPending(ctx, g.cfg.Stream, g.cfg.Group)
+	l := pipe.XLen(ctx, key)
+	p := pipe.XPending(ctx, key, g.cfg.Group)
 	_, _ = pipe.Exec(ctx)
 	if err := l.Err(); err != nil {
-		return 0, 0, fmt.Errorf("xlen %s: %w", g.cfg.Stream, err)
+		return 0, 0, fmt.Errorf("xlen %s: %w", key, err)
 	}
 	switch err := p.Err(); {
 	case err == nil:
 		pending = p.Val().Count
 	case IsNoGroup(err) || errors.Is(err, redis.Nil):
 	default:
-		return 0, 0, fmt.Errorf("xpending %s %s: %w", g.cfg.Stream, g.cfg.Group, err)
+		return 0, 0, fmt.Errorf("xpending %s %s: %w", key, g.cfg.Group, err)
 	}
 	return l.Val(), pending, nil
 }
@@ -247,14 +282,19 @@ func (g *Group) Stats(ctx context.Context) (length, pending int64, err error) {
 // id order (XPENDING ... IDLE minIdle - + scan), so with more of them the
 // answer is a lower bound.
 func (g *Group) Overdue(ctx context.Context, minIdle time.Duration, scan int64) (time.Duration, error) {
+	return g.OverdueOf(ctx, g.cfg.Stream, minIdle, scan)
+}
+
+// OverdueOf is Overdue of one stream key (one of Keys(Config.Stream)).
+func (g *Group) OverdueOf(ctx context.Context, key string, minIdle time.Duration, scan int64) (time.Duration, error) {
 	ps, err := g.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
-		Stream: g.cfg.Stream, Group: g.cfg.Group, Idle: minIdle, Start: "-", End: "+", Count: scan,
+		Stream: key, Group: g.cfg.Group, Idle: minIdle, Start: "-", End: "+", Count: scan,
 	}).Result()
 	switch {
 	case IsNoGroup(err) || errors.Is(err, redis.Nil):
 		return 0, nil
 	case err != nil:
-		return 0, fmt.Errorf("xpending %s %s idle %s: %w", g.cfg.Stream, g.cfg.Group, minIdle, err)
+		return 0, fmt.Errorf("xpending %s %s idle %s: %w", key, g.cfg.Group, minIdle, err)
 	}
 	var most time.Duration
 	for _, p := range ps {

@@ -77,6 +77,11 @@ type NewTask struct {
 	// does to this task: OnFailureCancel (the default, "") cancels it,
 	// OnFailureRun runs it anyway.
 	OnDependencyFailure string
+	// Priority is 1 (the highest) to 4 (PriorityRange); 0 is the default,
+	// 2. Among ready tasks, higher priorities start first, and lower ones
+	// get a share of the reads (docs/FAIRNESS.md "Priorities"). The
+	// default is stored as NULL.
+	Priority int
 }
 
 // CreateResult is the outcome of creating one task.
@@ -183,6 +188,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			delay, timeout   []int64
 			seqKeys          []string
 			seqNos           []int64
+			priority         []int16
 		}{}
 		for _, i := range ins {
 			it := items[i]
@@ -203,6 +209,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.dedup = append(cols.dedup, it.DedupByPayload)
 			cols.seqKeys = append(cols.seqKeys, it.SequenceKey)
 			cols.seqNos = append(cols.seqNos, it.seqNo)
+			cols.priority = append(cols.priority, int16(it.Priority))
 			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
 		sql := insertPlainSQL
@@ -210,7 +217,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			sql = insertKeyedSQL
 		}
 		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.seqKeys, cols.seqNos)
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.seqKeys, cols.seqNos, cols.priority)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -253,7 +260,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 				due = append(due, t.NextRetryAt)
 				continue
 			}
-			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent})
+			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent, Priority: t.Priority})
 			continue
 		}
 		lostKinds, lostKeys, lost = append(lostKinds, it.Kind), append(lostKeys, it.IdempotencyKey), append(lost, i)
@@ -292,6 +299,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
 // sequence_key $12 (empty for none) and sequence_no $13 place a task in its
 // sequence (sequence.go).
+// A priority $14 of 0 or 2 (the default) is stored as NULL.
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
 // unique (kind, idempotency_key) index (insertKeyedSQL); one without
@@ -300,12 +308,12 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // row more).
 const insertTasksSQL = `
 INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup,
-    sequence_key, sequence_no)
+    sequence_key, sequence_no, priority)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(seq_key, ''), NULLIF(seq_no, 0)
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(seq_key, ''), NULLIF(seq_no, 0), NULLIF(NULLIF(priority, 0), 2)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[],
-            $12::text[], $13::bigint[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, seq_key, seq_no, ord)
+            $12::text[], $13::bigint[], $14::smallint[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, seq_key, seq_no, priority, ord)
     CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
                                     WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`
@@ -556,6 +564,11 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 	}
 	if ferr := TimeoutRange.checkMillis(nt.Timeout); ferr != nil {
 		return nil, ferr
+	}
+	if nt.Priority != 0 { // 0: the default
+		if ferr := PriorityRange.Check(int64(nt.Priority)); ferr != nil {
+			return nil, ferr
+		}
 	}
 	switch {
 	case nt.Traceparent != "" && !tracing.Valid(nt.Traceparent):

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/internal/termsafe"
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // Range is the inclusive range of a whole-number field of a request: the
@@ -32,6 +33,9 @@ var (
 	// TimeoutRange bounds a new task's timeout_ms (NewTask.Timeout); 0:
 	// the worker's default.
 	TimeoutRange = Range{Field: "timeout_ms", Min: 0, Max: MaxTimeout.Milliseconds()}
+	// PriorityRange bounds a new task's priority (NewTask.Priority): 1,
+	// the highest, to 4; 0 (none given) is the default, 2.
+	PriorityRange = Range{Field: "priority", Min: stream.HighestPriority, Max: stream.LowestPriority}
 	// ListLimitRange bounds ListParams.Limit (a page of a listing).
 	ListLimitRange = Range{Field: "limit", Min: 1, Max: MaxListLimit}
 	// RedriveLimitRange bounds RedriveFilter.Limit.

@@ -33,12 +33,13 @@ const matchedSQL = `SELECT count(*) FROM outbox_event WHERE stream = $1 AND stre
 
 // RepublishDeleted maps entry ids of stream that were trimmed or deleted
 // while pending back to their tasks, and gives each task that still has to
-// run (not terminal, no later outbox event) a new outbox event to stream,
-// in one transaction. It returns the tasks republished and how many of the
+// run (not terminal, no later outbox event) a new outbox event to to (the
+// task stream, whose relay publishes each task to the stream of its
+// priority: stream itself, or another level's), in one transaction. It returns the tasks republished and how many of the
 // ids matched an outbox event at all. A republished task that turns out to
 // be finished or running elsewhere by the time its new entry is read is
 // harmless: starting a task is a guarded transition.
-func RepublishDeleted(ctx context.Context, db DB, stream string, entryIDs []string) (tasks []uuid.UUID, matched int, err error) {
+func RepublishDeleted(ctx context.Context, db DB, stream, to string, entryIDs []string) (tasks []uuid.UUID, matched int, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, matchedSQL, stream, entryIDs).Scan(&matched); err != nil {
 			return fmt.Errorf("look up outbox events: %w", err)
@@ -54,7 +55,7 @@ func RepublishDeleted(ctx context.Context, db DB, stream string, entryIDs []stri
 		if tasks, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID]); err != nil {
 			return fmt.Errorf("find tasks to republish: %w", err)
 		}
-		return outbox.Insert(ctx, tx, stream, tasks...)
+		return outbox.Insert(ctx, tx, to, tasks...)
 	})
 	if err != nil {
 		return nil, 0, err

@@ -170,6 +170,9 @@ type Task struct {
 	// TimeoutMS is the task's own handler timeout (timeout_ms); 0: none
 	// of its own, the worker's default applies.
 	TimeoutMS int `json:"timeout_ms,omitempty"`
+	// Priority is the task's priority, 1 (the highest) to 4; 2 is the
+	// default (stored as NULL).
+	Priority int `json:"priority"`
 	// CancelRequestedAt, CancelReason and CancelRequestedBy record an
 	// operator's cancel (Store.Cancel): set on a RUNNING task whose handler
 	// is being cancelled, and kept on the CANCELLED task.
@@ -225,7 +228,7 @@ const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, '
 	created_at, updated_at, finished_at, cancel_requested_at, coalesce(cancel_reason, ''), coalesce(cancel_requested_by, ''),
 	coalesce(traceparent, ''), coalesce(timeout_ms, 0), parked_at,
 	coalesce(waiting_for, 0), coalesce(on_dependency_failure, ''), workflow_id, coalesce(dependency_depth, 0),
-	coalesce(sequence_key, ''), sequence_no`
+	coalesce(sequence_key, ''), sequence_no, coalesce(priority, 2)`
 
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
@@ -233,7 +236,7 @@ func scanTask(row pgx.Row, extra ...any) (Task, error) {
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
 		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS, &t.ParkedAt,
 		&t.WaitingFor, &t.OnDependencyFailure, &t.WorkflowID, &t.DependencyDepth,
-		&t.SequenceKey, &t.SequenceNo}, extra...)
+		&t.SequenceKey, &t.SequenceNo, &t.Priority}, extra...)
 	err := row.Scan(dest...)
 	return t, err
 }
