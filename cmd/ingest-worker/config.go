@@ -25,6 +25,7 @@ import (
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
@@ -48,6 +49,10 @@ type Config struct {
 	RetryMaxBackoff  time.Duration
 	MaxPayloadBytes  int
 	MaxResultBytes   int
+
+	// Keyring encrypts payloads and results at rest
+	// (INGEST_ENCRYPTION_KEYS); nil: none.
+	Keyring *seal.Keyring
 
 	ReclaimEnabled   bool
 	ReclaimInterval  time.Duration
@@ -387,6 +392,18 @@ var settings = []setting{
 	{env: "INGEST_RETENTION_DEAD", def: goDuration(maintenance.DefaultRetentionDead), typ: "duration", scope: scopeWorker,
 		usage: "DEAD tasks are deleted (with their audit and outbox rows and DLQ entry) this long after they died (Go duration; 0: kept forever)",
 		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionDead })},
+	{env: "INGEST_ENCRYPTION_KEYS", typ: "id:key,...", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
+		usage: "encryption keys of payloads and results at rest, id:base64-of-32-bytes,... (the first encrypts, all decrypt; empty: none)",
+		long:  "the keys that encrypt task payloads and results at rest (AES-256-GCM), `id:base64-of-32-bytes,...`: the first encrypts, all decrypt; ids are letters, digits, `_`, `-` and `.`; generate a key with `openssl rand -base64 32`. Empty: payloads and results are stored in clear. Every process that reads or runs tasks needs the keys (see [encryption](ENCRYPTION.md)). Prefer the variable: flags are visible in `ps`",
+		set: func(c *Config, v string) error {
+			k, err := seal.Parse(v)
+			if err != nil {
+				// Names entries by position and id, never a key.
+				return fmt.Errorf("INGEST_ENCRYPTION_KEYS: %w", err)
+			}
+			c.Keyring = k
+			return nil
+		}},
 	{env: "INGEST_LOG_LEVEL", def: "info", typ: "level", scope: scopeGlobal,
 		usage: "debug, info, warn or error",
 		long:  "`debug`, `info`, `warn` or `error`",
@@ -430,6 +447,7 @@ var settingGroups = []struct{ first, title string }{
 	{"INGEST_WEBHOOK_URL", "Webhook handler"},
 	{"INGEST_QUEUE", "Queue mode and Kafka"},
 	{"INGEST_PERIODIC", "Periodic tasks and retention"},
+	{"INGEST_ENCRYPTION_KEYS", "Encryption at rest"},
 	{"INGEST_LOG_LEVEL", "Logging"},
 }
 
