@@ -863,6 +863,8 @@ func secretsOf(all []resolved) []string {
 		case !r.secret || r.value == "":
 		case r.env == "INGEST_API_TOKEN":
 			out = append(out, r.value)
+		case r.env == "INGEST_ENCRYPTION_KEYS":
+			out = append(out, keyListSecrets(r.value)...)
 		default:
 			out = append(out, redact.Secrets(r.value)...)
 		}
@@ -882,8 +884,43 @@ func (r resolved) display() string {
 		return ""
 	case r.env == "INGEST_API_TOKEN":
 		return redact.Mask
+	case r.env == "INGEST_ENCRYPTION_KEYS":
+		return maskKeyList(r.value)
 	case r.secret:
 		return redact.DSN(r.value)
 	}
 	return r.value
+}
+
+// keyListSecrets returns the keys of an INGEST_ENCRYPTION_KEYS value
+// (what follows each entry's ':', as given and without its padding),
+// whether or not it parsed, for scrubbing output.
+func keyListSecrets(v string) []string {
+	var out []string
+	for _, entry := range strings.Split(v, ",") {
+		if _, key, ok := strings.Cut(entry, ":"); ok {
+			for _, k := range []string{strings.TrimSpace(key), strings.TrimRight(strings.TrimSpace(key), "=")} {
+				if len(k) >= 4 { // shorter is no key, and would scrub ordinary text
+					out = append(out, k)
+				}
+			}
+		} else if e := strings.TrimSpace(entry); len(e) >= 4 {
+			out = append(out, e) // no id: all of it may be a key
+		}
+	}
+	return out
+}
+
+// maskKeyList shows an INGEST_ENCRYPTION_KEYS value as its key ids, each
+// key masked: "k2:xxxxx,k1:xxxxx".
+func maskKeyList(v string) string {
+	var out []string
+	for _, entry := range strings.Split(v, ",") {
+		id, _, ok := strings.Cut(strings.TrimSpace(entry), ":")
+		if !ok || seal.CheckID(id) != nil {
+			id = "?"
+		}
+		out = append(out, id+":"+redact.Mask)
+	}
+	return strings.Join(out, ",")
 }
