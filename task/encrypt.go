@@ -49,20 +49,22 @@ func (e payloadError) Is(target error) bool { return target == ErrEncrypted }
 func (e payloadError) Unwrap() error        { return e.error }
 
 // openPayload replaces t's stored payload by its plaintext, or sets
-// PayloadEncrypted when it cannot be opened.
+// PayloadEncrypted when it cannot be opened. A task without a payload
+// (none read, or already found encrypted) is left as it is.
 func (s *Store) openPayload(t *Task) {
-	t.Payload, t.PayloadEncrypted = s.open(seal.Payload, t, t.Payload)
+	if len(t.Payload) > 0 {
+		t.Payload, t.PayloadEncrypted = s.open(seal.Payload, t, t.Payload)
+	}
 }
 
 // openResult is openPayload for the result.
 func (s *Store) openResult(t *Task) {
-	t.Result, t.ResultEncrypted = s.open(seal.Result, t, t.Result)
+	if len(t.Result) > 0 {
+		t.Result, t.ResultEncrypted = s.open(seal.Result, t, t.Result)
+	}
 }
 
 func (s *Store) open(f seal.Field, t *Task, v json.RawMessage) (json.RawMessage, *Encrypted) {
-	if len(v) == 0 {
-		return v, nil
-	}
 	pt, err := s.cfg.Keyring.Open(f, t.ID, v)
 	if err == nil {
 		return pt, nil

@@ -134,6 +134,20 @@ func TestEncryptedWithoutKey(t *testing.T) {
 			}
 		})
 	}
+	// A create without the key that meets the task by its idempotency
+	// key gets it back marked encrypted, in a batch twice.
+	keyed := b.create(t, task.NewTask{Payload: json.RawMessage(`{"secret":"s5"}`), IdempotencyKey: "idem"})
+	res, err := b.storeOn(t, task.Config{}).CreateBatch(b.ctx, []task.NewTask{
+		{Kind: "test", Payload: json.RawMessage(`1`), IdempotencyKey: "idem"},
+		{Kind: "test", Payload: json.RawMessage(`2`), IdempotencyKey: "idem"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		if !r.Existing || r.Task.ID != keyed.ID || r.Task.Payload != nil || r.Task.PayloadEncrypted == nil || r.Task.PayloadEncrypted.KeyID != "k1" {
+			t.Fatalf("CreateBatch without the key = %+v; want the existing task, its payload encrypted with k1", r)
+		}
+	}
 	// A worker without the key starts the task, learns that it cannot
 	// open it, and records a failed attempt: retried, never lost.
 	s := b.storeOn(t, task.Config{})

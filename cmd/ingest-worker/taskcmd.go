@@ -366,9 +366,6 @@ func (a *app) printTask(d taskDetail) {
 		kv = append(kv, []string{"progress", progressText(p)})
 	}
 	kv = append(kv, []string{"payload", payloadText(t)})
-	if e := t.ResultEncrypted; e != nil {
-		kv = append(kv, []string{"result", encryptedText(e)})
-	}
 	a.table([]string{"TASK", ""}, kv)
 	a.printResult(t)
 
