@@ -454,3 +454,69 @@ func TestRotateUnreadableAndNoKeyring(t *testing.T) {
 		t.Fatalf("Rotate(10001) = %v; want a batch_size FieldError", err)
 	}
 }
+
+// TestEnableOnLiveDatabase turns encryption on for a database whose
+// tasks, in every state, were written in clear: the keyed store reads
+// them at once, and a rotation encrypts every payload and result in place
+// without changing a state, an audit trail or updated_at; the running
+// task then completes under its lease.
+func TestEnableOnLiveDatabase(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	ids := map[task.State]uuid.UUID{}
+	for _, st := range task.States {
+		ids[st] = b.create(t, task.NewTask{Payload: json.RawMessage(fmt.Sprintf(`{"state":%q}`, st))}).ID
+	}
+	for _, st := range []task.State{task.Running, task.Retrying, task.Succeeded, task.Dead} {
+		b.start(t, "w", time.Hour, ids[st], task.Started)
+	}
+	b.fail(t, "w", task.Failure{ID: ids[task.Retrying], Error: "e", RetryAfter: time.Hour})
+	b.fail(t, "w", task.Failure{ID: ids[task.Dead], Error: "boom", Permanent: true})
+	if _, err := b.store.SucceedWith(b.ctx, "w", task.Success{ID: ids[task.Succeeded], Result: json.RawMessage(`{"done":true}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Cancel(b.ctx, "op", "", ids[task.Cancelled]); err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		status  string
+		updated time.Time
+		audit   int
+	}
+	read := func() map[uuid.UUID]row {
+		out := map[uuid.UUID]row{}
+		for _, id := range ids {
+			var r row
+			if err := b.db.QueryRow(b.ctx, `SELECT status, updated_at, (SELECT count(*) FROM ingest_task_transition WHERE task_id = $1)
+			    FROM ingest_task WHERE id = $1`, id).Scan(&r.status, &r.updated, &r.audit); err != nil {
+				t.Fatal(err)
+			}
+			out[id] = r
+		}
+		return out
+	}
+	before := read()
+	keyed := b.storeOn(t, task.Config{Keyring: keyring(t, "k1:"+keyOf(1))})
+	rb, err := keyed.Rotate(b.ctx, uuid.Nil, 0, false)
+	if err != nil || rb.Payloads != len(task.States) || rb.Results != 1 || rb.Conflicts != 0 {
+		t.Fatalf("Rotate = %+v, %v; want %d payloads and 1 result", rb, err, len(task.States))
+	}
+	if after := read(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("the rotation changed states, audit rows or updated_at:\n%v\n%v", before, after)
+	}
+	if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE payload->>'kid' IS DISTINCT FROM 'k1'`); n != 0 {
+		t.Fatalf("%d payloads not under k1", n)
+	}
+	for st, id := range ids {
+		got, err := keyed.Get(b.ctx, id)
+		if err != nil || !sameJSON(got.Payload, []byte(fmt.Sprintf(`{"state":%q}`, st))) || string(got.Status) != string(st) {
+			t.Fatalf("Get(%s) = %s %s, %v", st, got.Status, got.Payload, err)
+		}
+	}
+	if got, _ := keyed.Get(b.ctx, ids[task.Succeeded]); !sameJSON(got.Result, []byte(`{"done":true}`)) {
+		t.Fatalf("result = %s", got.Result)
+	}
+	if res, err := keyed.Succeed(b.ctx, "w", ids[task.Running]); err != nil || !res[0].Applied {
+		t.Fatalf("Succeed of the running task after the rotation = %+v, %v", res, err)
+	}
+}
