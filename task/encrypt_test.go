@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/task"
@@ -523,5 +524,82 @@ func TestEnableOnLiveDatabase(t *testing.T) {
 	}
 	if res, err := keyed.Succeed(b.ctx, "w", ids[task.Running]); err != nil || !res[0].Applied {
 		t.Fatalf("Succeed of the running task after the rotation = %+v, %v", res, err)
+	}
+}
+
+// TestRotateDoesNotOverwrite holds a result write open while a rotation
+// runs: the rotation's UPDATE waits for the row, then writes the payload
+// it re-encrypted and leaves the result it did not read as the run wrote
+// it; a result changed after the rotation read it is a conflict, left
+// alone.
+func TestRotateDoesNotOverwrite(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{Keyring: keyring(t, "k1:"+keyOf(1))})
+	both := b.storeOn(t, task.Config{Keyring: keyring(t, "k2:"+keyOf(2)+",k1:"+keyOf(1))})
+	running := b.create(t, task.NewTask{Payload: json.RawMessage(`{"r":1}`)})
+	b.start(t, "w", time.Hour, running.ID, task.Started)
+
+	// Rotation blocked behind the run's success, which commits after
+	// the rotation read the row.
+	blockedRotate := func(change func(tx pgx.Tx, s *task.Store) error) task.RotateBatch {
+		t.Helper()
+		tx, err := b.db.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx)
+		inTx, err := task.NewStore(task.Config{Keyring: keyring(t, "k1:"+keyOf(1))}, tx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := change(tx, inTx); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan task.RotateBatch, 1)
+		go func() {
+			rb, err := both.Rotate(b.ctx, uuid.Nil, 0, false)
+			if err != nil {
+				t.Error(err)
+			}
+			done <- rb
+		}()
+		deadline := time.Now().Add(30 * time.Second)
+		for b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%UPDATE ingest_task t SET%payload_sha%'`) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the rotation never waited for the row")
+			}
+		}
+		if err := tx.Commit(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		return <-done
+	}
+	rb := blockedRotate(func(_ pgx.Tx, s *task.Store) error {
+		_, err := s.SucceedWith(b.ctx, "w", task.Success{ID: running.ID, Result: json.RawMessage(`{"out":1}`)})
+		return err
+	})
+	got := b.get(t, running.ID)
+	if rb.Payloads != 1 || got.Status != task.Succeeded || !sameJSON(got.Result, []byte(`{"out":1}`)) {
+		t.Fatalf("Rotate = %+v, task %s result %s; want the payload rotated and the run's result kept", rb, got.Status, got.Result)
+	}
+	// The result, under k1, read by a rotation and changed before its
+	// write: a conflict, the newer value kept.
+	rb = blockedRotate(func(tx pgx.Tx, _ *task.Store) error {
+		// The same result sealed anew under k1 (a fresh nonce): another value.
+		v, err := keyring(t, "k1:"+keyOf(1)).Seal(seal.Result, running.ID, []byte(`{"out":1}`))
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(b.ctx, `UPDATE ingest_task SET result = $2::jsonb WHERE id = $1`, running.ID, string(v))
+		return err
+	})
+	if rb.Conflicts != 1 || rb.Results != 0 {
+		t.Fatalf("Rotate = %+v; want the changed result counted as a conflict", rb)
+	}
+	if got := b.get(t, running.ID); !sameJSON(got.Result, []byte(`{"out":1}`)) {
+		t.Fatalf("result = %s", got.Result)
+	}
+	if final := rotateAll(t, b, both); final.Results != 1 {
+		t.Fatalf("a later rotation = %+v; want the result re-encrypted", final)
 	}
 }
