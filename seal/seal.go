@@ -247,8 +247,9 @@ func KeyIDOf(value []byte) string {
 	return e.KeyID
 }
 
-// ad is the associated data of a sealed value: the field, the task id
-// and the key id, each length-prefixed by its fixed form.
+// ad is the associated data of a sealed value: a version label, the
+// field and a NUL (no field holds one), the task id's 16 bytes, and the
+// key id last, so that no two (field, task, key id) give the same bytes.
 func ad(f Field, taskID [16]byte, kid string) []byte {
 	b := make([]byte, 0, 64)
 	b = append(b, "ingest-worker seal v1\x00"...)
