@@ -23,7 +23,11 @@ type Task struct {
 	ID uuid.UUID
 	// Kind selected this handler.
 	Kind string
-	// Payload is the task's JSON payload as stored in Postgres.
+	// Payload is the task's JSON payload as stored in Postgres; one
+	// stored encrypted (task.Config.Keyring) is decrypted first, to the
+	// canonical form it was created in. A task whose payload this worker
+	// cannot decrypt never reaches a handler: its run fails naming the
+	// key id.
 	Payload json.RawMessage
 	// Attempt is this run's number: 1 for the first run, and one more for
 	// each failed run before it.

@@ -70,6 +70,9 @@ type run struct {
 	traceID string
 	// timeout is the run's deadline (0: none; see HandlerOptions).
 	timeout time.Duration
+	// sealed is why the task's payload could not be opened (a key this
+	// worker lacks): the run fails with it instead of calling the handler.
+	sealed error
 }
 
 // outcome is what a handler run produced, for the completer.
@@ -432,7 +435,7 @@ func (p *processor) runsHere(t *task.Task) bool {
 func (p *processor) dispatch(d delivery, t *task.Task) {
 	tp := cmp.Or(t.Traceparent, d.traceparent)
 	hctx, cancel := context.WithCancelCause(p.handlerCtx)
-	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), task: Task{
+	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), sealed: t.PayloadError(), task: Task{
 		ID:          t.ID,
 		Kind:        t.Kind,
 		Payload:     t.Payload,
@@ -462,8 +465,13 @@ func (p *processor) execute(ctx context.Context, r *run) {
 		defer abandon.Stop()
 	}
 	var result json.RawMessage
-	err := p.loadDependencies(tctx, &r.task)
-	if err == nil {
+	var err error
+	if r.sealed != nil {
+		// A counted failed attempt, retried with backoff: a worker
+		// given the key later runs it; once attempts are spent it is
+		// DEAD with this error, for a redrive. Never lost.
+		err = r.sealed
+	} else if err = p.loadDependencies(tctx, &r.task); err == nil {
 		result, err = call(tctx, p.handlers.lookup(r.task.Kind), r.task)
 	}
 	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil

@@ -22,6 +22,7 @@ import (
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -30,6 +31,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 type bundle struct {
 	srv   *httptest.Server
 	store *task.Store
+	db    *testenv.Database
 	token string
 	rdb   *redis.Client // with options.dlq
 	dlq   string
@@ -44,12 +46,13 @@ type options struct {
 	periodic   func(time.Time) []maintenance.Slot
 	dlq        bool // a real Redis and a DLQ key for bulk redrive
 	registerer prometheus.Registerer
+	keyring    *seal.Keyring // encryption at rest
 }
 
 func setup(t *testing.T, o options) *bundle {
 	t.Helper()
 	db := testenv.NewDatabase(t)
-	store, err := task.NewStore(task.Config{MaxPayloadBytes: o.maxPayload}, db.Pool)
+	store, err := task.NewStore(task.Config{MaxPayloadBytes: o.maxPayload, Keyring: o.keyring}, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

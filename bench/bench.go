@@ -47,6 +47,7 @@ import (
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/pgsession"
 	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
 )
@@ -157,6 +158,9 @@ type Options struct {
 	Keep bool
 	// Logger receives the worker's logs (nil: none).
 	Logger *slog.Logger
+	// Keyring encrypts the run's payloads and results (nil: none), to
+	// measure the cost of encryption at rest.
+	Keyring *seal.Keyring
 }
 
 // WithDefaults returns the configuration with every zero field set to
@@ -376,7 +380,7 @@ func (b *run) serviceConfig() ingest.Config {
 // storeConfig is the task store's configuration: with a FailRate, failed
 // attempts are due again after FailRetryDelay.
 func (b *run) storeConfig() task.Config {
-	cfg := task.Config{Stream: b.stream}
+	cfg := task.Config{Stream: b.stream, Keyring: b.opts.Keyring}
 	if b.opts.FailRate > 0 {
 		cfg.Backoff = task.Backoff{Base: FailRetryDelay, Max: FailRetryDelay}
 	}

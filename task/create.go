@@ -3,12 +3,11 @@ package task
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/internal/tracing"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/transition"
 )
 
@@ -194,7 +194,11 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			it := items[i]
 			cols.ids = append(cols.ids, it.id)
 			cols.kinds = append(cols.kinds, it.Kind)
-			cols.payloads = append(cols.payloads, string(it.canonical))
+			stored, err := s.cfg.Keyring.Seal(seal.Payload, it.id, it.canonical)
+			if err != nil {
+				return nil, claim, err
+			}
+			cols.payloads = append(cols.payloads, string(stored))
 			cols.shas = append(cols.shas, it.sha)
 			cols.key = append(cols.key, it.IdempotencyKey)
 			cols.max = append(cols.max, int32(it.MaxAttempts))
@@ -227,6 +231,12 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		}
 		for _, t := range created {
 			inserted[t.ID] = t
+		}
+		for _, i := range ins { // the plaintext, not the stored form
+			if t, ok := inserted[items[i].id]; ok {
+				t.Payload = items[i].canonical
+				inserted[t.ID] = t
+			}
 		}
 	}
 	held, err := linkSequences(ctx, tx, items, ins, heads, inserted)
@@ -283,6 +293,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	for i, it := range items {
 		if it.sameAs >= 0 {
 			res[i] = CreateResult{Task: res[it.sameAs].Task, Existing: true}
+		}
+		if res[i].Existing {
+			s.openPayload(&res[i].Task)
 		}
 	}
 	if err := linkDependencies(ctx, tx, items, res); err != nil {
@@ -363,9 +376,15 @@ func readLost(ctx context.Context, tx pgx.Tx, kinds, keys []string, lost []int, 
 // advisory lock per (kind, payload_sha) serialises concurrent creators.
 func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared, res []CreateResult, done []bool) error {
 	var keys []string
-	for _, it := range items {
+	digests := make([][]string, len(items))
+	for i, it := range items {
 		if it.DedupByPayload {
-			keys = append(keys, it.dedupKey())
+			// Every form its payload_sha may have been written in (see
+			// dedupDigests); each one's lock.
+			digests[i] = s.dedupDigests(it)
+			for _, d := range digests[i] {
+				keys = append(keys, it.Kind+"/"+d)
+			}
 		}
 	}
 	if len(keys) == 0 {
@@ -387,8 +406,11 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 			continue
 		}
 		firstInBatch[k] = i
-		kinds, shas, first = append(kinds, it.Kind), append(shas, it.sha), append(first, i)
+		for _, d := range digests[i] {
+			kinds, shas, first = append(kinds, it.Kind), append(shas, d), append(first, i)
+		}
 	}
+	keys = slices.Compact(keys)
 	// The locks, then one look-up of every key (under the locks: it takes
 	// its snapshot after them), in one round trip.
 	b := &pgx.Batch{}
@@ -401,6 +423,9 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 				return err
 			}
 			i := first[ord-1]
+			if done[i] && !t.CreatedAt.Before(res[i].Task.CreatedAt) {
+				continue // a younger match under another digest form
+			}
 			res[i] = CreateResult{Task: t, Existing: true}
 			done[i] = true
 		}
@@ -470,12 +495,11 @@ func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) 
 			ferr.Msg = where + ferr.Msg
 			return nil, ferr
 		}
-		sum := sha256.Sum256(canonical)
 		id, err := uuid.NewV7()
 		if err != nil {
 			return nil, err
 		}
-		items[i] = prepared{NewTask: nt, id: id, canonical: canonical, sha: hex.EncodeToString(sum[:]), sameAs: -1}
+		items[i] = prepared{NewTask: nt, id: id, canonical: canonical, sha: s.cfg.Keyring.Digest(canonical), sameAs: -1}
 	}
 	if ferr := checkRefs(items); ferr != nil {
 		return nil, ferr
@@ -589,6 +613,9 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 	canonical, err := Canonical(nt.Payload)
 	if err != nil {
 		return bad("payload", "payload: %v", err)
+	}
+	if reservedMember(canonical) {
+		return bad("payload", "payload: a top-level %q member is reserved for encrypted payloads", "$enc")
 	}
 	return canonical, nil
 }

@@ -80,6 +80,8 @@ func (s *Store) CheckResult(result []byte) (json.RawMessage, error) {
 		return nil, &FieldError{Field: "result", Msg: fmt.Sprintf("result is %d bytes, the limit is %d (INGEST_RESULT_MAX_BYTES)", len(result), s.cfg.MaxResultBytes)}
 	case !json.Valid(trimmed):
 		return nil, &FieldError{Field: "result", Msg: "result is not valid JSON"}
+	case reservedMember(trimmed):
+		return nil, &FieldError{Field: "result", Msg: `result: a top-level "$enc" member is reserved for encrypted results`}
 	}
 	return json.RawMessage(trimmed), nil
 }

@@ -27,6 +27,8 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Task, error) {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)
 	}
 	pc.fill(&t)
+	s.openPayload(&t)
+	s.openResult(&t)
 	ts := []Task{t}
 	if err := s.fillParkReasons(ctx, ts); err != nil {
 		return Task{}, fmt.Errorf("get task %s: %w", id, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/pgsession"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/stream"
 )
 
@@ -73,6 +74,10 @@ type Config struct {
 	MaxResultBytes int
 	// Backoff is the retry delay policy of failed runs.
 	Backoff Backoff
+	// Keyring, when set, encrypts payloads and results at rest and opens
+	// them when read (package seal; see encrypt.go). Nil: none are
+	// encrypted, and those found encrypted are not opened.
+	Keyring *seal.Keyring
 	// Listen is where ListenCancels's connection comes from (the zero
 	// value: a connection like the pool's); with Listen.None it returns
 	// ErrNoListen at once.
@@ -211,6 +216,11 @@ type Task struct {
 	// SequenceNo its place in that sequence, from 1 (see sequence.go).
 	SequenceKey string `json:"sequence_key,omitempty"`
 	SequenceNo  *int64 `json:"sequence_no,omitempty"`
+	// PayloadEncrypted and ResultEncrypted are set, and Payload or Result
+	// nil, when the stored value is encrypted under a key the store does
+	// not hold or does not open under it (see Encrypted).
+	PayloadEncrypted *Encrypted `json:"payload_encrypted,omitempty"`
+	ResultEncrypted  *Encrypted `json:"result_encrypted,omitempty"`
 }
 
 // EffectiveMaxAttempts returns the task's own limit of runs, or workerMax

@@ -12,6 +12,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/backoff"
 	"github.com/ingest-worker/ingest/internal/pgplan"
 	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/transition"
 )
 
@@ -145,6 +146,8 @@ func (s *Store) startInto(ctx context.Context, q DB, owner string, lease time.Du
 		}
 		if r.Outcome != Started && r.Outcome != TakenOver {
 			t.Payload = nil
+		} else {
+			s.openPayload(&t)
 		}
 		byID[t.ID] = r
 	}
@@ -318,7 +321,11 @@ func (s *Store) SucceedWith(ctx context.Context, owner string, succ ...Success) 
 		if results != nil {
 			var r *string
 			if x.Result != nil {
-				v := string(x.Result)
+				sealed, err := s.cfg.Keyring.Seal(seal.Result, x.ID, x.Result)
+				if err != nil {
+					return nil, err
+				}
+				v := string(sealed)
 				r = &v
 			}
 			results = append(results, r)

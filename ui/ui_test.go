@@ -23,6 +23,7 @@ import (
 	"github.com/ingest-worker/ingest/internal/humantime"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/ui"
 )
@@ -43,12 +44,13 @@ type bundle struct {
 type options struct {
 	token    string
 	readOnly bool
+	keyring  *seal.Keyring // encryption at rest
 }
 
 func setup(t *testing.T, o options) *bundle {
 	t.Helper()
 	db := testenv.NewDatabase(t)
-	store, err := task.NewStore(task.Config{}, db.Pool)
+	store, err := task.NewStore(task.Config{Keyring: o.keyring}, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

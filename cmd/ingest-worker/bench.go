@@ -37,7 +37,9 @@ relay ran); with --publish-first a relay publishes the tasks as they are
 inserted, so the timed work starts from a backlog in the stream (a service
 whose workers fell behind its producers while its relays kept up).
 
---payload-bytes N adds a string of N bytes to each task's payload.
+--payload-bytes N adds a string of N bytes to each task's payload. With
+INGEST_ENCRYPTION_KEYS set, payloads and results are encrypted at rest, as
+'run' does: the run measures what encryption costs.
 --fail-rate F makes the first attempt of a fraction F of the tasks (chosen
 by a hash of the task id) return an error (with --handler webhook: the sink
 answers 500, which the webhook handler takes for a failure to retry); they
@@ -126,6 +128,7 @@ func (a *app) benchCommand() *cobra.Command {
 func (a *app) bench(cmd *cobra.Command, opts bench.Options) error {
 	ctx := cmd.Context()
 	out := a.progressOut()
+	opts.Keyring = a.cfg.Keyring // INGEST_ENCRYPTION_KEYS: the cost of encryption at rest
 	ownPG, ownRedis := !a.setByUser("INGEST_DATABASE_URL"), !a.setByUser("INGEST_REDIS_URL")
 	srv, err := bench.StartServers(ctx, ownPG, ownRedis)
 	if errors.Is(err, pgtemp.ErrNoBinaries) {

@@ -25,6 +25,7 @@ import (
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/reclaim"
+	"github.com/ingest-worker/ingest/seal"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 	"github.com/ingest-worker/ingest/webhook"
@@ -48,6 +49,10 @@ type Config struct {
 	RetryMaxBackoff  time.Duration
 	MaxPayloadBytes  int
 	MaxResultBytes   int
+
+	// Keyring encrypts payloads and results at rest
+	// (INGEST_ENCRYPTION_KEYS); nil: none.
+	Keyring *seal.Keyring
 
 	ReclaimEnabled   bool
 	ReclaimInterval  time.Duration
@@ -404,6 +409,18 @@ var settings = []setting{
 	{env: "INGEST_RETENTION_DEAD", def: goDuration(maintenance.DefaultRetentionDead), typ: "duration", scope: scopeWorker,
 		usage: "DEAD tasks are deleted (with their audit and outbox rows and DLQ entry) this long after they died (Go duration; 0: kept forever)",
 		set:   setRetention(func(c *Config) *time.Duration { return &c.RetentionDead })},
+	{env: "INGEST_ENCRYPTION_KEYS", typ: "id:key,...", scope: scopeGlobal, secret: true, emptyMeansEmpty: true,
+		usage: "encryption keys of payloads and results at rest, id:base64-of-32-bytes,... (the first encrypts, all decrypt; empty: none)",
+		long:  "the keys that encrypt task payloads and results at rest (AES-256-GCM), `id:base64-of-32-bytes,...`: the first encrypts, all decrypt; ids are letters, digits, `_`, `-` and `.`; generate a key with `openssl rand -base64 32`. Empty: payloads and results are stored in clear. Every process that reads or runs tasks needs the keys (see [encryption](ENCRYPTION.md)). Prefer the variable: flags are visible in `ps`",
+		set: func(c *Config, v string) error {
+			k, err := seal.Parse(v)
+			if err != nil {
+				// Names entries by position and id, never a key.
+				return fmt.Errorf("INGEST_ENCRYPTION_KEYS: %w", err)
+			}
+			c.Keyring = k
+			return nil
+		}},
 	{env: "INGEST_LOG_LEVEL", def: "info", typ: "level", scope: scopeGlobal,
 		usage: "debug, info, warn or error",
 		long:  "`debug`, `info`, `warn` or `error`",
@@ -447,6 +464,7 @@ var settingGroups = []struct{ first, title string }{
 	{"INGEST_WEBHOOK_URL", "Webhook handler"},
 	{"INGEST_QUEUE", "Queue mode and Kafka"},
 	{"INGEST_PERIODIC", "Periodic tasks and retention"},
+	{"INGEST_ENCRYPTION_KEYS", "Encryption at rest"},
 	{"INGEST_LOG_LEVEL", "Logging"},
 }
 
@@ -865,6 +883,8 @@ func secretsOf(all []resolved) []string {
 		case !r.secret || r.value == "":
 		case r.env == "INGEST_API_TOKEN":
 			out = append(out, r.value)
+		case r.env == "INGEST_ENCRYPTION_KEYS":
+			out = append(out, keyListSecrets(r.value)...)
 		default:
 			out = append(out, redact.Secrets(r.value)...)
 		}
@@ -884,8 +904,43 @@ func (r resolved) display() string {
 		return ""
 	case r.env == "INGEST_API_TOKEN":
 		return redact.Mask
+	case r.env == "INGEST_ENCRYPTION_KEYS":
+		return maskKeyList(r.value)
 	case r.secret:
 		return redact.DSN(r.value)
 	}
 	return r.value
+}
+
+// keyListSecrets returns the keys of an INGEST_ENCRYPTION_KEYS value
+// (what follows each entry's ':', as given and without its padding),
+// whether or not it parsed, for scrubbing output.
+func keyListSecrets(v string) []string {
+	var out []string
+	for _, entry := range strings.Split(v, ",") {
+		if _, key, ok := strings.Cut(entry, ":"); ok {
+			for _, k := range []string{strings.TrimSpace(key), strings.TrimRight(strings.TrimSpace(key), "=")} {
+				if len(k) >= 4 { // shorter is no key, and would scrub ordinary text
+					out = append(out, k)
+				}
+			}
+		} else if e := strings.TrimSpace(entry); len(e) >= 4 {
+			out = append(out, e) // no id: all of it may be a key
+		}
+	}
+	return out
+}
+
+// maskKeyList shows an INGEST_ENCRYPTION_KEYS value as its key ids, each
+// key masked: "k2:xxxxx,k1:xxxxx".
+func maskKeyList(v string) string {
+	var out []string
+	for _, entry := range strings.Split(v, ",") {
+		id, _, ok := strings.Cut(strings.TrimSpace(entry), ":")
+		if !ok || seal.CheckID(id) != nil {
+			id = "?"
+		}
+		out = append(out, id+":"+redact.Mask)
+	}
+	return strings.Join(out, ",")
 }

@@ -75,6 +75,7 @@ func (m kafkaMode) storeConfig() task.Config {
 		MaxPayloadBytes: c.MaxPayloadBytes,
 		MaxResultBytes:  c.MaxResultBytes,
 		Backoff:         c.kafkaBackoff(),
+		Keyring:         c.Keyring,
 	}
 }
 

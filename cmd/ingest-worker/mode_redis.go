@@ -55,6 +55,7 @@ func (m redisMode) storeConfig() task.Config {
 		MaxPayloadBytes: c.MaxPayloadBytes,
 		MaxResultBytes:  c.MaxResultBytes,
 		Backoff:         c.taskBackoff(),
+		Keyring:         c.Keyring,
 	}
 }
 

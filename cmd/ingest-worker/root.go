@@ -149,7 +149,7 @@ func (a *app) rootCommand() *cobra.Command {
 		}
 	}
 	add("start", a.demoCommand(), a.configCommand())
-	add("run", a.runCommand(), a.uiCommand(), a.migrateCommand(), a.healthcheckCommand(), a.benchCommand())
+	add("run", a.runCommand(), a.uiCommand(), a.migrateCommand(), a.keysCommand(), a.healthcheckCommand(), a.benchCommand())
 	add("inspect", a.enqueueCommand(), a.taskCommand(), a.dlqCommand(), a.pendingCommand(), a.periodicCommand(), a.kindCommand())
 	wrapRunE(root)
 	return root

@@ -382,7 +382,7 @@ func (a *app) printTask(d taskDetail) {
 	if p := t.Progress; p != nil {
 		kv = append(kv, []string{"progress", progressText(p)})
 	}
-	kv = append(kv, []string{"payload", clip(string(t.Payload), 200)})
+	kv = append(kv, []string{"payload", payloadText(t)})
 	a.table([]string{"TASK", ""}, kv)
 	a.printResult(t)
 	a.printGraph(t, d.Graph)
@@ -567,4 +567,22 @@ func (a *app) taskListCommand() *cobra.Command {
 	rangeFlag(f, &p.Limit, "limit", "n", task.ListLimitRange, 50, "most tasks shown")
 	f.StringVar(&p.Cursor, "cursor", "", "continue a listing (the cursor printed after a full page)")
 	return cmd
+}
+
+// payloadText is a task's payload for 'task show': the plaintext (cut),
+// or what is known of it when it is encrypted under a key this process
+// does not hold.
+func payloadText(t task.Task) string {
+	if e := t.PayloadEncrypted; e != nil {
+		return encryptedText(e)
+	}
+	return clip(string(t.Payload), 200)
+}
+
+// encryptedText says that a value is encrypted, and under which key id.
+func encryptedText(e *task.Encrypted) string {
+	if e.Missing {
+		return fmt.Sprintf("encrypted with key id %s (not among INGEST_ENCRYPTION_KEYS)", e.KeyID)
+	}
+	return fmt.Sprintf("encrypted with key id %s (does not decrypt with that key)", e.KeyID)
 }

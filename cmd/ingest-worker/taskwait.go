@@ -33,6 +33,10 @@ func progressText(p *task.Progress) string {
 // printResult prints t's result after the task table: indented JSON, cut
 // with a note, every line terminal-safe.
 func (a *app) printResult(t task.Task) {
+	if e := t.ResultEncrypted; e != nil {
+		a.printf("\nRESULT\n%s\n", encryptedText(e))
+		return
+	}
 	if t.Result == nil {
 		return
 	}
