@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/seal"
 )
 
 // The policies of NewTask.OnDependencyFailure.
@@ -461,9 +463,23 @@ WHERE e.task_id = $1 AND e.reason = 'dependency'`, id)
 	return out, nil
 }
 
-// DependencyResults is DependencyResults on the store's pool.
+// DependencyResults is DependencyResults on the store's pool, each result
+// opened with the store's keyring (results are stored encrypted when
+// encryption at rest is on): a result it cannot open is an error, so the
+// dependent's run fails as an attempt rather than receiving a ciphertext.
 func (s *Store) DependencyResults(ctx context.Context, id uuid.UUID) (map[uuid.UUID]json.RawMessage, error) {
-	return DependencyResults(ctx, s.db, id)
+	deps, err := DependencyResults(ctx, s.db, id)
+	if err != nil {
+		return nil, err
+	}
+	for dep, r := range deps {
+		pt, err := s.cfg.Keyring.Open(seal.Result, dep, r)
+		if err != nil {
+			return nil, fmt.Errorf("the result of dependency %s: %w", dep, err)
+		}
+		deps[dep] = pt
+	}
+	return deps, nil
 }
 
 // Dependencies is Dependencies on the store's pool.

@@ -603,3 +603,27 @@ func TestRotateDoesNotOverwrite(t *testing.T) {
 		t.Fatalf("a later rotation = %+v; want the result re-encrypted", final)
 	}
 }
+
+// TestEncryptedDependencyResults checks that a dependent receives its
+// dependencies' results in clear when results are stored encrypted, and
+// that a store without the key refuses to hand over ciphertexts.
+func TestEncryptedDependencyResults(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{Keyring: keyring(t, "k1:"+keyOf(1))})
+	dep := b.create(t, task.NewTask{})
+	res, err := b.store.CreateBatch(b.ctx, []task.NewTask{{Kind: "test", Payload: json.RawMessage(`{}`), DependsOn: []uuid.UUID{dep.ID}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.runOK(t, dep.ID, `{"secret":"swordfish"}`)
+	if n := b.count(t, `SELECT count(*) FROM ingest_task WHERE result::text LIKE '%swordfish%'`); n != 0 {
+		t.Fatal("the dependency's result is stored in clear")
+	}
+	got, err := b.store.DependencyResults(b.ctx, res[0].Task.ID)
+	if err != nil || !sameJSON(got[dep.ID], []byte(`{"secret":"swordfish"}`)) {
+		t.Fatalf("DependencyResults = %s, %v; want the plaintext result", got[dep.ID], err)
+	}
+	if _, err := b.storeOn(t, task.Config{}).DependencyResults(b.ctx, res[0].Task.ID); err == nil || !strings.Contains(err.Error(), "k1") {
+		t.Fatalf("DependencyResults without the key: %v; want an error naming key id k1", err)
+	}
+}
