@@ -140,7 +140,7 @@ func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UU
 	limits := a.limits(ctx)
 	freed := map[string][]uuid.UUID{}
 	for kind, ids := range done {
-		if limits[kind].Concurrency > 0 {
+		if limits[kind].HoldsSlots() {
 			freed[kind] = ids
 		}
 	}

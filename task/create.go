@@ -59,6 +59,11 @@ type NewTask struct {
 	// (stored as timeout_ms; see the worker for the defaults that apply
 	// otherwise). It is kept to the millisecond.
 	Timeout time.Duration
+	// GroupKey is the task's group: a tenant, a customer, a source (at most
+	// MaxGroupKeyLength bytes, a name as CheckName has them). The kind's
+	// per-group limits hold for each group; "" is no group, which counts
+	// as one group of its own.
+	GroupKey string
 }
 
 // CreateResult is the outcome of creating one task.
@@ -159,6 +164,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			keyed            bool
 			runAt            []*time.Time
 			delay, timeout   []int64
+			groups           []string
 		}{}
 		for _, i := range ins {
 			it := items[i]
@@ -177,6 +183,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.timeout = append(cols.timeout, it.Timeout.Milliseconds())
 			cols.tps = append(cols.tps, it.Traceparent)
 			cols.dedup = append(cols.dedup, it.DedupByPayload)
+			cols.groups = append(cols.groups, it.GroupKey)
 			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
 		sql := insertPlainSQL
@@ -184,7 +191,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			sql = insertKeyedSQL
 		}
 		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup)
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.groups)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -255,11 +262,11 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // plainly, sparing Postgres the speculative insertion (a WAL record per
 // row more).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup)
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup, group_key)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, ord)
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(group_key, '')
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[], $12::text[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, group_key, ord)
     CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
                                     WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`
@@ -446,7 +453,7 @@ const MaxIdempotencyKeyLength = 1000
 // store (a RedriveFilter, ListParams, a kind's settings, a cancel).
 type FieldError struct {
 	// Field is kind, payload, idempotency_key, max_attempts, run_at,
-	// delay_ms, timeout_ms or traceparent (for a RedriveFilter: status,
+	// delay_ms, timeout_ms, traceparent or group_key (for a RedriveFilter: status,
 	// limit, since, kind or error_contains; ListParams: status, limit,
 	// kind or cursor; a Range's field; a cancel's reason).
 	Field string
@@ -487,6 +494,9 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 		return nil, ferr
 	}
 	if ferr := CheckName("idempotency_key", nt.IdempotencyKey, MaxIdempotencyKeyLength); ferr != nil {
+		return nil, ferr
+	}
+	if ferr := CheckGroupKey(nt.GroupKey); ferr != nil {
 		return nil, ferr
 	}
 	if nt.MaxAttempts != 0 { // 0: none of its own (max_attempts NULL)

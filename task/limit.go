@@ -99,23 +99,37 @@ type Limits struct {
 	Concurrency int
 	// Rate is the most starts of the kind in any window (zero: no limit).
 	Rate Rate
+	// ConcurrencyPerGroup and RatePerGroup hold for each group of the
+	// kind (NewTask.GroupKey; the tasks without one are one group) as
+	// Concurrency and Rate hold for the kind, and combine with them.
+	ConcurrencyPerGroup int
+	RatePerGroup        Rate
 }
 
 // Limited reports whether starts of the kind go through StartLimited.
-func (l Limits) Limited() bool { return l.Concurrency > 0 || l.Rate.Count > 0 }
+func (l Limits) Limited() bool {
+	return l.Concurrency > 0 || l.Rate.Count > 0 || l.ConcurrencyPerGroup > 0 || l.RatePerGroup.Count > 0
+}
+
+// HoldsSlots reports whether a run of the kind holds a slot (a kind or a
+// group concurrency limit) that its end gives back (FreeSlots).
+func (l Limits) HoldsSlots() bool { return l.Concurrency > 0 || l.ConcurrencyPerGroup > 0 }
 
 // KindUpdate changes a kind's settings; nil fields are left as they are.
 type KindUpdate struct {
-	Paused      *bool
-	Concurrency *int
-	Rate        *Rate
+	Paused              *bool
+	Concurrency         *int
+	Rate                *Rate
+	ConcurrencyPerGroup *int
+	RatePerGroup        *Rate
 }
 
 // KindLimits returns the settings of every kind that is paused or
 // limited; the others have none.
 func (s *Store) KindLimits(ctx context.Context) (map[string]Limits, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind, paused, concurrency, rate_count, rate_period_ms FROM ingest_kind
-		WHERE paused OR concurrency > 0 OR rate_count > 0`)
+	rows, err := s.db.Query(ctx, `SELECT kind, paused, concurrency, rate_count, rate_period_ms,
+		concurrency_per_group, rate_per_group_count, rate_per_group_period_ms FROM ingest_kind
+		WHERE paused OR concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0`)
 	if err != nil {
 		return nil, fmt.Errorf("read kind limits: %w", err)
 	}
@@ -124,11 +138,17 @@ func (s *Store) KindLimits(ctx context.Context) (map[string]Limits, error) {
 		kind     string
 		l        Limits
 		periodMS int64
+		groupMS  int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&kind, &l.Paused, &l.Concurrency, &l.Rate.Count, &periodMS}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&kind, &l.Paused, &l.Concurrency, &l.Rate.Count, &periodMS,
+		&l.ConcurrencyPerGroup, &l.RatePerGroup.Count, &groupMS}, func() error {
 		l.Rate.Per = time.Duration(periodMS) * time.Millisecond
 		if l.Rate.Count == 0 {
 			l.Rate = Rate{}
+		}
+		l.RatePerGroup.Per = time.Duration(groupMS) * time.Millisecond
+		if l.RatePerGroup.Count == 0 {
+			l.RatePerGroup = Rate{}
 		}
 		out[kind] = l
 		return nil
@@ -153,43 +173,55 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	if actor == "" {
 		return 0, fmt.Errorf("%w: changing a kind's settings needs an actor", ErrInvalidTask)
 	}
-	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil {
-		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency or rate"}
+	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil {
+		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate, concurrency_per_group or rate_per_group"}
 	}
 	if c := u.Concurrency; c != nil && !ConcurrencyRange.Contains(int64(*c)) {
 		ferr := ConcurrencyRange.Check(int64(*c))
 		ferr.Msg += " (0: no limit)"
 		return 0, ferr
 	}
-	var rateCount, ratePeriod *int64
-	var rateText *string
-	if r := u.Rate; r != nil {
-		if err := r.validate(); err != nil {
-			return 0, err
-		}
-		n, ms, txt := int64(r.Count), r.Per.Milliseconds(), r.String()
-		if r.Count == 0 {
-			ms = time.Second.Milliseconds()
-		}
-		rateCount, ratePeriod, rateText = &n, &ms, &txt
+	if c := u.ConcurrencyPerGroup; c != nil && !ConcurrencyPerGroupRange.Contains(int64(*c)) {
+		ferr := ConcurrencyPerGroupRange.Check(int64(*c))
+		ferr.Msg += " (0: no limit)"
+		return 0, ferr
+	}
+	rateCount, ratePeriod, rateText, err := rateColumns(u.Rate, "rate")
+	if err != nil {
+		return 0, err
+	}
+	groupCount, groupPeriod, groupText, err := rateColumns(u.RatePerGroup, "rate_per_group")
+	if err != nil {
+		return 0, err
 	}
 	var lim Limits
 	var changeID int64
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		var periodMS int64
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by)
-			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6)
+		var periodMS, groupMS int64
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by,
+				concurrency_per_group, rate_per_group_count, rate_per_group_period_ms)
+			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6, coalesce($7, 0), coalesce($8, 0), coalesce($9, 1000))
 			ON CONFLICT (kind) DO UPDATE SET paused = coalesce($2, k.paused), concurrency = coalesce($3, k.concurrency),
 				rate_count = coalesce($4, k.rate_count), rate_period_ms = coalesce($5, k.rate_period_ms),
+				concurrency_per_group = coalesce($7, k.concurrency_per_group),
+				rate_per_group_count = coalesce($8, k.rate_per_group_count), rate_per_group_period_ms = coalesce($9, k.rate_per_group_period_ms),
 				updated_at = now(), updated_by = $6
-			RETURNING paused, concurrency, rate_count, rate_period_ms`,
-			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor).Scan(&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS); err != nil {
+			RETURNING paused, concurrency, rate_count, rate_period_ms, concurrency_per_group, rate_per_group_count, rate_per_group_period_ms`,
+			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.ConcurrencyPerGroup, groupCount, groupPeriod).Scan(
+			&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS, &lim.ConcurrencyPerGroup, &lim.RatePerGroup.Count, &groupMS); err != nil {
 			return err
 		}
 		lim.Rate.Per = time.Duration(periodMS) * time.Millisecond
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate) VALUES ($1, $2, $3, $4, $5) RETURNING id`,
-			kind, actor, u.Paused, u.Concurrency, rateText).Scan(&changeID); err != nil {
+		lim.RatePerGroup.Per = time.Duration(groupMS) * time.Millisecond
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, concurrency_per_group, rate_per_group)
+			VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+			kind, actor, u.Paused, u.Concurrency, rateText, u.ConcurrencyPerGroup, groupText).Scan(&changeID); err != nil {
 			return err
+		}
+		if u.ConcurrencyPerGroup != nil && *u.ConcurrencyPerGroup > 0 {
+			if _, err := tx.Exec(ctx, seedGroupSlotsSQL, kind); err != nil {
+				return err
+			}
 		}
 		if u.Concurrency != nil && *u.Concurrency > 0 {
 			// The kind's tasks running now hold slots, so that a limit
@@ -288,13 +320,13 @@ const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
 // $4 is true (the caller starts the tasks inside the locked transaction).
 var reserveSQL = `
 WITH k AS (
-    SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
+    SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
+           concurrency_per_group, rate_per_group_count, rate_per_group_period_ms FROM ingest_kind WHERE kind = $1
 ), ids AS (
-    SELECT x.id, x.ord, t.kind = $1 AS mine FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
+    SELECT x.id, x.ord, t.kind = $1 AS mine, coalesce(t.group_key, '') AS g FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
 ), tight AS (` + tightSQL("(SELECT count(*) FROM ids WHERE mine)") + `
 ), free AS (` + freeSQL("$4") + `
-), chosen AS (
-    SELECT id FROM ids WHERE mine ORDER BY ord LIMIT (SELECT n FROM free)
+), ` + groupChoiceSQL + `
 ), stale AS (
     DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `
 ), slots AS (
@@ -309,10 +341,13 @@ WITH k AS (
             WHERE at > now() - (k2.rate_period_ms + $3) * interval '1 millisecond'
             UNION ALL SELECT now(), (SELECT count(*) FROM chosen)::int) AS y)
     WHERE k2.kind = $1 AND k2.rate_count > 0 AND EXISTS (SELECT 1 FROM chosen)
+), ` + groupReserveSQL + `
 )
-SELECT EXISTS (SELECT 1 FROM k), coalesce((SELECT paused OR concurrency > 0 OR rate_count > 0 FROM k), false),
-       coalesce((SELECT rate_count > 0 FROM k), false),
-       ARRAY(SELECT id FROM chosen), ARRAY(SELECT task_id FROM slots WHERE inserted),
+SELECT EXISTS (SELECT 1 FROM k),
+       coalesce((SELECT paused OR concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0 FROM k), false),
+       coalesce((SELECT rate_count > 0 OR rate_per_group_count > 0 FROM k), false),
+       ARRAY(SELECT id FROM chosen),
+       ARRAY(SELECT task_id FROM slots WHERE inserted UNION SELECT task_id FROM gslots WHERE inserted),
        ARRAY(SELECT id FROM ids WHERE NOT mine ORDER BY ord)`
 
 // parkDueSQL parks those of $1 that are due QUEUED or RETRYING tasks.
@@ -475,7 +510,7 @@ func (s *Store) giveBack(kind string, ids []uuid.UUID) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = s.db.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2)`, kind, ids)
+	_, _ = s.db.Exec(ctx, freeSlotsSQL, kind, ids)
 }
 
 // orderResults returns the results of ids in order, NotFound for an id
@@ -537,11 +572,11 @@ func (s *Store) FreeSlots(ctx context.Context, kind string, ids ...uuid.UUID) ([
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	tag, err := s.db.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2)`, kind, ids)
-	if err != nil {
+	var freed int
+	if err := s.db.QueryRow(ctx, freeSlotsSQL, kind, ids).Scan(&freed); err != nil {
 		return nil, fmt.Errorf("free %d slots of kind %q: %w", len(ids), kind, err)
 	}
-	return s.ReleaseParked(ctx, kind, 0, max(int(tag.RowsAffected()), 1))
+	return s.ReleaseParked(ctx, kind, 0, max(freed, 1))
 }
 
 // anyParkedSQL tells whether kind $1 has a parked task (one probe of
@@ -569,6 +604,7 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		claim.Discard() // of an attempt that was rolled back
 		claim, ids = outbox.Claim{}, nil
 		var free int
+		var grouped bool
 		want := unparkBatch
 		if max > 0 {
 			want = min(want, max)
@@ -576,10 +612,14 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		b := &pgx.Batch{}
 		b.Queue(lockKindSQL, kind)
 		b.Queue(`WITH k AS (
-			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
+			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
+			       concurrency_per_group, rate_per_group_count FROM ingest_kind WHERE kind = $1
 		), tight AS (`+tightSQL("$2::int")+`
 		), free AS (`+freeSQL("true")+`)
-		SELECT coalesce((SELECT n FROM free), 2147483647)`, kind, want).QueryRow(func(row pgx.Row) error { return row.Scan(&free) })
+		SELECT coalesce((SELECT n FROM free), 2147483647),
+		       coalesce((SELECT concurrency_per_group > 0 OR rate_per_group_count > 0 FROM k), false)`, kind, want).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&free, &grouped)
+		})
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
@@ -590,7 +630,12 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		if n <= 0 {
 			return nil
 		}
-		rows, err := tx.Query(ctx, unparkSQL, kind, n)
+		unpark := unparkSQL
+		if grouped {
+			// Round-robin across the groups with room.
+			unpark = unparkGroupsSQL
+		}
+		rows, err := tx.Query(ctx, unpark, kind, n)
 		if err != nil {
 			return err
 		}
@@ -622,7 +667,8 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 // the removal of a kind's last limit, releases all its parked tasks at
 // once).
 func (s *Store) LimitedKinds(ctx context.Context) ([]string, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE NOT paused AND (concurrency > 0 OR rate_count > 0) ORDER BY kind`)
+	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE NOT paused
+		AND (concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0) ORDER BY kind`)
 	if err != nil {
 		return nil, fmt.Errorf("read limited kinds: %w", err)
 	}
