@@ -138,7 +138,7 @@ const maxReleaseGroups = 1000
 // that a group at its limit does not hold back the others and no group's
 // backlog delays another's by more than a round. The groups come from a
 // loose scan of ingest_task_parked_group_idx (one probe per group, at
-// most maxReleaseGroups); the tasks without a group ('') from
+// most maxReleaseGroups); the tasks without a group (”) from
 // ingest_task_parked_idx.
 var unparkGroupsSQL = `
 WITH RECURSIVE gs AS (
