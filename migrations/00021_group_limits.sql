@@ -11,12 +11,18 @@ COMMENT ON COLUMN ingest_task.group_key IS 'the task''s group (a tenant): per-gr
 ALTER TABLE ingest_kind
     ADD COLUMN concurrency_per_group    integer NOT NULL DEFAULT 0 CHECK (concurrency_per_group >= 0),
     ADD COLUMN rate_per_group_count     integer NOT NULL DEFAULT 0 CHECK (rate_per_group_count >= 0),
-    ADD COLUMN rate_per_group_period_ms integer NOT NULL DEFAULT 1000 CHECK (rate_per_group_period_ms > 0);
+    ADD COLUMN rate_per_group_period_ms integer NOT NULL DEFAULT 1000 CHECK (rate_per_group_period_ms > 0),
+    -- Fair scheduling: at most this many tasks of one group of the kind
+    -- are in the stream or running at once; a group's tasks beyond it are
+    -- created parked and released round-robin across the groups as room
+    -- frees (0: the default, task.DefaultGroupWindow).
+    ADD COLUMN group_window             integer NOT NULL DEFAULT 0 CHECK (group_window >= 0);
 
 -- The settings after each change (NULL: not changed by it).
 ALTER TABLE ingest_kind_change
     ADD COLUMN concurrency_per_group integer,
-    ADD COLUMN rate_per_group        text;
+    ADD COLUMN rate_per_group        text,
+    ADD COLUMN group_window          integer;
 
 -- The slots of a group of a kind with concurrency_per_group: as
 -- ingest_kind_slot, per (kind, group). group_key '' is the tasks without
@@ -48,14 +54,24 @@ CREATE TABLE ingest_group_rate (
 CREATE INDEX ingest_task_parked_group_idx ON ingest_task (kind, group_key, id)
     WHERE parked_at IS NOT NULL AND group_key IS NOT NULL;
 
+-- A group's tasks in the stream or running (unfinished, not parked),
+-- which its window bounds: counted when a task of the group is created
+-- and when the group's parked tasks are released. Tasks without a group
+-- are not indexed, and the predicate names no column a start changes.
+CREATE INDEX ingest_task_group_live_idx ON ingest_task (kind, group_key)
+    WHERE group_key IS NOT NULL AND finished_at IS NULL AND parked_at IS NULL;
+
 -- +goose Down
+DROP INDEX ingest_task_group_live_idx;
 DROP INDEX ingest_task_parked_group_idx;
 DROP TABLE ingest_group_rate;
 DROP TABLE ingest_group_slot;
 ALTER TABLE ingest_kind_change
+    DROP COLUMN group_window,
     DROP COLUMN rate_per_group,
     DROP COLUMN concurrency_per_group;
 ALTER TABLE ingest_kind
+    DROP COLUMN group_window,
     DROP COLUMN rate_per_group_period_ms,
     DROP COLUMN rate_per_group_count,
     DROP COLUMN concurrency_per_group;

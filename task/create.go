@@ -154,6 +154,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		}
 	}
 	inserted := map[uuid.UUID]Task{}
+	held, err := s.holdBack(ctx, tx, items, ins)
+	if err != nil {
+		return nil, claim, err
+	}
 	if len(ins) > 0 {
 		cols := struct {
 			ids              []uuid.UUID
@@ -165,8 +169,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			runAt            []*time.Time
 			delay, timeout   []int64
 			groups           []string
+			held             []bool
 		}{}
-		for _, i := range ins {
+		for j, i := range ins {
 			it := items[i]
 			cols.ids = append(cols.ids, it.id)
 			cols.kinds = append(cols.kinds, it.Kind)
@@ -184,6 +189,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.tps = append(cols.tps, it.Traceparent)
 			cols.dedup = append(cols.dedup, it.DedupByPayload)
 			cols.groups = append(cols.groups, it.GroupKey)
+			cols.held = append(cols.held, held != nil && held[j])
 			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
 		sql := insertPlainSQL
@@ -191,7 +197,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			sql = insertKeyedSQL
 		}
 		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.groups)
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.groups, cols.held)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -222,6 +228,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 				// is never claimed for direct publishing.
 				delayedIDs = append(delayedIDs, t.ID)
 				due = append(due, t.NextRetryAt)
+				continue
+			}
+			if t.ParkedAt != nil {
+				// Held back by its group's window: a release publishes it.
 				continue
 			}
 			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent})
@@ -262,11 +272,13 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // plainly, sparing Postgres the speculative insertion (a WAL record per
 // row more).
 const insertTasksSQL = `
-INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup, group_key)
+INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup,
+    group_key, parked_at)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(group_key, '')
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[], $12::text[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, group_key, ord)
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(group_key, ''), CASE WHEN held THEN now() END
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[],
+    $12::text[], $13::bool[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, group_key, held, ord)
     CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
                                     WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`

@@ -1,9 +1,13 @@
 package task
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Groups (a tenant, a customer, a source): NewTask.GroupKey names the
@@ -14,6 +18,24 @@ import (
 // group tables. The machinery is the kind's (limit.go): the same lock,
 // reservation, parking and release, with a slot table
 // (ingest_group_slot) and a rate log (ingest_group_rate) per group.
+
+// Fair scheduling: at most a kind's group window (its group_window, or
+// DefaultGroupWindow) of a group's tasks are in the stream or running at
+// once. A due task created beyond its group's window, or while its group
+// has parked tasks, is created parked, without an outbox event; releases
+// (ReleaseParked, through unparkGroupsSQL) serve the kind's groups
+// round-robin as their windows free. So the stream holds at most a
+// window of each group's tasks, and a task of a quiet group waits behind
+// at most a window of each busier group's tasks, whatever their backlog.
+// Tasks without a group and delayed tasks are never held back.
+
+// DefaultGroupWindow is the group window of a kind whose group_window is
+// 0: enough tasks of one group in flight to keep a few workers' handler
+// slots busy between two releases.
+const DefaultGroupWindow = 100
+
+// GroupWindowRange bounds a kind's group window (0: DefaultGroupWindow).
+var GroupWindowRange = Range{Field: "group_window", Min: 0, Max: MaxConcurrency}
 
 // MaxGroupKeyLength is the longest group key accepted.
 const MaxGroupKeyLength = 200
@@ -130,9 +152,89 @@ SELECT count(*)::int FROM (SELECT task_id FROM a UNION SELECT task_id FROM b) AS
 // per-group limits looks at.
 const maxReleaseGroups = 1000
 
+// windowSQL is the group window of kind k (an SQL expression) with the
+// default $n.
+func windowSQL(k, n string) string {
+	return `coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `)`
+}
+
+// admittedSQL counts the tasks of group g of kind k in the stream or
+// running: unfinished and not parked (ingest_task_group_live_idx).
+func admittedSQL(k, g string) string {
+	return `(SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + `
+        AND ` + liveGuard("a") + ` AND a.parked_at IS NULL)`
+}
+
+// createRoomSQL tells, for each (kind $1[i], group $2[i]) of a batch
+// being created, how many of its tasks may go to the stream now: none
+// while the group has parked tasks (they go first), else what is left of
+// its window ($3: DefaultGroupWindow). The caller holds the groups'
+// locks (groupLockSQL).
+var createRoomSQL = `
+SELECT CASE WHEN EXISTS (SELECT 1 FROM ingest_task p WHERE p.kind = x.k AND p.group_key = x.g AND ` + parkedSQL("p") + `) THEN 0
+            ELSE greatest(` + windowSQL("x.k", "$3") + ` - ` + admittedSQL("x.k", "x.g") + `, 0) END
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(k, g, ord) ORDER BY x.ord`
+
+// groupLockSQL takes the transaction-scoped advisory lock of each (kind
+// $1[i], group $2[i]), in a fixed order: concurrent creators of one group
+// count its window one after the other.
+const groupLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('ingest-group/' || k || '/' || g, 0))
+FROM unnest($1::text[], $2::text[]) AS x(k, g) ORDER BY k, g`
+
+// holdBack decides which of the tasks items[ins[j]] about to be inserted
+// are created parked by their group's window: tasks due now with a group
+// beyond the room its window leaves (createRoomSQL). It returns nil when
+// none has a group.
+func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) ([]bool, error) {
+	type pair struct{ kind, group string }
+	index := map[pair]int{}
+	var kinds, groups []string
+	for _, i := range ins {
+		it := items[i]
+		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 {
+			continue
+		}
+		p := pair{it.Kind, it.GroupKey}
+		if _, ok := index[p]; !ok {
+			index[p] = len(kinds)
+			kinds, groups = append(kinds, p.kind), append(groups, p.group)
+		}
+	}
+	if len(kinds) == 0 {
+		return nil, nil
+	}
+	room := make([]int, 0, len(kinds))
+	b := &pgx.Batch{}
+	b.Queue(groupLockSQL, kinds, groups)
+	b.Queue(createRoomSQL, kinds, groups, DefaultGroupWindow).Query(func(rows pgx.Rows) error {
+		var err error
+		room, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("count the group windows of %d groups: %w", len(kinds), err)
+	}
+	held := make([]bool, len(ins))
+	for j, i := range ins {
+		it := items[i]
+		g, ok := index[pair{it.Kind, it.GroupKey}]
+		if !ok || it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 {
+			continue
+		}
+		if room[g] > 0 {
+			room[g]--
+			continue
+		}
+		held[j] = true
+	}
+	return held, nil
+}
+
 // unparkGroupsSQL releases up to $2 parked tasks of kind $1, which has a
-// per-group limit, round-robin across its groups: each group's oldest
-// parked tasks, at most its room under the per-group limits, taken in
+// per-group limit or tasks held back by their group's window ($3:
+// DefaultGroupWindow), round-robin across its groups: each group's oldest
+// parked tasks, at most its room under the per-group limits and its
+// window, taken in
 // rounds (every group's first, then every group's second, ...; within a
 // round the groups in an order that changes with each transaction), so
 // that a group at its limit does not hold back the others and no group's
@@ -154,9 +256,12 @@ WITH RECURSIVE gs AS (
     UNION ALL
     SELECT '' WHERE EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND ` + parkedSQL("ingest_task") + ` AND group_key IS NULL)
 ), k AS (
-    SELECT concurrency_per_group, rate_per_group_count, rate_per_group_period_ms FROM ingest_kind WHERE kind = $1
+    SELECT coalesce(max(concurrency_per_group), 0) AS concurrency_per_group, coalesce(max(rate_per_group_count), 0) AS rate_per_group_count,
+           coalesce(max(rate_per_group_period_ms), 1000) AS rate_per_group_period_ms FROM ingest_kind WHERE kind = $1
 ), room AS (
-    SELECT gr.g, least(` + groupRoomSQL("gr.g", "true") + `, $2) AS n FROM groups gr, k
+    SELECT gr.g, least(` + groupRoomSQL("gr.g", "true") + `, $2,
+        CASE WHEN gr.g <> '' THEN greatest(` + windowSQL("$1", "$3") + ` - ` + admittedSQL("$1", "gr.g") + `, 0) END) AS n
+    FROM groups gr, k
 ), picked AS (
     SELECT p.id FROM room CROSS JOIN LATERAL (
         SELECT q.id, row_number() OVER (ORDER BY q.id) AS rn FROM (
@@ -172,3 +277,21 @@ WITH RECURSIVE gs AS (
 UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
 FROM picked p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` AND t.status IN ` + waitingSQL + ` THEN true ELSE false END
 RETURNING t.id, coalesce(t.traceparent, '')`
+
+// limitedKindsSQL lists the kinds not paused that have a limit, or
+// parked tasks with a group (held back by a window; found by a loose scan
+// of ingest_task_parked_group_idx, one probe per kind).
+const limitedKindsSQL = `
+WITH RECURSIVE hk AS (
+    (SELECT kind FROM ingest_task WHERE parked_at IS NOT NULL AND group_key IS NOT NULL ORDER BY kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.kind FROM ingest_task t WHERE t.parked_at IS NOT NULL AND t.group_key IS NOT NULL AND t.kind > hk.kind
+            ORDER BY t.kind LIMIT 1)
+    FROM hk WHERE hk.kind IS NOT NULL
+)
+SELECT kind FROM ingest_kind WHERE NOT paused
+    AND (concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0)
+UNION
+SELECT hk.kind FROM hk WHERE hk.kind IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM ingest_kind k WHERE k.kind = hk.kind AND k.paused)
+ORDER BY 1`

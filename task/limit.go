@@ -122,6 +122,9 @@ type KindUpdate struct {
 	Rate                *Rate
 	ConcurrencyPerGroup *int
 	RatePerGroup        *Rate
+	// GroupWindow is the most tasks of one group in the stream or
+	// running at once (fair scheduling; 0: DefaultGroupWindow).
+	GroupWindow *int
 }
 
 // KindLimits returns the settings of every kind that is paused or
@@ -173,8 +176,13 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	if actor == "" {
 		return 0, fmt.Errorf("%w: changing a kind's settings needs an actor", ErrInvalidTask)
 	}
-	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil {
-		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate, concurrency_per_group or rate_per_group"}
+	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil && u.GroupWindow == nil {
+		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate, concurrency_per_group, rate_per_group or group_window"}
+	}
+	if w := u.GroupWindow; w != nil && !GroupWindowRange.Contains(int64(*w)) {
+		ferr := GroupWindowRange.Check(int64(*w))
+		ferr.Msg += " (0: the default)"
+		return 0, ferr
 	}
 	if c := u.Concurrency; c != nil && !ConcurrencyRange.Contains(int64(*c)) {
 		ferr := ConcurrencyRange.Check(int64(*c))
@@ -199,23 +207,25 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		var periodMS, groupMS int64
 		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by,
-				concurrency_per_group, rate_per_group_count, rate_per_group_period_ms)
-			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6, coalesce($7, 0), coalesce($8, 0), coalesce($9, 1000))
+				concurrency_per_group, rate_per_group_count, rate_per_group_period_ms, group_window)
+			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6, coalesce($7, 0), coalesce($8, 0), coalesce($9, 1000),
+				coalesce($10, 0))
 			ON CONFLICT (kind) DO UPDATE SET paused = coalesce($2, k.paused), concurrency = coalesce($3, k.concurrency),
 				rate_count = coalesce($4, k.rate_count), rate_period_ms = coalesce($5, k.rate_period_ms),
 				concurrency_per_group = coalesce($7, k.concurrency_per_group),
 				rate_per_group_count = coalesce($8, k.rate_per_group_count), rate_per_group_period_ms = coalesce($9, k.rate_per_group_period_ms),
+				group_window = coalesce($10, k.group_window),
 				updated_at = now(), updated_by = $6
 			RETURNING paused, concurrency, rate_count, rate_period_ms, concurrency_per_group, rate_per_group_count, rate_per_group_period_ms`,
-			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.ConcurrencyPerGroup, groupCount, groupPeriod).Scan(
+			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.ConcurrencyPerGroup, groupCount, groupPeriod, u.GroupWindow).Scan(
 			&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS, &lim.ConcurrencyPerGroup, &lim.RatePerGroup.Count, &groupMS); err != nil {
 			return err
 		}
 		lim.Rate.Per = time.Duration(periodMS) * time.Millisecond
 		lim.RatePerGroup.Per = time.Duration(groupMS) * time.Millisecond
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, concurrency_per_group, rate_per_group)
-			VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
-			kind, actor, u.Paused, u.Concurrency, rateText, u.ConcurrencyPerGroup, groupText).Scan(&changeID); err != nil {
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, concurrency_per_group, rate_per_group, group_window)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`,
+			kind, actor, u.Paused, u.Concurrency, rateText, u.ConcurrencyPerGroup, groupText, u.GroupWindow).Scan(&changeID); err != nil {
 			return err
 		}
 		if u.ConcurrencyPerGroup != nil && *u.ConcurrencyPerGroup > 0 {
@@ -617,7 +627,8 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		), tight AS (`+tightSQL("$2::int")+`
 		), free AS (`+freeSQL("true")+`)
 		SELECT coalesce((SELECT n FROM free), 2147483647),
-		       coalesce((SELECT concurrency_per_group > 0 OR rate_per_group_count > 0 FROM k), false)`, kind, want).QueryRow(func(row pgx.Row) error {
+		       coalesce((SELECT concurrency_per_group > 0 OR rate_per_group_count > 0 FROM k), false)
+		       OR EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND `+parkedSQL("ingest_task")+` AND group_key IS NOT NULL)`, kind, want).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&free, &grouped)
 		})
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -635,7 +646,11 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 			// Round-robin across the groups with room.
 			unpark = unparkGroupsSQL
 		}
-		rows, err := tx.Query(ctx, unpark, kind, n)
+		args := []any{kind, n}
+		if grouped {
+			args = append(args, DefaultGroupWindow)
+		}
+		rows, err := tx.Query(ctx, unpark, args...)
 		if err != nil {
 			return err
 		}
@@ -662,13 +677,13 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 	return ids, nil
 }
 
-// LimitedKinds returns the kinds not paused that have a limit: those whose
-// parked tasks the releaser wakes as slots and starts free (a resume, or
+// LimitedKinds returns the kinds not paused that have a limit or tasks
+// held back by their group's window: those whose parked tasks the
+// releaser wakes as slots, starts and windows free (a resume, or
 // the removal of a kind's last limit, releases all its parked tasks at
 // once).
 func (s *Store) LimitedKinds(ctx context.Context) ([]string, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE NOT paused
-		AND (concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0) ORDER BY kind`)
+	rows, err := s.db.Query(ctx, limitedKindsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read limited kinds: %w", err)
 	}
