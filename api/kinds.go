@@ -20,6 +20,13 @@ type KindRequest struct {
 	Paused      *bool   `json:"paused"`
 	Concurrency *int    `json:"concurrency"`
 	Rate        *string `json:"rate"`
+	// ConcurrencyPerGroup and RatePerGroup limit each group of the kind
+	// as Concurrency and Rate limit the kind (0, "0": no limit);
+	// GroupWindow is the most tasks of one group in the stream or running
+	// at once (fair scheduling; 0: the default).
+	ConcurrencyPerGroup *int    `json:"concurrency_per_group"`
+	RatePerGroup        *string `json:"rate_per_group"`
+	GroupWindow         *int    `json:"group_window"`
 }
 
 // KindResponse answers PUT /v1/kinds/{kind}: the kind after the change
@@ -45,7 +52,8 @@ func (s *Server) listKinds(w http.ResponseWriter, r *http.Request) {
 }
 
 // putKind answers PUT /v1/kinds/{kind} {"paused": bool, "concurrency":
-// n, "rate": "5/s"}: 200 with the kind; 400 naming a bad field.
+// n, "rate": "5/s", "concurrency_per_group": n, "rate_per_group": "1/s",
+// "group_window": n}: 200 with the kind; 400 naming a bad field.
 func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 	kind := r.PathValue("kind")
 	var req KindRequest
@@ -53,7 +61,8 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency}
+	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency,
+		ConcurrencyPerGroup: req.ConcurrencyPerGroup, GroupWindow: req.GroupWindow}
 	if req.Rate != nil {
 		rate, err := task.ParseRate(*req.Rate)
 		if err != nil {
@@ -61,6 +70,14 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		u.Rate = &rate
+	}
+	if req.RatePerGroup != nil {
+		rate, err := task.ParseGroupRate(*req.RatePerGroup)
+		if err != nil {
+			writeStoreError(w, r, s, err)
+			return
+		}
+		u.RatePerGroup = &rate
 	}
 	released, err := s.store.SetKind(r.Context(), s.cfg.Actor, kind, u)
 	if err != nil {

@@ -34,6 +34,9 @@ type CreateRequest struct {
 	DelayMS int64  `json:"delay_ms,omitempty"`
 	// TimeoutMS is the task's handler timeout; 0: the worker's default.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// GroupKey is the task's group (a tenant): per-group limits and fair
+	// scheduling; "" or absent: none.
+	GroupKey string `json:"group_key,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -226,7 +229,7 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 	if len(req.Payload) == 0 || string(req.Payload) == "null" {
 		return task.NewTask{}, &FieldError{Field: "payload", Msg: "payload is required (any JSON value but null)"}
 	}
-	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey}
+	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey, GroupKey: req.GroupKey}
 	if req.MaxAttempts != nil {
 		// Given, it must be in range: 0 is not "none" here.
 		if ferr := task.MaxAttemptsRange.Check(int64(*req.MaxAttempts)); ferr != nil {

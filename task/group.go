@@ -57,6 +57,18 @@ func CheckGroupKey(key string) *FieldError {
 	return nil
 }
 
+// ParseGroupRate reads a per-group rate limit as ParseRate reads a
+// kind's, its errors naming rate_per_group.
+func ParseGroupRate(text string) (Rate, error) {
+	r, err := ParseRate(text)
+	var ferr *FieldError
+	if errors.As(err, &ferr) {
+		ferr.Field = "rate_per_group"
+		ferr.Msg = "rate_per_group: " + ferr.Msg
+	}
+	return r, err
+}
+
 // rateColumns checks a rate setting of field (rate or rate_per_group)
 // and returns its columns: the count, the period in milliseconds and the
 // written form for the change row; all nil when r is nil (unchanged).

@@ -163,6 +163,11 @@ func TestGroupLimitsStartLimited(t *testing.T) {
 	if _, err := b.store.SetKind(b.ctx, "test", "gl", task.KindUpdate{ConcurrencyPerGroup: &perGroup, Concurrency: &capN, GroupWindow: &w}); err != nil {
 		t.Fatal(err)
 	}
+	var audited int
+	if err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM ingest_kind_change WHERE kind = 'gl' AND actor = 'test'
+		AND concurrency_per_group = 2 AND concurrency = 5 AND group_window = 1000 AND rate_per_group IS NULL`).Scan(&audited); err != nil || audited != 1 {
+		t.Errorf("the change's audit rows: %d (%v), want 1", audited, err)
+	}
 	var ids []uuid.UUID
 	group := map[uuid.UUID]string{}
 	for _, g := range []string{"a", "b", "c", ""} {

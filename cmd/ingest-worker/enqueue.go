@@ -19,7 +19,7 @@ import (
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
-		kind, payload, key, file, runAt string
+		kind, payload, key, file, runAt, group string
 		maxAttempts                     int
 		delay, timeout                  time.Duration
 	)
@@ -38,11 +38,13 @@ of creating a second one.
 --run-at (RFC 3339) or --delay (a duration) schedules the task: it stays
 QUEUED and is published to the stream, and started, only once it is due
 (a time in the past means now). --timeout is the deadline of each run of
-its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS).
+its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS). --group names
+the task's group (a tenant): the kind's per-group limits hold for each
+group, and ready tasks are served round-robin across groups.
 
 --file reads newline-delimited JSON, one task per line:
   {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
-   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000}
+   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000, "group_key": "acme"}
 (all but kind and payload are optional; run_at and delay_ms exclusive) and
 creates all of them in one transaction: all or none. Use --file - for stdin.`,
 		Example: `  ingest-worker enqueue --kind email --payload '{"to":"a@example.com"}'
@@ -59,9 +61,9 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 			var err error
 			switch {
 			case file != "":
-				if kind != "" || payload != "" || key != "" || runAt != "" ||
+				if kind != "" || payload != "" || key != "" || runAt != "" || group != "" ||
 					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay or --timeout (put them in the file's lines)")
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay, --timeout or --group (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -73,7 +75,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 				if p, err = a.readPayload(payload); err != nil {
 					return err
 				}
-				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout}
+				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout, GroupKey: group}
 				switch {
 				case runAt != "" && cmd.Flags().Changed("delay"):
 					return usagef("--run-at and --delay are exclusive")
@@ -146,13 +148,14 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.StringVar(&runAt, "run-at", "", "run the task at this RFC 3339 time, not before")
 	f.DurationVar(&delay, "delay", 0, "run the task after this delay (e.g. 90s, 15m), not before")
 	f.DurationVar(&timeout, "timeout", 0, "deadline of each run of the handler (default INGEST_TASK_TIMEOUT_MS)")
+	f.StringVar(&group, "group", "", "the task's group (a tenant): per-group limits and fair scheduling")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }
 
 // enqueueFlags are the flags of enqueue by the task field each sets.
 var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key",
-	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout"}
+	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout", "group_key": "group"}
 
 // readPayload returns --payload's JSON: inline, @file or @-.
 func (a *app) readPayload(v string) ([]byte, error) {
