@@ -20,8 +20,8 @@ import (
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
 		kind, payload, key, file, runAt, group string
-		maxAttempts                     int
-		delay, timeout                  time.Duration
+		maxAttempts                            int
+		delay, timeout                         time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "enqueue (--kind K --payload JSON|@file | --file tasks.ndjson)",
