@@ -30,6 +30,8 @@ type Task struct {
 	Attempt int
 	// MaxAttempts is how many runs the task gets before it goes DEAD.
 	MaxAttempts int
+	// GroupKey is the task's group (a tenant) as created; "" when none.
+	GroupKey string
 
 	// progress writes this run's progress (nil outside a worker's run).
 	progress *progressReporter

@@ -434,6 +434,7 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 		Payload:     t.Payload,
 		Attempt:     t.AttemptCount + 1,
 		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
+		GroupKey:    t.GroupKey,
 	}}
 	r.task.progress = newProgressReporter(p.ioCtx, p.store, p.log, p.cfg.Consumer)
 	hctx, r.span = startAttempt(hctx, r.task, tp)

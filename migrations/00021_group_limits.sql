@@ -54,6 +54,11 @@ CREATE TABLE ingest_group_rate (
 CREATE INDEX ingest_task_parked_group_idx ON ingest_task (kind, group_key, id)
     WHERE parked_at IS NOT NULL AND group_key IS NOT NULL;
 
+-- The parked tasks without a group, for the same release: whether a kind
+-- has any is one probe, not a scan of its parked tasks with a group.
+CREATE INDEX ingest_task_parked_nogroup_idx ON ingest_task (kind, id)
+    WHERE parked_at IS NOT NULL AND group_key IS NULL;
+
 -- A group's tasks in the stream or running (unfinished, not parked),
 -- which its window bounds: counted when a task of the group is created
 -- and when the group's parked tasks are released. Tasks without a group
@@ -63,6 +68,7 @@ CREATE INDEX ingest_task_group_live_idx ON ingest_task (kind, group_key)
 
 -- +goose Down
 DROP INDEX ingest_task_group_live_idx;
+DROP INDEX ingest_task_parked_nogroup_idx;
 DROP INDEX ingest_task_parked_group_idx;
 DROP TABLE ingest_group_rate;
 DROP TABLE ingest_group_slot;
