@@ -104,9 +104,10 @@ func TestRowsMatchCreateTx(t *testing.T) {
 		{"timeout_ms", task.NewTask{Timeout: 1500 * time.Millisecond}, `{"timeout_ms":1500}`},
 		{"traceparent", task.NewTask{Traceparent: tp}, fmt.Sprintf(`{"traceparent":%q}`, tp)},
 		{"dedup_by_payload", task.NewTask{DedupByPayload: true}, `{"dedup_by_payload":true}`},
+		{"group_key", task.NewTask{GroupKey: "acme é"}, `{"group_key":"acme é"}`},
 		{"all", task.NewTask{IdempotencyKey: "key-2", MaxAttempts: 3, Delay: time.Second, Timeout: time.Second, Traceparent: tp},
 			fmt.Sprintf(`{"idempotency_key":"key-2","max_attempts":3,"delay_ms":1000,"timeout_ms":1000,"traceparent":%q}`, tp)},
-		{"nulls_are_absent", task.NewTask{}, `{"idempotency_key":null,"max_attempts":null,"run_at":null,"delay_ms":null,"timeout_ms":null,"traceparent":null,"dedup_by_payload":null}`},
+		{"nulls_are_absent", task.NewTask{}, `{"idempotency_key":null,"max_attempts":null,"run_at":null,"delay_ms":null,"timeout_ms":null,"traceparent":null,"dedup_by_payload":null,"group_key":null}`},
 	}
 	for _, tc := range cases {
 		// One kind per creation path, so keys and dedup do not meet.
