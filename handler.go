@@ -34,6 +34,8 @@ type Task struct {
 	Attempt int
 	// MaxAttempts is how many runs the task gets before it goes DEAD.
 	MaxAttempts int
+	// GroupKey is the task's group (a tenant) as created; "" when none.
+	GroupKey string
 	// Dependencies holds the results of the task's dependencies
 	// (NewTask.DependsOn), keyed by their ids: JSON null for one that
 	// returned none, or ended DEAD or CANCELLED (a task created with

@@ -441,6 +441,7 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 		Payload:     t.Payload,
 		Attempt:     t.AttemptCount + 1,
 		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
+		GroupKey:    t.GroupKey,
 
 		hasDependencies: t.DependencyDepth > 0,
 	}}

@@ -35,7 +35,6 @@ type bundle struct {
 	token string
 	rdb   *redis.Client // with options.dlq
 	dlq   string
-	db    *testenv.Database
 }
 
 type options struct {
@@ -238,6 +237,9 @@ func TestCreate(t *testing.T) {
 			{"PriorityTooLow", `{"kind":"k","payload":1,"priority":5}`, "priority", "from 1 to 4"},
 			{"PriorityNotInt", `{"kind":"k","payload":1,"priority":"high"}`, "priority", "must be a JSON integer"},
 			{"LongIdempotencyKey", `{"kind":"k","payload":1,"idempotency_key":"` + strings.Repeat("i", 1001) + `"}`, "idempotency_key", "longer than"},
+			{"LongGroupKey", `{"kind":"k","payload":1,"group_key":"` + strings.Repeat("g", 201) + `"}`, "group_key", "longer than"},
+			{"GroupKeyControl", `{"kind":"k","payload":1,"group_key":"a\u0007"}`, "group_key", "control"},
+			{"GroupKeyNotString", `{"kind":"k","payload":1,"group_key":7}`, "group_key", "must be a JSON string"},
 			{"RunAtNotRFC3339", `{"kind":"k","payload":1,"run_at":"tomorrow"}`, "run_at", "RFC 3339"},
 			{"RunAtAndDelay", `{"kind":"k","payload":1,"run_at":"2030-01-01T00:00:00Z","delay_ms":5}`, "run_at", "exclusive"},
 			{"NegativeDelay", `{"kind":"k","payload":1,"delay_ms":-5}`, "delay_ms", "from 0 to"},

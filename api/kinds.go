@@ -22,6 +22,13 @@ type KindRequest struct {
 	Rate        *string `json:"rate"`
 	// SequenceOnFailure is "block" or "continue".
 	SequenceOnFailure *string `json:"sequence_on_failure"`
+	// ConcurrencyPerGroup and RatePerGroup limit each group of the kind
+	// as Concurrency and Rate limit the kind (0, "0": no limit);
+	// GroupWindow is the most tasks of one group in the stream or running
+	// at once (fair scheduling; 0: the default).
+	ConcurrencyPerGroup *int    `json:"concurrency_per_group"`
+	RatePerGroup        *string `json:"rate_per_group"`
+	GroupWindow         *int    `json:"group_window"`
 }
 
 // KindResponse answers PUT /v1/kinds/{kind}: the kind after the change
@@ -47,7 +54,9 @@ func (s *Server) listKinds(w http.ResponseWriter, r *http.Request) {
 }
 
 // putKind answers PUT /v1/kinds/{kind} {"paused": bool, "concurrency":
-// n, "rate": "5/s", "sequence_on_failure": "block"}: 200 with the kind; 400 naming a bad field.
+// n, "rate": "5/s", "concurrency_per_group": n, "rate_per_group": "1/s",
+// "group_window": n, "sequence_on_failure": "block"}: 200 with the kind; 400
+// naming a bad field.
 func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 	kind := r.PathValue("kind")
 	var req KindRequest
@@ -55,7 +64,8 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 		writeError(w, ierr.code, ierr.msg, ierr.field)
 		return
 	}
-	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency, SequenceOnFailure: req.SequenceOnFailure}
+	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency, SequenceOnFailure: req.SequenceOnFailure,
+		ConcurrencyPerGroup: req.ConcurrencyPerGroup, GroupWindow: req.GroupWindow}
 	if req.Rate != nil {
 		rate, err := task.ParseRate(*req.Rate)
 		if err != nil {
@@ -63,6 +73,14 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		u.Rate = &rate
+	}
+	if req.RatePerGroup != nil {
+		rate, err := task.ParseGroupRate(*req.RatePerGroup)
+		if err != nil {
+			writeStoreError(w, r, s, err)
+			return
+		}
+		u.RatePerGroup = &rate
 	}
 	released, err := s.store.SetKind(r.Context(), s.cfg.Actor, kind, u)
 	if err != nil {

@@ -45,7 +45,15 @@ func TestKinds(t *testing.T) {
 	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || k.Concurrency != 4 || k.Rate != "0" {
 		t.Fatalf("remove the rate limit: %d %s", r.code, r.body)
 	}
+	r = b.do(t, "PUT", "/v1/kinds/embed", `{"concurrency_per_group":2,"rate_per_group":"5/s","group_window":50}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || k.Concurrency != 4 || k.ConcurrencyPerGroup != 2 || k.RatePerGroup != "5/s" || k.GroupWindow != 50 {
+		t.Fatalf("per-group limits: %d %s", r.code, r.body)
+	}
 	for _, tc := range []struct{ body, field string }{
+		{`{"concurrency_per_group":-1}`, "concurrency_per_group"},
+		{`{"rate_per_group":"5/fortnight"}`, "rate_per_group"},
+		{`{"rate_per_group":"100000/s"}`, "rate_per_group"},
+		{`{"group_window":-3}`, "group_window"},
 		{`{"concurrency":-1}`, "concurrency"},
 		{`{"concurrency":"4"}`, "concurrency"},
 		{`{"rate":"5/fortnight"}`, "rate"},

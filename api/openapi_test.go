@@ -145,6 +145,7 @@ func TestOpenAPIFacts(t *testing.T) {
 		schemas + "CreateRequest/properties/kind":            task.MaxKindLength,
 		"/components/parameters/Kind/schema":                 task.MaxKindLength,
 		schemas + "CreateRequest/properties/idempotency_key": task.MaxIdempotencyKeyLength,
+		schemas + "CreateRequest/properties/group_key":       task.MaxGroupKeyLength,
 		schemas + "CancelRequest/properties/reason":          task.MaxCancelReasonBytes,
 		schemas + "ProgressRequest/properties/message":       task.MaxProgressMessageBytes,
 		schemas + "Progress/properties/message":              task.MaxProgressMessageBytes,

@@ -46,6 +46,9 @@ type CreateRequest struct {
 	Ref string `json:"ref,omitempty"`
 	// Priority is 1 (the highest) to 4; absent: 2 (task.NewTask.Priority).
 	Priority *int `json:"priority,omitempty"`
+	// GroupKey is the task's group (a tenant): per-group limits and fair
+	// scheduling; "" or absent: none.
+	GroupKey string `json:"group_key,omitempty"`
 }
 
 // CreateResponse answers a created task (and each task of a batch).
@@ -257,7 +260,7 @@ func (req CreateRequest) Validate(maxPayloadBytes int) (task.NewTask, *FieldErro
 		return task.NewTask{}, &FieldError{Field: "payload", Msg: "payload is required (any JSON value but null)"}
 	}
 	nt := task.NewTask{Kind: strings.TrimSpace(req.Kind), Payload: req.Payload, IdempotencyKey: req.IdempotencyKey,
-		SequenceKey: req.SequenceKey}
+		SequenceKey: req.SequenceKey, GroupKey: req.GroupKey}
 	if req.MaxAttempts != nil {
 		// Given, it must be in range: 0 is not "none" here.
 		if ferr := task.MaxAttemptsRange.Check(int64(*req.MaxAttempts)); ferr != nil {

@@ -137,7 +137,9 @@ func (r *releaser) runOnce(ctx context.Context) (int, error) {
 	}
 	now := time.Now()
 	total := 0
+	releasing := make(map[string]bool, len(kinds))
 	for _, kind := range kinds {
+		releasing[kind] = true
 		var ids []uuid.UUID
 		kept := r.transit[kind][:0]
 		for _, t := range r.transit[kind] {
@@ -166,7 +168,7 @@ func (r *releaser) runOnce(ctx context.Context) (int, error) {
 		}
 	}
 	if now.Sub(r.lastCount) >= r.cfg.WaitingInterval {
-		n, err := r.countWaiting(ctx)
+		n, err := r.countWaiting(ctx, releasing)
 		total += n
 		if err != nil {
 			return total, err
@@ -187,8 +189,11 @@ const strandedBatch = 1000
 // or the removal of the last limit, that should have released it did not
 // finish: its process died, or its caller went away, between the change's
 // commit and the release; or a worker parked it under a limit removed in
-// the meantime). It returns how many tasks it released.
-func (r *releaser) countWaiting(ctx context.Context) (released int, err error) {
+// the meantime). The kinds of releasing, which this pass released (kinds
+// whose tasks a group's window holds back, task.Store.LimitedKinds), are
+// counted as waiting for room ("limit"). It returns how many tasks it
+// released.
+func (r *releaser) countWaiting(ctx context.Context, releasing map[string]bool) (released int, err error) {
 	parked, err := r.store.ParkedCounts(ctx)
 	if err != nil {
 		return 0, err
@@ -199,6 +204,10 @@ func (r *releaser) countWaiting(ctx context.Context) (released int, err error) {
 	}
 	snap := waitingSnapshot{at: time.Now(), counts: map[[2]string]int64{}}
 	for kind, n := range parked {
+		if _, held := limits[kind]; !held && releasing[kind] {
+			snap.counts[[2]string{kind, task.ParkReason(false)}] = n
+			continue
+		}
 		if _, held := limits[kind]; !held {
 			// ReleaseParked reads the settings again under the kind's lock:
 			// a kind paused or limited since releases what they allow.

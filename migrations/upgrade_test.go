@@ -265,3 +265,64 @@ func TestUpgradeParkedMark(t *testing.T) {
 		t.Fatalf("the task parked before the downgrade reads %+v after the upgrade; want parked", tk)
 	}
 }
+
+// TestUpgradeGroupLimits upgrades a database with a limited kind, a parked
+// task and a running one to migration 21: the tasks have no group, the
+// kind no per-group limit, and a limited start works on them (the running
+// task holds the kind's one slot, so the parked one is parked again);
+// then it downgrades to 17 and upgrades again.
+func TestUpgradeGroupLimits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewEmptyDatabase(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
+		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(ctx, 17); err != nil {
+		t.Fatal(err)
+	}
+	running, parked := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	for _, q := range []string{
+		`INSERT INTO ingest_kind (kind, paused, concurrency, updated_by) VALUES ('up', false, 1, 'op')`,
+		`INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts, status, lease_owner, lease_until)
+		 VALUES ('` + running.String() + `', 'up', '{}', 'sha', 3, 'RUNNING', 'w1', now() + interval '1 hour')`,
+		`INSERT INTO ingest_kind_slot (kind, task_id) VALUES ('up', '` + running.String() + `')`,
+		`INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts, parked_at)
+		 VALUES ('` + parked.String() + `', 'up', '{}', 'sha', 3, now())`,
+	} {
+		if _, err := db.Pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	for range 2 {
+		if _, err := migrations.Up(ctx, db.Pool); err != nil {
+			t.Fatal(err)
+		}
+		store, err := task.NewStore(task.Config{}, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		limits, err := store.KindLimits(ctx)
+		if l := limits["up"]; err != nil || l.Concurrency != 1 || l.ConcurrencyPerGroup != 0 || l.RatePerGroup.Count != 0 {
+			t.Errorf("KindLimits = %+v, %v; want concurrency 1 and no per-group limit", limits, err)
+		}
+		got, err := store.Get(ctx, parked)
+		if err != nil || got.GroupKey != "" || got.ParkedAt == nil {
+			t.Fatalf("Get = %+v, %v; want a parked task without a group", got, err)
+		}
+		if _, err := db.Pool.Exec(ctx, `UPDATE ingest_task SET parked_at = NULL WHERE id = $1`, parked); err != nil {
+			t.Fatal(err)
+		}
+		res, err := store.StartLimited(ctx, "w2", time.Minute, "up", parked)
+		if err != nil || len(res) != 1 || res[0].Outcome != task.ParkedAtLimit {
+			t.Errorf("StartLimited = %+v, %v; want the task parked at the limit", res, err)
+		}
+		if _, err := p.DownTo(ctx, 17); err != nil {
+			t.Fatalf("down to 17: %v", err)
+		}
+	}
+}

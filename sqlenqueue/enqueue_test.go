@@ -107,9 +107,10 @@ func TestRowsMatchCreateTx(t *testing.T) {
 		{"priority", task.NewTask{Priority: 1}, `{"priority":1}`},
 		{"priority_lowest", task.NewTask{Priority: 4}, `{"priority":4}`},
 		{"priority_default", task.NewTask{Priority: 2}, `{"priority":2}`},
-		{"all", task.NewTask{IdempotencyKey: "key-2", MaxAttempts: 3, Delay: time.Second, Timeout: time.Second, Traceparent: tp},
-			fmt.Sprintf(`{"idempotency_key":"key-2","max_attempts":3,"delay_ms":1000,"timeout_ms":1000,"traceparent":%q}`, tp)},
-		{"nulls_are_absent", task.NewTask{}, `{"idempotency_key":null,"max_attempts":null,"run_at":null,"delay_ms":null,"timeout_ms":null,"traceparent":null,"dedup_by_payload":null,"priority":null}`},
+		{"group_key", task.NewTask{GroupKey: "acme é"}, `{"group_key":"acme é"}`},
+		{"all", task.NewTask{IdempotencyKey: "key-2", MaxAttempts: 3, Delay: time.Second, Timeout: time.Second, Traceparent: tp, Priority: 3, GroupKey: "acme"},
+			fmt.Sprintf(`{"idempotency_key":"key-2","max_attempts":3,"delay_ms":1000,"timeout_ms":1000,"traceparent":%q,"priority":3,"group_key":"acme"}`, tp)},
+		{"nulls_are_absent", task.NewTask{}, `{"idempotency_key":null,"max_attempts":null,"run_at":null,"delay_ms":null,"timeout_ms":null,"traceparent":null,"dedup_by_payload":null,"priority":null,"group_key":null}`},
 	}
 	for _, tc := range cases {
 		// One kind per creation path, so keys and dedup do not meet.

@@ -70,6 +70,10 @@ func TestRejectionsMatchTheAPI(t *testing.T) {
 		{"key type", "k", `{}`, `{"idempotency_key":5}`},
 		{"key too long", "k", `{}`, fmt.Sprintf(`{"idempotency_key":%q}`, strings.Repeat("k", task.MaxIdempotencyKeyLength+1))},
 		{"key control", "k", `{}`, `{"idempotency_key":"a\tb"}`},
+		{"group_key type", "k", `{}`, `{"group_key":5}`},
+		{"group_key too long", "k", `{}`, fmt.Sprintf(`{"group_key":%q}`, strings.Repeat("g", task.MaxGroupKeyLength+1))},
+		{"group_key control", "k", `{}`, `{"group_key":"a\u202eb"}`},
+		{"group_key space", "k", `{}`, `{"group_key":" acme"}`},
 		{"max_attempts zero", "k", `{}`, `{"max_attempts":0}`},
 		{"max_attempts negative", "k", `{}`, `{"max_attempts":-3}`},
 		{"max_attempts too large", "k", `{}`, `{"max_attempts":1000001}`},
@@ -167,7 +171,7 @@ func TestRejectionsBeyondTheAPI(t *testing.T) {
 		{"tasks NULL", `SELECT ingest_enqueue_batch(NULL)`, "tasks", "tasks must be a JSON array, got NULL"},
 		{"task not an object", `SELECT ingest_enqueue_batch('[{"kind":"k","payload":1}, 5]')`, "", "task 1: the task must be a JSON object, got number"},
 		{"batch kind type", `SELECT ingest_enqueue_batch('[{"kind":5,"payload":1}]')`, "kind", "task 0: kind must be a JSON string, got number"},
-		{"batch unknown field", `SELECT ingest_enqueue_batch('[{"kind":"k","payload":1,"sequence_key":"a","group_key":"b"}]')`, "group_key", `task 0: unknown field "group_key"`},
+		{"batch unknown field", `SELECT ingest_enqueue_batch('[{"kind":"k","payload":1,"sequence_key":"a","flavour":"b"}]')`, "flavour", `task 0: unknown field "flavour"`},
 	}
 	for _, tc := range cases {
 		_, err := db.Exec(ctx, tc.sql)

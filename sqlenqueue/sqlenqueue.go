@@ -25,7 +25,7 @@ const (
 // the create options of POST /v1/tasks, plus traceparent and
 // dedup_by_payload (task.NewTask's). Any other field is refused with
 // CodeInvalid, naming it.
-var Options = []string{"idempotency_key", "max_attempts", "run_at", "delay_ms", "timeout_ms", "traceparent", "dedup_by_payload", "priority"}
+var Options = []string{"idempotency_key", "max_attempts", "run_at", "delay_ms", "timeout_ms", "traceparent", "dedup_by_payload", "priority", "group_key"}
 
 // FieldError returns the task.FieldError of a rejection by the functions
 // (err wraps a *pgconn.PgError with one of the codes above), or nil for

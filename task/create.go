@@ -82,6 +82,11 @@ type NewTask struct {
 	// get a share of the reads (docs/FAIRNESS.md "Priorities"). The
 	// default is stored as NULL.
 	Priority int
+	// GroupKey is the task's group: a tenant, a customer, a source (at most
+	// MaxGroupKeyLength bytes, a name as CheckName has them). The kind's
+	// per-group limits hold for each group; "" is no group, which counts
+	// as one group of its own.
+	GroupKey string
 }
 
 // CreateResult is the outcome of creating one task.
@@ -176,6 +181,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		return nil, claim, err
 	}
 	inserted := map[uuid.UUID]Task{}
+	windowed, err := s.holdBack(ctx, tx, items, ins)
+	if err != nil {
+		return nil, claim, err
+	}
 	if len(ins) > 0 {
 		cols := struct {
 			ids              []uuid.UUID
@@ -189,8 +198,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			seqKeys          []string
 			seqNos           []int64
 			priority         []int16
+			groups           []string
+			held             []bool
 		}{}
-		for _, i := range ins {
+		for j, i := range ins {
 			it := items[i]
 			cols.ids = append(cols.ids, it.id)
 			cols.kinds = append(cols.kinds, it.Kind)
@@ -214,6 +225,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.seqKeys = append(cols.seqKeys, it.SequenceKey)
 			cols.seqNos = append(cols.seqNos, it.seqNo)
 			cols.priority = append(cols.priority, int16(it.Priority))
+			cols.groups = append(cols.groups, it.GroupKey)
+			cols.held = append(cols.held, windowed != nil && windowed[j])
 			cols.keyed = cols.keyed || it.IdempotencyKey != ""
 		}
 		sql := insertPlainSQL
@@ -221,7 +234,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			sql = insertKeyedSQL
 		}
 		rows, err := tx.Query(ctx, sql, cols.ids, cols.kinds, cols.payloads, cols.shas, cols.key, cols.max,
-			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.seqKeys, cols.seqNos, cols.priority)
+			cols.runAt, cols.delay, cols.timeout, cols.tps, cols.dedup, cols.seqKeys, cols.seqNos, cols.priority, cols.groups, cols.held)
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -270,6 +283,10 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 				due = append(due, t.NextRetryAt)
 				continue
 			}
+			if t.ParkedAt != nil {
+				// Held back by its group's window: a release publishes it.
+				continue
+			}
 			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent, Priority: t.Priority})
 			continue
 		}
@@ -312,7 +329,9 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // created with DedupByPayload, the only ones ingest_task_dedup_idx holds.
 // sequence_key $12 (empty for none) and sequence_no $13 place a task in its
 // sequence (sequence.go).
-// A priority $14 of 0 or 2 (the default) is stored as NULL.
+// A priority $14 of 0 or 2 (the default) is stored as NULL. group_key $15
+// (empty for none) is the task's group; held $16 creates it parked, held
+// back by its group's window (holdBack in group.go).
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
 // unique (kind, idempotency_key) index (insertKeyedSQL); one without
@@ -321,12 +340,13 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // row more).
 const insertTasksSQL = `
 INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup,
-    sequence_key, sequence_no, priority)
+    sequence_key, sequence_no, priority, group_key, parked_at)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
-    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(seq_key, ''), NULLIF(seq_no, 0), NULLIF(NULLIF(priority, 0), 2)
+    NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(seq_key, ''), NULLIF(seq_no, 0), NULLIF(NULLIF(priority, 0), 2),
+    NULLIF(group_key, ''), CASE WHEN held THEN now() END
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[],
-            $12::text[], $13::bigint[], $14::smallint[])
-    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, seq_key, seq_no, priority, ord)
+            $12::text[], $13::bigint[], $14::smallint[], $15::text[], $16::bool[])
+    WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, seq_key, seq_no, priority, group_key, held, ord)
     CROSS JOIN LATERAL (SELECT CASE WHEN run_at > now() THEN run_at
                                     WHEN delay_ms > 0 THEN now() + delay_ms * interval '1 millisecond' END AS due) d
 ORDER BY ord`
@@ -532,7 +552,7 @@ const MaxIdempotencyKeyLength = 1000
 // store (a RedriveFilter, ListParams, a kind's settings, a cancel).
 type FieldError struct {
 	// Field is kind, payload, idempotency_key, max_attempts, run_at,
-	// delay_ms, timeout_ms, traceparent or sequence_key (for a RedriveFilter: status,
+	// delay_ms, timeout_ms, traceparent, sequence_key or group_key (for a RedriveFilter: status,
 	// limit, since, kind or error_contains; ListParams: status, limit,
 	// kind or cursor; a Range's field; a cancel's reason).
 	Field string
@@ -576,6 +596,9 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 		return nil, ferr
 	}
 	if ferr := CheckName("sequence_key", nt.SequenceKey, MaxSequenceKeyLength); ferr != nil {
+		return nil, ferr
+	}
+	if ferr := CheckGroupKey(nt.GroupKey); ferr != nil {
 		return nil, ferr
 	}
 	if nt.MaxAttempts != 0 { // 0: none of its own (max_attempts NULL)

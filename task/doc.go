@@ -49,6 +49,10 @@
 // which keeps it from being due (the guard due) until ReleaseParked
 // clears it and gives it a new outbox event. (Release, a worker handing
 // back its RUNNING tasks at shutdown, is another thing: a state change.)
+// Groups (group.go) use the same parking: a task whose group is at the
+// kind's per-group limit is parked at its start, and a task created
+// beyond its group's window is created parked, without an outbox event;
+// the release serves the groups round-robin.
 //
 // Creating a task writes the task and its audit row and hands the tasks due
 // now to an outbox.Writer in the same transaction, and the claim it

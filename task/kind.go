@@ -126,7 +126,7 @@ WITH p AS (
 )
 UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
 FROM p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` THEN true ELSE false END
-RETURNING t.id, coalesce(t.traceparent, '')`
+RETURNING t.id, coalesce(t.traceparent, ''), coalesce(t.priority, 2)`
 
 // checkKind validates a kind name given to the kind settings: the rule of
 // names (CheckName), as for the kind of a new task.
@@ -165,6 +165,12 @@ type KindInfo struct {
 	// BlockedSequences counts the kind's sequences whose head task is DEAD
 	// and holds its successors (see Store.BlockedSequences).
 	BlockedSequences int64 `json:"blocked_sequences"`
+	// ConcurrencyPerGroup and RatePerGroup are the kind's per-group
+	// limits (0, "0": none); GroupWindow its group window (0: the
+	// default, DefaultGroupWindow).
+	ConcurrencyPerGroup int    `json:"concurrency_per_group"`
+	RatePerGroup        string `json:"rate_per_group"`
+	GroupWindow         int    `json:"group_window"`
 	// Counts are the kind's tasks by status (states without tasks are
 	// left out).
 	Counts map[State]int64 `json:"counts"`
@@ -201,7 +207,9 @@ WITH c AS (
 )
 SELECT coalesce(c.kind, k.kind), coalesce(k.paused, false), k.updated_at, coalesce(k.updated_by, ''),
        coalesce(k.concurrency, 0), coalesce(k.rate_count, 0), coalesce(k.rate_period_ms, 1000),
-       coalesce(k.sequence_on_failure, 'block'), coalesce(c.status, ''), coalesce(c.n, 0), coalesce(c.running, 0), coalesce(c.parked, 0)
+       coalesce(k.sequence_on_failure, 'block'), coalesce(c.status, ''), coalesce(c.n, 0), coalesce(c.running, 0), coalesce(c.parked, 0),
+       coalesce(k.concurrency_per_group, 0), coalesce(k.rate_per_group_count, 0), coalesce(k.rate_per_group_period_ms, 1000),
+       coalesce(k.group_window, 0)
 FROM c FULL JOIN (SELECT * FROM ingest_kind WHERE $1 = '' OR kind = $1) k ON k.kind = c.kind
 ORDER BY 1, 9`
 
@@ -230,15 +238,17 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 			k                 KindInfo
 			status            string
 			n, running, parks int64
-			rate              Rate
-			periodMS          int64
+			rate, groupRate   Rate
+			periodMS, gMS     int64
 		)
 		if err := rows.Scan(&k.Kind, &k.Paused, &k.UpdatedAt, &k.UpdatedBy, &k.Concurrency, &rate.Count, &periodMS,
-			&k.SequenceOnFailure, &status, &n, &running, &parks); err != nil {
+			&k.SequenceOnFailure, &status, &n, &running, &parks, &k.ConcurrencyPerGroup, &groupRate.Count, &gMS, &k.GroupWindow); err != nil {
 			return nil, fmt.Errorf("list kinds: %w", err)
 		}
 		rate.Per = time.Duration(periodMS) * time.Millisecond
 		k.Rate = rate.String()
+		groupRate.Per = time.Duration(gMS) * time.Millisecond
+		k.RatePerGroup = groupRate.String()
 		if len(out) == 0 || out[len(out)-1].Kind != k.Kind {
 			k.Counts = map[State]int64{}
 			out = append(out, k)

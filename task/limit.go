@@ -99,16 +99,32 @@ type Limits struct {
 	Concurrency int
 	// Rate is the most starts of the kind in any window (zero: no limit).
 	Rate Rate
+	// ConcurrencyPerGroup and RatePerGroup hold for each group of the
+	// kind (NewTask.GroupKey; the tasks without one are one group) as
+	// Concurrency and Rate hold for the kind, and combine with them.
+	ConcurrencyPerGroup int
+	RatePerGroup        Rate
 }
 
 // Limited reports whether starts of the kind go through StartLimited.
-func (l Limits) Limited() bool { return l.Concurrency > 0 || l.Rate.Count > 0 }
+func (l Limits) Limited() bool {
+	return l.Concurrency > 0 || l.Rate.Count > 0 || l.ConcurrencyPerGroup > 0 || l.RatePerGroup.Count > 0
+}
+
+// HoldsSlots reports whether a run of the kind holds a slot (a kind or a
+// group concurrency limit) that its end gives back (FreeSlots).
+func (l Limits) HoldsSlots() bool { return l.Concurrency > 0 || l.ConcurrencyPerGroup > 0 }
 
 // KindUpdate changes a kind's settings; nil fields are left as they are.
 type KindUpdate struct {
-	Paused      *bool
-	Concurrency *int
-	Rate        *Rate
+	Paused              *bool
+	Concurrency         *int
+	Rate                *Rate
+	ConcurrencyPerGroup *int
+	RatePerGroup        *Rate
+	// GroupWindow is the most tasks of one group in the stream or
+	// running at once (fair scheduling; 0: DefaultGroupWindow).
+	GroupWindow *int
 	// SequenceOnFailure is SequenceBlock or SequenceContinue (see
 	// sequence.go).
 	SequenceOnFailure *string
@@ -117,8 +133,9 @@ type KindUpdate struct {
 // KindLimits returns the settings of every kind that is paused or
 // limited; the others have none.
 func (s *Store) KindLimits(ctx context.Context) (map[string]Limits, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind, paused, concurrency, rate_count, rate_period_ms FROM ingest_kind
-		WHERE paused OR concurrency > 0 OR rate_count > 0`)
+	rows, err := s.db.Query(ctx, `SELECT kind, paused, concurrency, rate_count, rate_period_ms,
+		concurrency_per_group, rate_per_group_count, rate_per_group_period_ms FROM ingest_kind
+		WHERE paused OR concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0`)
 	if err != nil {
 		return nil, fmt.Errorf("read kind limits: %w", err)
 	}
@@ -127,11 +144,17 @@ func (s *Store) KindLimits(ctx context.Context) (map[string]Limits, error) {
 		kind     string
 		l        Limits
 		periodMS int64
+		groupMS  int64
 	)
-	_, err = pgx.ForEachRow(rows, []any{&kind, &l.Paused, &l.Concurrency, &l.Rate.Count, &periodMS}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&kind, &l.Paused, &l.Concurrency, &l.Rate.Count, &periodMS,
+		&l.ConcurrencyPerGroup, &l.RatePerGroup.Count, &groupMS}, func() error {
 		l.Rate.Per = time.Duration(periodMS) * time.Millisecond
 		if l.Rate.Count == 0 {
 			l.Rate = Rate{}
+		}
+		l.RatePerGroup.Per = time.Duration(groupMS) * time.Millisecond
+		if l.RatePerGroup.Count == 0 {
+			l.RatePerGroup = Rate{}
 		}
 		out[kind] = l
 		return nil
@@ -156,50 +179,71 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	if actor == "" {
 		return 0, fmt.Errorf("%w: changing a kind's settings needs an actor", ErrInvalidTask)
 	}
-	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.SequenceOnFailure == nil {
-		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate or sequence_on_failure"}
+	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil && u.GroupWindow == nil &&
+		u.SequenceOnFailure == nil {
+		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate, concurrency_per_group, rate_per_group, group_window or sequence_on_failure"}
 	}
 	if err := checkSequenceOnFailure(u.SequenceOnFailure); err != nil {
 		return 0, err
+	}
+	if w := u.GroupWindow; w != nil && !GroupWindowRange.Contains(int64(*w)) {
+		ferr := GroupWindowRange.Check(int64(*w))
+		ferr.Msg += " (0: the default)"
+		return 0, ferr
 	}
 	if c := u.Concurrency; c != nil && !ConcurrencyRange.Contains(int64(*c)) {
 		ferr := ConcurrencyRange.Check(int64(*c))
 		ferr.Msg += " (0: no limit)"
 		return 0, ferr
 	}
-	var rateCount, ratePeriod *int64
-	var rateText *string
-	if r := u.Rate; r != nil {
-		if err := r.validate(); err != nil {
-			return 0, err
-		}
-		n, ms, txt := int64(r.Count), r.Per.Milliseconds(), r.String()
-		if r.Count == 0 {
-			ms = time.Second.Milliseconds()
-		}
-		rateCount, ratePeriod, rateText = &n, &ms, &txt
+	if c := u.ConcurrencyPerGroup; c != nil && !ConcurrencyPerGroupRange.Contains(int64(*c)) {
+		ferr := ConcurrencyPerGroupRange.Check(int64(*c))
+		ferr.Msg += " (0: no limit)"
+		return 0, ferr
+	}
+	rateCount, ratePeriod, rateText, err := rateColumns(u.Rate, "rate")
+	if err != nil {
+		return 0, err
+	}
+	groupCount, groupPeriod, groupText, err := rateColumns(u.RatePerGroup, "rate_per_group")
+	if err != nil {
+		return 0, err
 	}
 	var lim Limits
 	var changeID int64
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		var periodMS int64
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, sequence_on_failure, updated_by)
-			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), coalesce($7, 'block'), $6)
+		var periodMS, groupMS int64
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by,
+				concurrency_per_group, rate_per_group_count, rate_per_group_period_ms, group_window, sequence_on_failure)
+			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6, coalesce($7, 0), coalesce($8, 0), coalesce($9, 1000),
+				coalesce($10, 0), coalesce($11, 'block'))
 			ON CONFLICT (kind) DO UPDATE SET paused = coalesce($2, k.paused), concurrency = coalesce($3, k.concurrency),
 				rate_count = coalesce($4, k.rate_count), rate_period_ms = coalesce($5, k.rate_period_ms),
-				sequence_on_failure = coalesce($7, k.sequence_on_failure),
+				concurrency_per_group = coalesce($7, k.concurrency_per_group),
+				rate_per_group_count = coalesce($8, k.rate_per_group_count), rate_per_group_period_ms = coalesce($9, k.rate_per_group_period_ms),
+				group_window = coalesce($10, k.group_window),
+				sequence_on_failure = coalesce($11, k.sequence_on_failure),
 				updated_at = now(), updated_by = $6
-			RETURNING paused, concurrency, rate_count, rate_period_ms`,
-			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.SequenceOnFailure).Scan(&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS); err != nil {
+			RETURNING paused, concurrency, rate_count, rate_period_ms, concurrency_per_group, rate_per_group_count, rate_per_group_period_ms`,
+			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.ConcurrencyPerGroup, groupCount, groupPeriod, u.GroupWindow, u.SequenceOnFailure).Scan(
+			&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS, &lim.ConcurrencyPerGroup, &lim.RatePerGroup.Count, &groupMS); err != nil {
 			return err
 		}
 		lim.Rate.Per = time.Duration(periodMS) * time.Millisecond
-		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, sequence_on_failure) VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-			kind, actor, u.Paused, u.Concurrency, rateText, u.SequenceOnFailure).Scan(&changeID); err != nil {
+		lim.RatePerGroup.Per = time.Duration(groupMS) * time.Millisecond
+		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, concurrency_per_group, rate_per_group, group_window,
+				sequence_on_failure)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
+			kind, actor, u.Paused, u.Concurrency, rateText, u.ConcurrencyPerGroup, groupText, u.GroupWindow, u.SequenceOnFailure).Scan(&changeID); err != nil {
 			return err
 		}
 		if err := releaseOnContinue(ctx, tx, kind, u.SequenceOnFailure); err != nil {
 			return err
+		}
+		if u.ConcurrencyPerGroup != nil && *u.ConcurrencyPerGroup > 0 {
+			if _, err := tx.Exec(ctx, seedGroupSlotsSQL, kind); err != nil {
+				return err
+			}
 		}
 		if u.Concurrency != nil && *u.Concurrency > 0 {
 			// The kind's tasks running now hold slots, so that a limit
@@ -298,13 +342,13 @@ const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
 // $4 is true (the caller starts the tasks inside the locked transaction).
 var reserveSQL = `
 WITH k AS (
-    SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
+    SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
+           concurrency_per_group, rate_per_group_count, rate_per_group_period_ms FROM ingest_kind WHERE kind = $1
 ), ids AS (
-    SELECT x.id, x.ord, t.kind = $1 AS mine FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
+    SELECT x.id, x.ord, t.kind = $1 AS mine, coalesce(t.group_key, '') AS g FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
 ), tight AS (` + tightSQL("(SELECT count(*) FROM ids WHERE mine)") + `
 ), free AS (` + freeSQL("$4") + `
-), chosen AS (
-    SELECT id FROM ids WHERE mine ORDER BY ord LIMIT (SELECT n FROM free)
+), ` + groupChoiceSQL + `
 ), stale AS (
     DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `
 ), slots AS (
@@ -319,10 +363,13 @@ WITH k AS (
             WHERE at > now() - (k2.rate_period_ms + $3) * interval '1 millisecond'
             UNION ALL SELECT now(), (SELECT count(*) FROM chosen)::int) AS y)
     WHERE k2.kind = $1 AND k2.rate_count > 0 AND EXISTS (SELECT 1 FROM chosen)
+), ` + groupReserveSQL + `
 )
-SELECT EXISTS (SELECT 1 FROM k), coalesce((SELECT paused OR concurrency > 0 OR rate_count > 0 FROM k), false),
-       coalesce((SELECT rate_count > 0 FROM k), false),
-       ARRAY(SELECT id FROM chosen), ARRAY(SELECT task_id FROM slots WHERE inserted),
+SELECT EXISTS (SELECT 1 FROM k),
+       coalesce((SELECT paused OR concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0 FROM k), false),
+       coalesce((SELECT rate_count > 0 OR rate_per_group_count > 0 FROM k), false),
+       ARRAY(SELECT id FROM chosen),
+       ARRAY(SELECT task_id FROM slots WHERE inserted UNION SELECT task_id FROM gslots WHERE inserted),
        ARRAY(SELECT id FROM ids WHERE NOT mine ORDER BY ord)`
 
 // parkDueSQL parks those of $1 that are due QUEUED or RETRYING tasks.
@@ -485,7 +532,7 @@ func (s *Store) giveBack(kind string, ids []uuid.UUID) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = s.db.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2)`, kind, ids)
+	_, _ = s.db.Exec(ctx, freeSlotsSQL, kind, ids)
 }
 
 // orderResults returns the results of ids in order, NotFound for an id
@@ -547,11 +594,11 @@ func (s *Store) FreeSlots(ctx context.Context, kind string, ids ...uuid.UUID) ([
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	tag, err := s.db.Exec(ctx, `DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2)`, kind, ids)
-	if err != nil {
+	var freed int
+	if err := s.db.QueryRow(ctx, freeSlotsSQL, kind, ids).Scan(&freed); err != nil {
 		return nil, fmt.Errorf("free %d slots of kind %q: %w", len(ids), kind, err)
 	}
-	return s.ReleaseParked(ctx, kind, 0, max(int(tag.RowsAffected()), 1))
+	return s.ReleaseParked(ctx, kind, 0, max(freed, 1))
 }
 
 // anyParkedSQL tells whether kind $1 has a parked task (one probe of
@@ -579,6 +626,7 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		claim.Discard() // of an attempt that was rolled back
 		claim, ids = outbox.Claim{}, nil
 		var free int
+		var grouped bool
 		want := unparkBatch
 		if max > 0 {
 			want = min(want, max)
@@ -586,10 +634,15 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		b := &pgx.Batch{}
 		b.Queue(lockKindSQL, kind)
 		b.Queue(`WITH k AS (
-			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n FROM ingest_kind WHERE kind = $1
+			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
+			       concurrency_per_group, rate_per_group_count FROM ingest_kind WHERE kind = $1
 		), tight AS (`+tightSQL("$2::int")+`
 		), free AS (`+freeSQL("true")+`)
-		SELECT coalesce((SELECT n FROM free), 2147483647)`, kind, want).QueryRow(func(row pgx.Row) error { return row.Scan(&free) })
+		SELECT coalesce((SELECT n FROM free), 2147483647),
+		       coalesce((SELECT concurrency_per_group > 0 OR rate_per_group_count > 0 FROM k), false)
+		       OR EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND `+parkedSQL("ingest_task")+` AND group_key IS NOT NULL)`, kind, want).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&free, &grouped)
+		})
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return err
 		}
@@ -600,13 +653,22 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		if n <= 0 {
 			return nil
 		}
-		rows, err := tx.Query(ctx, unparkSQL, kind, n)
+		unpark := unparkSQL
+		if grouped {
+			// Round-robin across the groups with room.
+			unpark = unparkGroupsSQL
+		}
+		args := []any{kind, n}
+		if grouped {
+			args = append(args, DefaultGroupWindow)
+		}
+		rows, err := tx.Query(ctx, unpark, args...)
 		if err != nil {
 			return err
 		}
 		var woken []outbox.Message
 		m := outbox.Message{Stream: s.cfg.Stream, Kind: kind}
-		if _, err := pgx.ForEachRow(rows, []any{&m.TaskID, &m.Traceparent}, func() error {
+		if _, err := pgx.ForEachRow(rows, []any{&m.TaskID, &m.Traceparent, &m.Priority}, func() error {
 			ids, woken = append(ids, m.TaskID), append(woken, m)
 			return nil
 		}); err != nil {
@@ -627,12 +689,13 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 	return ids, nil
 }
 
-// LimitedKinds returns the kinds not paused that have a limit: those whose
-// parked tasks the releaser wakes as slots and starts free (a resume, or
+// LimitedKinds returns the kinds not paused that have a limit or tasks
+// held back by their group's window: those whose parked tasks the
+// releaser wakes as slots, starts and windows free (a resume, or
 // the removal of a kind's last limit, releases all its parked tasks at
 // once).
 func (s *Store) LimitedKinds(ctx context.Context) ([]string, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind FROM ingest_kind WHERE NOT paused AND (concurrency > 0 OR rate_count > 0) ORDER BY kind`)
+	rows, err := s.db.Query(ctx, limitedKindsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("read limited kinds: %w", err)
 	}

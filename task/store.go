@@ -187,6 +187,9 @@ type Task struct {
 	// Traceparent is the W3C traceparent of the span the task was created
 	// under (its publish and attempt spans' parent); "" when none.
 	Traceparent string `json:"traceparent,omitempty"`
+	// GroupKey is the task's group (a tenant, NewTask.GroupKey); "" when
+	// it has none.
+	GroupKey string `json:"group_key,omitempty"`
 	// ParkedAt is when a worker parked the task (see Parked); nil when it
 	// is not parked.
 	ParkedAt *time.Time `json:"parked_at,omitempty"`
@@ -238,7 +241,7 @@ const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, '
 	created_at, updated_at, finished_at, cancel_requested_at, coalesce(cancel_reason, ''), coalesce(cancel_requested_by, ''),
 	coalesce(traceparent, ''), coalesce(timeout_ms, 0), parked_at,
 	coalesce(waiting_for, 0), coalesce(on_dependency_failure, ''), workflow_id, coalesce(dependency_depth, 0),
-	coalesce(sequence_key, ''), sequence_no, coalesce(priority, 2)`
+	coalesce(sequence_key, ''), sequence_no, coalesce(priority, 2), coalesce(group_key, '')`
 
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
@@ -246,7 +249,7 @@ func scanTask(row pgx.Row, extra ...any) (Task, error) {
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
 		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS, &t.ParkedAt,
 		&t.WaitingFor, &t.OnDependencyFailure, &t.WorkflowID, &t.DependencyDepth,
-		&t.SequenceKey, &t.SequenceNo, &t.Priority}, extra...)
+		&t.SequenceKey, &t.SequenceNo, &t.Priority, &t.GroupKey}, extra...)
 	err := row.Scan(dest...)
 	return t, err
 }

@@ -565,6 +565,11 @@ func TestActions(t *testing.T) {
 	if p, conc, rate := kind(); p || conc != 3 || rate != 5 {
 		t.Fatalf("email paused %v concurrency %d rate %d", p, conc, rate)
 	}
+	perGroup, groupRate, window := 2, task.Rate{Count: 1, Per: time.Minute}, 40
+	if _, err := b.store.SetKind(b.ctx, "test", "email", task.KindUpdate{ConcurrencyPerGroup: &perGroup, RatePerGroup: &groupRate, GroupWindow: &window}); err != nil {
+		t.Fatal(err)
+	}
+	want(t, c.get("/ui/kinds?live=1"), 200, "per group: ≤2 running 1/m", "group window 40")
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "0", "rate", "fast")), "Rate:")
 	flash(c.post("/ui/kinds/email", form("op", "limits", "concurrency", "-1")), "concurrency must be a whole number from 0 to 100000")
 	want(t, c.post("/ui/kinds/email", form("op", "explode")), 400)

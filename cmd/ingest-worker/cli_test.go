@@ -542,7 +542,16 @@ func testEndToEnd(t *testing.T, bin string) {
 	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited", "--rate", "5/fortnight"); r.code != exitUsage || !strings.Contains(r.stderr, "5/fortnight") {
 		t.Fatalf("kind set --rate 5/fortnight: exit %d, stderr %q; want a usage error naming the rate", r.code, r.stderr)
 	}
-	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited"); r.code != exitUsage || !strings.Contains(r.stderr, "--concurrency or --rate") {
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--concurrency-per-group", "3", "--rate-per-group", "2/s"); !strings.Contains(out, "per group: concurrency 3, rate 2/s, window 100 (default)") {
+		t.Fatalf("kind set --concurrency-per-group 3 --rate-per-group 2/s: %q", out)
+	}
+	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited", "--rate-per-group", "2/fortnight"); r.code != exitUsage || !strings.Contains(r.stderr, "--rate-per-group") {
+		t.Fatalf("kind set --rate-per-group 2/fortnight: exit %d, stderr %q; want a usage error naming the flag", r.code, r.stderr)
+	}
+	if out := mustRun(t, bin, env, "", "kind", "set", "e2e.limited", "--concurrency-per-group", "0", "--rate-per-group", "0"); strings.Contains(out, "per group") {
+		t.Fatalf("kind set removing the per-group limits: %q", out)
+	}
+	if r := runBin(t, bin, env, "", "kind", "set", "e2e.limited"); r.code != exitUsage || !strings.Contains(r.stderr, "--concurrency, --rate") {
 		t.Fatalf("kind set without a limit: exit %d, stderr %q; want a usage error", r.code, r.stderr)
 	}
 	// kind set --sequence-on-failure; kind blocked; enqueue --sequence-key

@@ -20,11 +20,11 @@ import (
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
-		kind, payload, key, file, runAt, seqKey string
-		maxAttempts                             int
-		delay, timeout                          time.Duration
-		dependsOn                               []string
-		onDepFailure                            string
+		kind, payload, key, file, runAt, seqKey, group string
+		maxAttempts                                    int
+		delay, timeout                                 time.Duration
+		dependsOn                                      []string
+		onDepFailure                                   string
 	)
 	cmd := &cobra.Command{
 		Use:   "enqueue (--kind K --payload JSON|@file | --file tasks.ndjson)",
@@ -43,7 +43,9 @@ the kind's sequence_on_failure is continue: 'kind set').
 --run-at (RFC 3339) or --delay (a duration) schedules the task: it stays
 QUEUED and is published to the stream, and started, only once it is due
 (a time in the past means now). --timeout is the deadline of each run of
-its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS).
+its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS). --group names
+the task's group (a tenant): the kind's per-group limits hold for each
+group, and ready tasks are served round-robin across groups.
 
 --depends-on ID (repeatable, or comma-separated) makes the task wait for
 those tasks: it stays QUEUED, held, until each has ended, and its handler
@@ -54,7 +56,7 @@ unless --on-dependency-failure run.
   {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
    "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000,
    "ref": "parse", "depends_on": ["fetch", "0190f1c2-..."], "on_dependency_failure": "run",
-   "sequence_key": "doc-7"}
+   "sequence_key": "doc-7", "group_key": "acme"}
 (all but kind and payload are optional; run_at and delay_ms exclusive;
 depends_on names task ids or the refs of other lines) and
 creates all of them in one transaction: all or none. Use --file - for stdin.`,
@@ -73,10 +75,10 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 			var err error
 			switch {
 			case file != "":
-				if kind != "" || payload != "" || key != "" || runAt != "" || seqKey != "" ||
+				if kind != "" || payload != "" || key != "" || runAt != "" || seqKey != "" || group != "" ||
 					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") ||
 					len(dependsOn) > 0 || onDepFailure != "" {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --sequence-key, --max-attempts, --run-at, --delay, --timeout, --depends-on or --on-dependency-failure (put them in the file's lines)")
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --sequence-key, --group, --max-attempts, --run-at, --delay, --timeout, --depends-on or --on-dependency-failure (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -89,7 +91,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 					return err
 				}
 				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout,
-					OnDependencyFailure: onDepFailure, SequenceKey: seqKey}
+					OnDependencyFailure: onDepFailure, SequenceKey: seqKey, GroupKey: group}
 				for _, d := range dependsOn {
 					id, perr := uuid.Parse(strings.TrimSpace(d))
 					if perr != nil {
@@ -172,6 +174,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.DurationVar(&timeout, "timeout", 0, "deadline of each run of the handler (default INGEST_TASK_TIMEOUT_MS)")
 	f.StringSliceVar(&dependsOn, "depends-on", nil, "wait for this task (repeatable, or comma-separated ids) before running")
 	f.StringVar(&onDepFailure, "on-dependency-failure", "", "cancel (default) or run: what a dependency ending DEAD or CANCELLED does")
+	f.StringVar(&group, "group", "", "the task's group (a tenant): per-group limits and fair scheduling")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }
@@ -179,7 +182,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 // enqueueFlags are the flags of enqueue by the task field each sets.
 var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key", "sequence_key": "sequence-key",
 	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout",
-	"depends_on": "depends-on", "on_dependency_failure": "on-dependency-failure"}
+	"depends_on": "depends-on", "on_dependency_failure": "on-dependency-failure", "group_key": "group"}
 
 // readPayload returns --payload's JSON: inline, @file or @-.
 func (a *app) readPayload(v string) ([]byte, error) {

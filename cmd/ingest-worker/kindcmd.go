@@ -76,11 +76,15 @@ func (a *app) kindListCommand() *cobra.Command {
 				if rate == "0" {
 					rate = "-"
 				}
-				rows[i] = []string{k.Kind, state, conc, rate, n(task.Queued), n(task.Retrying), strconv.FormatInt(k.Running, 10),
+				perGroup := "-"
+				if k.ConcurrencyPerGroup > 0 || k.RatePerGroup != "0" {
+					perGroup = strings.Trim(limitDash(strconv.Itoa(k.ConcurrencyPerGroup))+" "+limitDash(k.RatePerGroup), " ")
+				}
+				rows[i] = []string{k.Kind, state, conc, rate, perGroup, n(task.Queued), n(task.Retrying), strconv.FormatInt(k.Running, 10),
 					strconv.FormatInt(k.Parked, 10), n(task.Succeeded), n(task.Dead), n(task.Cancelled),
 					strconv.FormatFloat(k.StartRate, 'f', 1, 64), strconv.FormatInt(k.BlockedSequences, 10)}
 			}
-			a.table([]string{"KIND", "STATE", "CONCURRENCY", "RATE", "QUEUED", "RETRYING", "RUNNING", "PARKED", "SUCCEEDED", "DEAD", "CANCELLED", "STARTS/S", "BLOCKED"}, rows)
+			a.table([]string{"KIND", "STATE", "CONCURRENCY", "RATE", "PER GROUP", "QUEUED", "RETRYING", "RUNNING", "PARKED", "SUCCEEDED", "DEAD", "CANCELLED", "STARTS/S", "BLOCKED"}, rows)
 			return nil
 		},
 	}
@@ -128,17 +132,21 @@ a kind whose tasks are still to come.`,
 }
 
 func (a *app) kindSetCommand() *cobra.Command {
-	var concurrency int
-	var rate, onFailure string
+	var concurrency, perGroup, window int
+	var rate, groupRate, onFailure string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD] [--sequence-on-failure block|continue]",
-		Short: "Limit a kind across all workers: concurrency and start rate (0: no limit); its sequences' failure policy",
+		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD] [--concurrency-per-group N] [--rate-per-group COUNT/PERIOD] [--group-window N] [--sequence-on-failure block|continue]",
+		Short: "Limit a kind across all workers: concurrency and start rate, per kind and per group (0: no limit); its sequences' failure policy",
 		Long: `Sets the kind's limits, applied by every worker within about a second:
 --concurrency N: at most N tasks of the kind RUNNING at once (a slot freed by
 a crashed worker comes back when its lease expires); --rate 5/s, 300/m,
 10/500ms: at most that many starts in any window of that length. 0 removes a
-limit. Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
+limit. --concurrency-per-group and --rate-per-group limit each group of the
+kind (a task's group_key; the tasks without one are one group) the same way,
+together with the kind's limits. --group-window N: at most N tasks of one
+group in the stream or running at once; ready tasks are served round-robin
+across groups (0: the default, 100). Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
 consumer slot) and start as slots and starts free. A kind that has no tasks
 and no settings yet is set with a warning on stderr (a typo would otherwise
 succeed silently); --force silences it, for a kind whose tasks are still to
@@ -164,8 +172,21 @@ continue lets them go on (and releases those waiting now).`,
 				}
 				u.Rate = &r
 			}
-			if u.Concurrency == nil && u.Rate == nil && u.SequenceOnFailure == nil {
-				return usagef("kind set needs --concurrency or --rate (0 removes a limit), or --sequence-on-failure")
+			if cmd.Flags().Changed("concurrency-per-group") {
+				u.ConcurrencyPerGroup = &perGroup
+			}
+			if cmd.Flags().Changed("rate-per-group") {
+				r, err := task.ParseGroupRate(groupRate)
+				if err != nil {
+					return usagef("--rate-per-group: %s", fieldMsg(err))
+				}
+				u.RatePerGroup = &r
+			}
+			if cmd.Flags().Changed("group-window") {
+				u.GroupWindow = &window
+			}
+			if u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil && u.GroupWindow == nil && u.SequenceOnFailure == nil {
+				return usagef("kind set needs --concurrency, --rate, --concurrency-per-group, --rate-per-group or --group-window (0 removes a limit), or --sequence-on-failure")
 			}
 			k, released, err := a.changeKind(cmd.Context(), args[0], u, force)
 			if err != nil {
@@ -173,18 +194,41 @@ continue lets them go on (and releases those waiting now).`,
 			}
 			if a.json {
 				return a.printJSON(map[string]any{"kind": args[0], "paused": k.Paused, "concurrency": k.Concurrency, "rate": k.Rate,
+					"concurrency_per_group": k.ConcurrencyPerGroup, "rate_per_group": k.RatePerGroup, "group_window": k.GroupWindow,
 					"sequence_on_failure": k.SequenceOnFailure, "released": released})
 			}
 			a.printf("kind %s: concurrency %s, rate %s, sequence on failure %s; %d parked tasks released\n", args[0],
 				limitText(strconv.Itoa(k.Concurrency)), limitText(k.Rate), k.SequenceOnFailure, released)
+			if k.ConcurrencyPerGroup > 0 || k.RatePerGroup != "0" || k.GroupWindow > 0 {
+				a.printf("  per group: concurrency %s, rate %s, window %s\n", limitText(strconv.Itoa(k.ConcurrencyPerGroup)), limitText(k.RatePerGroup), windowText(k.GroupWindow))
+			}
 			return nil
 		},
 	}
 	rangeFlag(cmd.Flags(), &concurrency, "concurrency", "", task.ConcurrencyRange, 0, "most tasks of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&rate, "rate", "", "most starts per period across all workers: 5/s, 300/m, 10/500ms (0: no limit)")
 	cmd.Flags().StringVar(&onFailure, "sequence-on-failure", "", "what a DEAD task does to its sequence key: block (the default) or continue")
+	rangeFlag(cmd.Flags(), &perGroup, "concurrency-per-group", "", task.ConcurrencyPerGroupRange, 0, "most tasks of one group of the kind RUNNING at once across all workers (0: no limit)")
+	cmd.Flags().StringVar(&groupRate, "rate-per-group", "", "most starts of one group per period across all workers: 5/s, 300/m (0: no limit)")
+	rangeFlag(cmd.Flags(), &window, "group-window", "", task.GroupWindowRange, 0, "most tasks of one group in the stream or running at once (0: the default, 100)")
 	cmd.Flags().BoolVar(&force, "force", false, "set a kind that has no tasks and no settings yet without a warning")
 	return cmd
+}
+
+// limitDash shows a limit, "0" as "" (none).
+func limitDash(v string) string {
+	if v == "0" {
+		return ""
+	}
+	return v
+}
+
+// windowText shows a group window, 0 as the default's value.
+func windowText(n int) string {
+	if n == 0 {
+		return strconv.Itoa(task.DefaultGroupWindow) + " (default)"
+	}
+	return strconv.Itoa(n)
 }
 
 // limitText shows a limit, "0" as "no limit".

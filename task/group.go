@@ -1,0 +1,309 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Groups (a tenant, a customer, a source): NewTask.GroupKey names the
+// group of a task, and a kind's ConcurrencyPerGroup and RatePerGroup hold
+// for each of its groups as its Concurrency and Rate hold for the kind,
+// across all processes, combined with them (a start needs room under
+// both). The tasks without a group are one group, written '' in the
+// group tables. The machinery is the kind's (limit.go): the same lock,
+// reservation, parking and release, with a slot table
+// (ingest_group_slot) and a rate log (ingest_group_rate) per group.
+
+// Fair scheduling: at most a kind's group window (its group_window, or
+// DefaultGroupWindow) of a group's tasks are in the stream or running at
+// once. A due task created beyond its group's window, or while its group
+// has parked tasks, is created parked, without an outbox event; releases
+// (ReleaseParked, through unparkGroupsSQL) serve the kind's groups
+// round-robin as their windows free. So the stream holds at most a
+// window of each group's tasks, and a task of a quiet group waits behind
+// at most a window of each busier group's tasks, whatever their backlog.
+// Tasks without a group and delayed tasks are never held back.
+
+// DefaultGroupWindow is the group window of a kind whose group_window is
+// 0: enough tasks of one group in flight to keep a few workers' handler
+// slots busy between two releases.
+const DefaultGroupWindow = 100
+
+// GroupWindowRange bounds a kind's group window (0: DefaultGroupWindow).
+var GroupWindowRange = Range{Field: "group_window", Min: 0, Max: MaxConcurrency}
+
+// MaxGroupKeyLength is the longest group key accepted.
+const MaxGroupKeyLength = 200
+
+// ConcurrencyPerGroupRange bounds a kind's per-group concurrency limit
+// (0: none).
+var ConcurrencyPerGroupRange = Range{Field: "concurrency_per_group", Min: 0, Max: MaxConcurrency}
+
+// CheckGroupKey checks a new task's group key: at most MaxGroupKeyLength
+// bytes, a name as CheckName has them, and no surrounding white space
+// (two keys that print alike are one tenant). "" is no group.
+func CheckGroupKey(key string) *FieldError {
+	if ferr := CheckName("group_key", key, MaxGroupKeyLength); ferr != nil {
+		return ferr
+	}
+	if len(key) > 0 && (key[0] == ' ' || key[len(key)-1] == ' ') {
+		return &FieldError{Field: "group_key", Msg: "group_key must not begin or end with a space"}
+	}
+	return nil
+}
+
+// ParseGroupRate reads a per-group rate limit as ParseRate reads a
+// kind's, its errors naming rate_per_group.
+func ParseGroupRate(text string) (Rate, error) {
+	r, err := ParseRate(text)
+	var ferr *FieldError
+	if errors.As(err, &ferr) {
+		ferr.Field = "rate_per_group"
+		ferr.Msg = "rate_per_group: " + ferr.Msg
+	}
+	return r, err
+}
+
+// rateColumns checks a rate setting of field (rate or rate_per_group)
+// and returns its columns: the count, the period in milliseconds and the
+// written form for the change row; all nil when r is nil (unchanged).
+func rateColumns(r *Rate, field string) (count, periodMS *int64, text *string, err error) {
+	if r == nil {
+		return nil, nil, nil, nil
+	}
+	if err := r.validate(); err != nil {
+		var ferr *FieldError
+		if errors.As(err, &ferr) {
+			ferr.Field = field
+			ferr.Msg = field + ": " + ferr.Msg
+		}
+		return nil, nil, nil, err
+	}
+	n, ms, txt := int64(r.Count), r.Per.Milliseconds(), r.String()
+	if r.Count == 0 {
+		ms = time.Second.Milliseconds()
+	}
+	return &n, &ms, &txt, nil
+}
+
+// seedGroupSlotsSQL gives the running tasks of kind $1 their group slots
+// when a per-group concurrency limit is set, so that a limit set under
+// load counts them.
+var seedGroupSlotsSQL = `INSERT INTO ingest_group_slot (kind, group_key, task_id)
+SELECT kind, coalesce(group_key, ''), id FROM ingest_task t
+WHERE ` + liveGuard("t") + ` AND kind = $1 AND status = 'RUNNING' AND lease_until > now()
+ON CONFLICT DO NOTHING`
+
+// groupRoomSQL is how many more tasks of group g of kind $1 may start now
+// under its per-group limits, inside a statement with CTE k (the kind's
+// row): the group's free slots and the starts left in its rate window,
+// each only when limited (2^31-1 when neither is; 0 under a rate limit
+// unless the SQL expression rateOK is true).
+func groupRoomSQL(g, rateOK string) string {
+	return `least(
+        CASE WHEN k.concurrency_per_group > 0 THEN greatest(k.concurrency_per_group - (
+            SELECT count(*) FROM ingest_group_slot s WHERE s.kind = $1 AND s.group_key = ` + g + ` AND ` + takenSQL + `), 0) END,
+        CASE WHEN k.rate_per_group_count > 0 AND NOT ` + rateOK + ` THEN 0
+             WHEN k.rate_per_group_count > 0 THEN greatest(k.rate_per_group_count - (
+            SELECT coalesce(sum(x.n), 0) FROM ingest_group_rate r, unnest(r.rate_log, r.rate_log_n) AS x(at, n)
+            WHERE r.kind = $1 AND r.group_key = ` + g + ` AND x.at > now() - k.rate_per_group_period_ms * interval '1 millisecond'), 0) END,
+        2147483647)`
+}
+
+// groupChoiceSQL are the CTEs of reserveSQL that choose the batch's
+// tasks to start: gfree, the room of each group of the batch (only when
+// the kind has a per-group limit), and chosen, the tasks in the batch's
+// order, at most a group's room of each group and at most the kind's free
+// room in all.
+var groupChoiceSQL = `gfree AS (
+    SELECT gs.g, ` + groupRoomSQL("gs.g", "$4") + ` AS n
+    FROM k, (SELECT DISTINCT g FROM ids WHERE mine) AS gs
+    WHERE k.concurrency_per_group > 0 OR k.rate_per_group_count > 0
+), ranked AS (
+    SELECT i.id, i.ord, i.g, row_number() OVER (PARTITION BY i.g ORDER BY i.ord) AS rn FROM ids i WHERE i.mine
+), chosen AS (
+    SELECT r.id, r.g FROM ranked r LEFT JOIN gfree f ON f.g = r.g
+    WHERE r.rn <= coalesce(f.n, 2147483647) ORDER BY r.ord LIMIT (SELECT n FROM free)`
+
+// groupReserveSQL are the CTEs of reserveSQL that record the chosen
+// tasks' group reservations: the stale slot rows of the batch's groups
+// deleted, a group slot row for each chosen task (gslots) under a
+// per-group concurrency limit, and one element per group in its rate log
+// under a per-group rate limit.
+var groupReserveSQL = `gstale AS (
+    DELETE FROM ingest_group_slot s WHERE s.kind = $1 AND s.group_key IN (SELECT g FROM gfree)
+        AND EXISTS (SELECT 1 FROM k WHERE k.concurrency_per_group > 0) AND NOT ` + takenSQL + `
+), gslots AS (
+    INSERT INTO ingest_group_slot (kind, group_key, task_id, reserved_at)
+    SELECT $1, g, id, now() FROM chosen WHERE EXISTS (SELECT 1 FROM k WHERE k.concurrency_per_group > 0)
+    ON CONFLICT (kind, group_key, task_id) DO UPDATE SET reserved_at = now()
+    RETURNING task_id, xmax = 0 AS inserted
+), glogged AS (
+    INSERT INTO ingest_group_rate AS r (kind, group_key, rate_log, rate_log_n)
+    SELECT $1, c.g, ARRAY[now()], ARRAY[count(*)::int] FROM chosen c
+    WHERE EXISTS (SELECT 1 FROM k WHERE k.rate_per_group_count > 0) GROUP BY c.g
+    ON CONFLICT (kind, group_key) DO UPDATE SET (rate_log, rate_log_n) = (
+        SELECT coalesce(array_agg(y.at ORDER BY y.at), '{}'), coalesce(array_agg(y.n ORDER BY y.at), '{}') FROM (
+            SELECT x.at, x.n FROM unnest(r.rate_log, r.rate_log_n) AS x(at, n)
+            WHERE x.at > now() - ((SELECT k.rate_per_group_period_ms FROM k) + $3) * interval '1 millisecond'
+            UNION ALL SELECT now(), excluded.rate_log_n[1]) AS y)`
+
+// freeSlotsSQL deletes the kind and group slot rows of kind $1 held by
+// the tasks of $2 and counts the tasks that held one.
+const freeSlotsSQL = `
+WITH a AS (DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = ANY($2) RETURNING task_id),
+     b AS (DELETE FROM ingest_group_slot WHERE kind = $1 AND task_id = ANY($2) RETURNING task_id)
+SELECT count(*)::int FROM (SELECT task_id FROM a UNION SELECT task_id FROM b) AS u`
+
+// maxReleaseGroups bounds how many groups one release of a kind with
+// per-group limits looks at.
+const maxReleaseGroups = 1000
+
+// windowSQL is the group window of kind k (an SQL expression) with the
+// default $n.
+func windowSQL(k, n string) string {
+	return `coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `)`
+}
+
+// admittedSQL counts the tasks of group g of kind k in the stream or
+// running: unfinished and not parked (ingest_task_group_live_idx).
+func admittedSQL(k, g string) string {
+	return `(SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + `
+        AND ` + liveGuard("a") + ` AND a.parked_at IS NULL)`
+}
+
+// createRoomSQL tells, for each (kind $1[i], group $2[i]) of a batch
+// being created, how many of its tasks may go to the stream now: none
+// while the group has parked tasks (they go first), else what is left of
+// its window ($3: DefaultGroupWindow). The caller holds the groups'
+// locks (groupLockSQL).
+var createRoomSQL = `
+SELECT CASE WHEN EXISTS (SELECT 1 FROM ingest_task p WHERE p.kind = x.k AND p.group_key = x.g AND ` + parkedSQL("p") + `) THEN 0
+            ELSE greatest(` + windowSQL("x.k", "$3") + ` - ` + admittedSQL("x.k", "x.g") + `, 0) END
+FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(k, g, ord) ORDER BY x.ord`
+
+// groupLockSQL takes the transaction-scoped advisory lock of each (kind
+// $1[i], group $2[i]), in a fixed order: concurrent creators of one group
+// count its window one after the other.
+const groupLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('ingest-group/' || k || '/' || g, 0))
+FROM unnest($1::text[], $2::text[]) AS x(k, g) ORDER BY k, g`
+
+// holdBack decides which of the tasks items[ins[j]] about to be inserted
+// are created parked by their group's window: tasks due now with a group
+// beyond the room its window leaves (createRoomSQL). It returns nil when
+// none has a group.
+func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) ([]bool, error) {
+	type pair struct{ kind, group string }
+	index := map[pair]int{}
+	var kinds, groups []string
+	for _, i := range ins {
+		it := items[i]
+		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 {
+			continue
+		}
+		p := pair{it.Kind, it.GroupKey}
+		if _, ok := index[p]; !ok {
+			index[p] = len(kinds)
+			kinds, groups = append(kinds, p.kind), append(groups, p.group)
+		}
+	}
+	if len(kinds) == 0 {
+		return nil, nil
+	}
+	room := make([]int, 0, len(kinds))
+	b := &pgx.Batch{}
+	b.Queue(groupLockSQL, kinds, groups)
+	b.Queue(createRoomSQL, kinds, groups, DefaultGroupWindow).Query(func(rows pgx.Rows) error {
+		var err error
+		room, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("count the group windows of %d groups: %w", len(kinds), err)
+	}
+	held := make([]bool, len(ins))
+	for j, i := range ins {
+		it := items[i]
+		g, ok := index[pair{it.Kind, it.GroupKey}]
+		if !ok || it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 {
+			continue
+		}
+		if room[g] > 0 {
+			room[g]--
+			continue
+		}
+		held[j] = true
+	}
+	return held, nil
+}
+
+// unparkGroupsSQL releases up to $2 parked tasks of kind $1, which has a
+// per-group limit or tasks held back by their group's window ($3:
+// DefaultGroupWindow), round-robin across its groups: each group's oldest
+// parked tasks, at most its room under the per-group limits and its
+// window, taken in
+// rounds (every group's first, then every group's second, ...; within a
+// round the groups in an order that changes with each transaction), so
+// that a group at its limit does not hold back the others and no group's
+// backlog delays another's by more than a round. The groups come from a
+// loose scan of ingest_task_parked_group_idx (one probe per group, at
+// most maxReleaseGroups); the tasks without a group (”) from
+// ingest_task_parked_idx.
+var unparkGroupsSQL = `
+WITH RECURSIVE gs AS (
+    (SELECT group_key AS g, 1 AS depth FROM ingest_task
+     WHERE kind = $1 AND ` + parkedSQL("ingest_task") + ` AND group_key IS NOT NULL ORDER BY group_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.group_key FROM ingest_task t
+            WHERE t.kind = $1 AND ` + parkedSQL("t") + ` AND t.group_key IS NOT NULL AND t.group_key > gs.g
+            ORDER BY t.group_key LIMIT 1), gs.depth + 1
+    FROM gs WHERE gs.g IS NOT NULL AND gs.depth < ` + strconv.Itoa(maxReleaseGroups) + `
+), groups AS (
+    SELECT g FROM gs WHERE g IS NOT NULL
+    UNION ALL
+    SELECT '' WHERE EXISTS (SELECT 1 FROM ingest_task WHERE kind = $1 AND ` + parkedSQL("ingest_task") + ` AND group_key IS NULL)
+), k AS (
+    SELECT coalesce(max(concurrency_per_group), 0) AS concurrency_per_group, coalesce(max(rate_per_group_count), 0) AS rate_per_group_count,
+           coalesce(max(rate_per_group_period_ms), 1000) AS rate_per_group_period_ms FROM ingest_kind WHERE kind = $1
+), room AS (
+    SELECT gr.g, least(` + groupRoomSQL("gr.g", "true") + `, $2,
+        CASE WHEN gr.g <> '' THEN greatest(` + windowSQL("$1", "$3") + ` - ` + admittedSQL("$1", "gr.g") + `, 0) END) AS n
+    FROM groups gr, k
+), picked AS (
+    SELECT p.id FROM room CROSS JOIN LATERAL (
+        SELECT q.id, row_number() OVER (ORDER BY q.id) AS rn FROM (
+            (SELECT t.id FROM ingest_task t
+             WHERE room.g <> '' AND t.kind = $1 AND t.group_key = room.g AND ` + parkedSQL("t") + `
+             ORDER BY t.id LIMIT greatest(room.n, 0))
+            UNION ALL
+            (SELECT t.id FROM ingest_task t
+             WHERE room.g = '' AND t.kind = $1 AND t.group_key IS NULL AND ` + parkedSQL("t") + `
+             ORDER BY t.id LIMIT greatest(room.n, 0))) AS q) AS p
+    ORDER BY p.rn, md5(room.g || now()::text) LIMIT $2
+)
+UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
+FROM picked p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` AND t.status IN ` + waitingSQL + ` THEN true ELSE false END
+RETURNING t.id, coalesce(t.traceparent, ''), coalesce(t.priority, 2)`
+
+// limitedKindsSQL lists the kinds not paused that have a limit, or
+// parked tasks with a group (held back by a window; found by a loose scan
+// of ingest_task_parked_group_idx, one probe per kind).
+const limitedKindsSQL = `
+WITH RECURSIVE hk AS (
+    (SELECT kind FROM ingest_task WHERE parked_at IS NOT NULL AND group_key IS NOT NULL ORDER BY kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.kind FROM ingest_task t WHERE t.parked_at IS NOT NULL AND t.group_key IS NOT NULL AND t.kind > hk.kind
+            ORDER BY t.kind LIMIT 1)
+    FROM hk WHERE hk.kind IS NOT NULL
+)
+SELECT kind FROM ingest_kind WHERE NOT paused
+    AND (concurrency > 0 OR rate_count > 0 OR concurrency_per_group > 0 OR rate_per_group_count > 0)
+UNION
+SELECT hk.kind FROM hk WHERE hk.kind IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM ingest_kind k WHERE k.kind = hk.kind AND k.paused)
+ORDER BY 1`
