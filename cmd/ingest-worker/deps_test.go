@@ -37,7 +37,20 @@ func TestTaskShowGraphAndRedriveWithDependents(t *testing.T) {
 		t.Fatal(err)
 	}
 	fetch, parse, index := res[0].Task.ID, res[1].Task.ID, res[2].Task.ID
-	r := runBin(t, bin, env, "", "task", "show", parse.String())
+	r := runBin(t, bin, env, "", "enqueue", "--kind", "notify", "--payload", "{}", "--depends-on", index.String(), "--on-dependency-failure", "run")
+	notify, err := uuid.Parse(strings.TrimSpace(r.stdout))
+	if r.code != 0 || err != nil {
+		t.Fatalf("enqueue --depends-on: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if got, err := store.Get(ctx, notify); err != nil || got.WaitingFor != 1 || got.OnDependencyFailure != task.OnFailureRun {
+		t.Fatalf("enqueued dependent: waiting %d, policy %q (%v)", got.WaitingFor, got.OnDependencyFailure, err)
+	}
+	for _, args := range [][]string{{"--depends-on", "nope"}, {"--depends-on", uuid.NewString()}, {"--on-dependency-failure", "skip"}} {
+		if r := runBin(t, bin, env, "", append([]string{"enqueue", "--kind", "k", "--payload", "{}"}, args...)...); r.code != exitUsage {
+			t.Errorf("enqueue %v: exit %d, want %d: %s", args, r.code, exitUsage, r.stderr)
+		}
+	}
+	r = runBin(t, bin, env, "", "task", "show", parse.String())
 	for _, want := range []string{"DEPENDENCIES", "held: waiting for 1", "depends on:", "- " + fetch.String() + " fetch QUEUED",
 		"dependents:", "- " + index.String() + " index QUEUED (waiting for 1)", "workflow " + fetch.String()} {
 		if r.code != 0 || !strings.Contains(r.stdout, want) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/api"
@@ -22,6 +23,8 @@ func (a *app) enqueueCommand() *cobra.Command {
 		kind, payload, key, file, runAt string
 		maxAttempts                     int
 		delay, timeout                  time.Duration
+		dependsOn                       []string
+		onDepFailure                    string
 	)
 	cmd := &cobra.Command{
 		Use:   "enqueue (--kind K --payload JSON|@file | --file tasks.ndjson)",
@@ -40,15 +43,23 @@ QUEUED and is published to the stream, and started, only once it is due
 (a time in the past means now). --timeout is the deadline of each run of
 its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS).
 
+--depends-on ID (repeatable, or comma-separated) makes the task wait for
+those tasks: it stays QUEUED, held, until each has ended, and its handler
+gets their results. A dependency that ends DEAD or CANCELLED cancels it,
+unless --on-dependency-failure run.
+
 --file reads newline-delimited JSON, one task per line:
   {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
-   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000}
-(all but kind and payload are optional; run_at and delay_ms exclusive) and
+   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000,
+   "ref": "parse", "depends_on": ["fetch", "0190f1c2-..."], "on_dependency_failure": "run"}
+(all but kind and payload are optional; run_at and delay_ms exclusive;
+depends_on names task ids or the refs of other lines) and
 creates all of them in one transaction: all or none. Use --file - for stdin.`,
 		Example: `  ingest-worker enqueue --kind email --payload '{"to":"a@example.com"}'
   ingest-worker enqueue --kind report --payload @report.json --idempotency-key report-2024-06 --max-attempts 3
   ingest-worker enqueue --kind report --payload '{}' --run-at 2026-01-02T03:00:00Z --timeout 10m
   ingest-worker enqueue --kind reminder --payload '{"id":7}' --delay 15m
+  ingest-worker enqueue --kind notify --payload '{}' --depends-on 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f --on-dependency-failure run
   ingest-worker enqueue --file tasks.ndjson --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,8 +71,9 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 			switch {
 			case file != "":
 				if kind != "" || payload != "" || key != "" || runAt != "" ||
-					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay or --timeout (put them in the file's lines)")
+					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") ||
+					len(dependsOn) > 0 || onDepFailure != "" {
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay, --timeout, --depends-on or --on-dependency-failure (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -73,7 +85,15 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 				if p, err = a.readPayload(payload); err != nil {
 					return err
 				}
-				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout}
+				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout,
+					OnDependencyFailure: onDepFailure}
+				for _, d := range dependsOn {
+					id, perr := uuid.Parse(strings.TrimSpace(d))
+					if perr != nil {
+						return usagef("--depends-on %q is not a task id", d)
+					}
+					nt.DependsOn = append(nt.DependsOn, id)
+				}
 				switch {
 				case runAt != "" && cmd.Flags().Changed("delay"):
 					return usagef("--run-at and --delay are exclusive")
@@ -146,13 +166,16 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.StringVar(&runAt, "run-at", "", "run the task at this RFC 3339 time, not before")
 	f.DurationVar(&delay, "delay", 0, "run the task after this delay (e.g. 90s, 15m), not before")
 	f.DurationVar(&timeout, "timeout", 0, "deadline of each run of the handler (default INGEST_TASK_TIMEOUT_MS)")
+	f.StringSliceVar(&dependsOn, "depends-on", nil, "wait for this task (repeatable, or comma-separated ids) before running")
+	f.StringVar(&onDepFailure, "on-dependency-failure", "", "cancel (default) or run: what a dependency ending DEAD or CANCELLED does")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }
 
 // enqueueFlags are the flags of enqueue by the task field each sets.
 var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key",
-	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout"}
+	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout",
+	"depends_on": "depends-on", "on_dependency_failure": "on-dependency-failure"}
 
 // readPayload returns --payload's JSON: inline, @file or @-.
 func (a *app) readPayload(v string) ([]byte, error) {
