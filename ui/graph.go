@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ingest-worker/ingest/internal/pgplan"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -122,6 +123,13 @@ func dependencyGraph(ctx context.Context, db task.DB, id uuid.UUID) (*graphView,
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if _, err := tx.Exec(ctx, `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY`); err != nil {
+		return nil, err
+	}
+	// Each statement reads by key (the walks probe the edges by their
+	// primary key and depends_on index, the tasks by id): the planner
+	// settings of the hot statements keep it so whatever the statistics
+	// say (pgplan), for this transaction only.
+	if _, err := tx.Exec(ctx, pgplan.Settings); err != nil {
 		return nil, err
 	}
 	walk := func(sql string) ([]uuid.UUID, error) {
