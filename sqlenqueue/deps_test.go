@@ -77,7 +77,7 @@ func TestDependsOn(t *testing.T) {
 		{"not an array", `SELECT ingest_enqueue('k', '{}', '{"depends_on":"x"}')`, "depends_on", "depends_on must be a JSON array of task ids, got string"},
 		{"ref", `SELECT ingest_enqueue_batch('[{"kind":"k","payload":1,"ref":"a"}]')`, "ref", "task 0: ref is not taken from SQL: depends_on names existing tasks by id"},
 		{"policy", `SELECT ingest_enqueue('k', '{}', '{"on_dependency_failure":"skip"}')`, "on_dependency_failure", `on_dependency_failure must be "cancel" or "run", got "skip"`},
-		{"priority", `SELECT ingest_enqueue('k', '{}', '{"priority":1}')`, "priority", `unknown field "priority"`},
+		{"unknown option", `SELECT ingest_enqueue('k', '{}', '{"flavour":1}')`, "flavour", `unknown field "flavour"`},
 	} {
 		before := 0
 		if err := db.QueryRow(ctx, `SELECT count(*) FROM ingest_task`).Scan(&before); err != nil {
