@@ -24,7 +24,7 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // latest is the newest embedded version; versions are all of them.
-const latest = 17
+const latest = 19
 
 var versions = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19}
 

@@ -14,13 +14,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
 		kind, payload, key, file, runAt string
-		maxAttempts                     int
+		maxAttempts, priority           int
 		delay, timeout                  time.Duration
 	)
 	cmd := &cobra.Command{
@@ -38,17 +39,20 @@ of creating a second one.
 --run-at (RFC 3339) or --delay (a duration) schedules the task: it stays
 QUEUED and is published to the stream, and started, only once it is due
 (a time in the past means now). --timeout is the deadline of each run of
-its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS).
+its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS). --priority
+is 1 (the highest) to 4 (default 2): among ready tasks, higher priorities
+start first, and lower ones keep a share of the reads.
 
 --file reads newline-delimited JSON, one task per line:
   {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
-   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000}
+   "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000, "priority": 1}
 (all but kind and payload are optional; run_at and delay_ms exclusive) and
 creates all of them in one transaction: all or none. Use --file - for stdin.`,
 		Example: `  ingest-worker enqueue --kind email --payload '{"to":"a@example.com"}'
   ingest-worker enqueue --kind report --payload @report.json --idempotency-key report-2024-06 --max-attempts 3
   ingest-worker enqueue --kind report --payload '{}' --run-at 2026-01-02T03:00:00Z --timeout 10m
   ingest-worker enqueue --kind reminder --payload '{"id":7}' --delay 15m
+  ingest-worker enqueue --kind reindex --payload '{"doc":42}' --priority 1
   ingest-worker enqueue --file tasks.ndjson --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -60,8 +64,9 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 			switch {
 			case file != "":
 				if kind != "" || payload != "" || key != "" || runAt != "" ||
-					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay or --timeout (put them in the file's lines)")
+					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") ||
+					cmd.Flags().Changed("priority") {
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --max-attempts, --run-at, --delay, --timeout or --priority (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -73,7 +78,8 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 				if p, err = a.readPayload(payload); err != nil {
 					return err
 				}
-				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout}
+				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout,
+					Priority: priority}
 				switch {
 				case runAt != "" && cmd.Flags().Changed("delay"):
 					return usagef("--run-at and --delay are exclusive")
@@ -146,12 +152,13 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.StringVar(&runAt, "run-at", "", "run the task at this RFC 3339 time, not before")
 	f.DurationVar(&delay, "delay", 0, "run the task after this delay (e.g. 90s, 15m), not before")
 	f.DurationVar(&timeout, "timeout", 0, "deadline of each run of the handler (default INGEST_TASK_TIMEOUT_MS)")
+	rangeFlag(f, &priority, "priority", "", task.PriorityRange, stream.DefaultPriority, "1 (highest) to 4; higher priorities start first")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }
 
 // enqueueFlags are the flags of enqueue by the task field each sets.
-var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key",
+var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key", "priority": "priority",
 	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout"}
 
 // readPayload returns --payload's JSON: inline, @file or @-.
