@@ -58,7 +58,7 @@ func HotPathStatements() map[string][3]string {
 	const ids, owner = planIDs, planOwner
 	p := func(sql, args string) [3]string { return [3]string{pgplan.Settings, sql, args} }
 	n := func(sql, args string) [3]string { return [3]string{"", sql, args} }
-	const insertArgs = ids + `, '{plan,plan}', '{"{}","{}"}', '{a,b}', '{"",k}', '{0,0}', '{NULL,NULL}', '{0,0}', '{0,0}', '{"",""}', '{f,f}'`
+	const insertArgs = ids + `, '{plan,plan}', '{"{}","{}"}', '{a,b}', '{"",k}', '{0,0}', '{NULL,NULL}', '{0,0}', '{0,0}', '{"",""}', '{f,f}', '{0,1}'`
 	return map[string][3]string{
 		"start":          p(startSQL, ids+", "+owner+", 60000, 1024, 10"),
 		"renew":          p(renewSQL, ids+", "+owner+", 60000"),
