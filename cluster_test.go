@@ -19,6 +19,7 @@ import (
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/maintenance"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -384,4 +385,48 @@ func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair
 		t.Errorf("%d tasks DEAD, want 0", n)
 	}
 	b.checkTerminalOnce()
+}
+
+// TestClusterPriorities: on Redis Cluster, the priority streams of a
+// hash-tagged stream key share its slot, so one read script reaches them
+// all; tasks of every priority are published to their streams and run, and
+// nothing stays pending.
+func TestClusterPriorities(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newClusterBundle(t, testenv.ClusterOptions{})
+	for _, p := range stream.Priorities {
+		if m, err := b.cluster.MasterOf(ctx, stream.Key(b.stream, p)); err != nil || m != b.master {
+			t.Fatalf("priority %d stream %s not on the stream's master (%v)", p, stream.Key(b.stream, p), err)
+		}
+	}
+	var ids []uuid.UUID
+	for _, p := range stream.Priorities {
+		res, err := b.store.Create(ctx, task.NewTask{Kind: "ok", Payload: json.RawMessage(`{}`), Priority: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.Task.ID)
+	}
+	b.run(b.fastConfig("c1"), map[string]ingest.Handler{"ok": func(context.Context, ingest.Task) error { return nil }}, slog.LevelError)
+	b.eventually(30*time.Second, "every task SUCCEEDED", func() bool {
+		for _, id := range ids {
+			if s, _ := b.statusOf(id); s != task.Succeeded {
+				return false
+			}
+		}
+		return true
+	})
+	for i, p := range stream.Priorities {
+		key := stream.Key(b.stream, p)
+		// Published there (retention may have trimmed the entry since).
+		var streams []string
+		if err := b.db.Pool.QueryRow(ctx, `SELECT array_agg(stream) FROM outbox_event WHERE task_id = $1 AND status = 'SENT'`, ids[i]).Scan(&streams); err != nil ||
+			len(streams) != 1 || streams[0] != key {
+			t.Errorf("priority %d: published to %v, %v; want %s", p, streams, err, key)
+		}
+		if pend, err := b.crdb.XPending(ctx, key, ingest.DefaultGroup).Result(); err != nil || pend.Count != 0 {
+			t.Errorf("priority %d: %+v pending, %v; want none", p, pend, err)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/kafka"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -211,5 +212,38 @@ func TestPriorityReclaim(t *testing.T) {
 	}
 	if p, _ := stream.SplitID(dead[0].Values["source_id"].(string)); p != 1 {
 		t.Errorf("DLQ source_id %v: want a priority-1 message id", dead[0].Values["source_id"])
+	}
+}
+
+// TestKafkaPriorityStoredNotRouted: Kafka mode stores and shows a task's
+// priority but publishes every task to the one task topic (docs/KAFKA.md
+// "Priorities"): tasks of every priority run, and each published outbox
+// row names the task topic.
+func TestKafkaPriorityStoredNotRouted(t *testing.T) {
+	t.Parallel()
+	kb := ksetup(t, 2, task.Config{})
+	w, _ := kb.worker(ingest.Config{}, map[string]ingest.Handler{"k": func(context.Context, ingest.Task) error { return nil }})
+	kb.relay()
+	kb.run(w)
+	var ids []uuid.UUID
+	for _, p := range stream.Priorities {
+		res, err := kb.store.Create(kb.ctx, task.NewTask{Kind: "k", Payload: json.RawMessage(`{}`), Priority: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.Task.ID)
+	}
+	testenv.Eventually(t, 30*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(ids) })
+	for i, id := range ids {
+		if got := kb.task(id).Priority; got != stream.Priorities[i] {
+			t.Errorf("task %s: priority %d, want %d", id, got, stream.Priorities[i])
+		}
+		var topics []string
+		if err := kb.db.QueryRow(kb.ctx, `SELECT array_agg(DISTINCT stream) FROM outbox_event WHERE task_id = $1 AND status = 'SENT'`, id).Scan(&topics); err != nil {
+			t.Fatal(err)
+		}
+		if len(topics) != 1 || topics[0] != kafka.DefaultTopic {
+			t.Errorf("task %s (priority %d) published to %v, want the task topic only", id, stream.Priorities[i], topics)
+		}
 	}
 }

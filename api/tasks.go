@@ -645,7 +645,7 @@ func decodeStrict(body []byte, dst any, prefix string) *inputError {
 type ranged interface{ ranges() []task.Range }
 
 func (*CreateRequest) ranges() []task.Range {
-	return []task.Range{task.MaxAttemptsRange, task.DelayRange, task.TimeoutRange}
+	return []task.Range{task.MaxAttemptsRange, task.DelayRange, task.TimeoutRange, task.PriorityRange}
 }
 
 func (*BulkRedriveRequest) ranges() []task.Range { return []task.Range{task.RedriveLimitRange} }

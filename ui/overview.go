@@ -80,8 +80,19 @@ type redisView struct {
 	Lag                   int64
 	LagKnown              bool
 	DLQ                   int64
-	Consumers             []consumerRow
-	Err                   string
+	// Priorities are the streams of priorities 1, 3 and 4 (the default,
+	// 2, is Stream).
+	Priorities []priorityRow
+	Consumers  []consumerRow
+	Err        string
+}
+
+// priorityRow is a priority stream's length and the group's pending
+// count there.
+type priorityRow struct {
+	Priority        int
+	Stream          string
+	Length, Pending int64
 }
 
 type overviewData struct {
@@ -348,6 +359,18 @@ func (h *Handler) readRedis(ctx context.Context) *redisView {
 	if h.cfg.DLQKey != "" {
 		if rv.DLQ, err = rdb.XLen(ctx, h.cfg.DLQKey).Result(); err != nil {
 			return rv
+		}
+	}
+	if g, gerr := stream.NewGroup(stream.Config{Stream: rv.Stream, Group: rv.Group, Consumer: "ui"}, rdb); gerr == nil {
+		for _, p := range stream.Priorities {
+			if p == stream.DefaultPriority {
+				continue
+			}
+			row := priorityRow{Priority: p, Stream: stream.Key(rv.Stream, p)}
+			if row.Length, row.Pending, err = g.StatsOf(ctx, row.Stream); err != nil {
+				return rv
+			}
+			rv.Priorities = append(rv.Priorities, row)
 		}
 	}
 	groups, gerr := rdb.XInfoGroups(ctx, rv.Stream).Result()

@@ -441,6 +441,9 @@ func testEndToEnd(t *testing.T, bin string) {
 		pend.Tasks["SUCCEEDED"] != int64(len(ids)) {
 		t.Fatalf("pending: %+v (XLEN %d before, %d after)", pend, before, after)
 	}
+	if len(pend.PriorityStreams) != 3 || pend.PriorityStreams[0].Priority != 1 || pend.PriorityStreams[0].Stream != stream+":p1" {
+		t.Fatalf("pending: priority streams %+v, want those of priorities 1, 3 and 4", pend.PriorityStreams)
+	}
 
 	// A 400 from the webhook is permanent: DEAD at once, in the DLQ; replay
 	// redrives it (and it dies again).

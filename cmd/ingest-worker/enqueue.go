@@ -15,13 +15,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
 )
 
 func (a *app) enqueueCommand() *cobra.Command {
 	var (
 		kind, payload, key, file, runAt, seqKey, group string
-		maxAttempts                                    int
+		maxAttempts, priority                          int
 		delay, timeout                                 time.Duration
 		dependsOn                                      []string
 		onDepFailure                                   string
@@ -45,7 +46,9 @@ QUEUED and is published to the stream, and started, only once it is due
 (a time in the past means now). --timeout is the deadline of each run of
 its handler (default: the worker's, INGEST_TASK_TIMEOUT_MS). --group names
 the task's group (a tenant): the kind's per-group limits hold for each
-group, and ready tasks are served round-robin across groups.
+group, and ready tasks are served round-robin across groups. --priority
+is 1 (the highest) to 4 (default 2): among ready tasks, higher priorities
+start first, and lower ones keep a share of the reads.
 
 --depends-on ID (repeatable, or comma-separated) makes the task wait for
 those tasks: it stays QUEUED, held, until each has ended, and its handler
@@ -56,7 +59,7 @@ unless --on-dependency-failure run.
   {"kind": "email", "payload": {...}, "idempotency_key": "k1", "max_attempts": 5,
    "run_at": "2026-01-02T03:04:05Z", "delay_ms": 60000, "timeout_ms": 30000,
    "ref": "parse", "depends_on": ["fetch", "0190f1c2-..."], "on_dependency_failure": "run",
-   "sequence_key": "doc-7", "group_key": "acme"}
+   "sequence_key": "doc-7", "group_key": "acme", "priority": 1}
 (all but kind and payload are optional; run_at and delay_ms exclusive;
 depends_on names task ids or the refs of other lines) and
 creates all of them in one transaction: all or none. Use --file - for stdin.`,
@@ -64,6 +67,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
   ingest-worker enqueue --kind report --payload @report.json --idempotency-key report-2024-06 --max-attempts 3
   ingest-worker enqueue --kind report --payload '{}' --run-at 2026-01-02T03:00:00Z --timeout 10m
   ingest-worker enqueue --kind reminder --payload '{"id":7}' --delay 15m
+  ingest-worker enqueue --kind reindex --payload '{"doc":42}' --priority 1
   ingest-worker enqueue --kind notify --payload '{}' --depends-on 0190f1c2-7f3a-7c1e-9d7e-5a1b2c3d4e5f --on-dependency-failure run
   ingest-worker enqueue --file tasks.ndjson --json`,
 		Args: cobra.NoArgs,
@@ -77,8 +81,8 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 			case file != "":
 				if kind != "" || payload != "" || key != "" || runAt != "" || seqKey != "" || group != "" ||
 					cmd.Flags().Changed("max-attempts") || cmd.Flags().Changed("delay") || cmd.Flags().Changed("timeout") ||
-					len(dependsOn) > 0 || onDepFailure != "" {
-					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --sequence-key, --group, --max-attempts, --run-at, --delay, --timeout, --depends-on or --on-dependency-failure (put them in the file's lines)")
+					len(dependsOn) > 0 || onDepFailure != "" || cmd.Flags().Changed("priority") {
+					return usagef("--file cannot be combined with --kind, --payload, --idempotency-key, --sequence-key, --group, --max-attempts, --run-at, --delay, --timeout, --priority, --depends-on or --on-dependency-failure (put them in the file's lines)")
 				}
 				nts, err = a.readNDJSON(file)
 			case kind == "":
@@ -91,7 +95,7 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 					return err
 				}
 				nt := task.NewTask{Kind: kind, Payload: p, IdempotencyKey: key, MaxAttempts: maxAttempts, Delay: delay, Timeout: timeout,
-					OnDependencyFailure: onDepFailure, SequenceKey: seqKey, GroupKey: group}
+					OnDependencyFailure: onDepFailure, SequenceKey: seqKey, GroupKey: group, Priority: priority}
 				for _, d := range dependsOn {
 					id, perr := uuid.Parse(strings.TrimSpace(d))
 					if perr != nil {
@@ -175,12 +179,13 @@ creates all of them in one transaction: all or none. Use --file - for stdin.`,
 	f.StringSliceVar(&dependsOn, "depends-on", nil, "wait for this task (repeatable, or comma-separated ids) before running")
 	f.StringVar(&onDepFailure, "on-dependency-failure", "", "cancel (default) or run: what a dependency ending DEAD or CANCELLED does")
 	f.StringVar(&group, "group", "", "the task's group (a tenant): per-group limits and fair scheduling")
+	rangeFlag(f, &priority, "priority", "", task.PriorityRange, stream.DefaultPriority, "1 (highest) to 4; higher priorities start first")
 	f.StringVarP(&file, "file", "f", "", "newline-delimited JSON tasks, or - for stdin (all in one transaction)")
 	return cmd
 }
 
 // enqueueFlags are the flags of enqueue by the task field each sets.
-var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key", "sequence_key": "sequence-key",
+var enqueueFlags = map[string]string{"kind": "kind", "payload": "payload", "idempotency_key": "idempotency-key", "sequence_key": "sequence-key", "priority": "priority",
 	"max_attempts": "max-attempts", "run_at": "run-at", "delay_ms": "delay", "timeout_ms": "timeout",
 	"depends_on": "depends-on", "on_dependency_failure": "on-dependency-failure", "group_key": "group"}
 

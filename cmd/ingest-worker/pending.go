@@ -29,9 +29,12 @@ type pendingReport struct {
 	Pending         int64              `json:"pending"`
 	Consumers       []consumerPending  `json:"consumers"`
 	Oldest          []pendingEntryInfo `json:"oldest_pending"`
-	DLQ             *streamLength      `json:"dlq,omitempty"`
-	Outbox          outboxBacklog      `json:"outbox"`
-	Tasks           map[string]int64   `json:"tasks_by_status"`
+	// PriorityStreams are the streams of priorities 1, 3 and 4 (the
+	// default, 2, is Stream above).
+	PriorityStreams []priorityStream `json:"priority_streams"`
+	DLQ             *streamLength    `json:"dlq,omitempty"`
+	Outbox          outboxBacklog    `json:"outbox"`
+	Tasks           map[string]int64 `json:"tasks_by_status"`
 }
 
 type consumerPending struct {
@@ -46,6 +49,34 @@ type pendingEntryInfo struct {
 	AgeMS      int64  `json:"age_ms"`  // since the entry was added
 	IdleMS     int64  `json:"idle_ms"` // since its last delivery or heartbeat
 	Deliveries int64  `json:"deliveries"`
+}
+
+type priorityStream struct {
+	Priority int    `json:"priority"`
+	Stream   string `json:"stream"`
+	Length   int64  `json:"length"`
+	Pending  int64  `json:"pending"`
+}
+
+// readPriorityStreams reads the length and the group's pending count of
+// the streams of priorities other than the default (missing: empty).
+func readPriorityStreams(ctx context.Context, rdb redis.UniversalClient, base, group string) ([]priorityStream, error) {
+	var out []priorityStream
+	for _, p := range stream.Priorities {
+		if p == stream.DefaultPriority {
+			continue
+		}
+		ps := priorityStream{Priority: p, Stream: stream.Key(base, p)}
+		g, err := stream.NewGroup(stream.Config{Stream: base, Group: group, Consumer: "cli"}, rdb)
+		if err != nil {
+			return nil, err
+		}
+		if ps.Length, ps.Pending, err = g.StatsOf(ctx, ps.Stream); err != nil {
+			return nil, err
+		}
+		out = append(out, ps)
+	}
+	return out, nil
 }
 
 type streamLength struct {
@@ -96,6 +127,9 @@ func (a *app) pendingReport(ctx context.Context, pool *pgxpool.Pool, rdb redis.U
 	var err error
 	if rep.StreamLength, err = rdb.XLen(ctx, rep.Stream).Result(); err != nil {
 		return nil, fmt.Errorf("xlen %s: %w", rep.Stream, err)
+	}
+	if rep.PriorityStreams, err = readPriorityStreams(ctx, rdb, rep.Stream, rep.Group); err != nil {
+		return nil, err
 	}
 	groups, err := rdb.XInfoGroups(ctx, rep.Stream).Result()
 	if err != nil && !stream.IsMissing(err) {
@@ -209,6 +243,14 @@ func (a *app) printPending(r *pendingReport) {
 			rows[i] = []string{e.ID, e.Consumer, humantime.Duration(time.Duration(e.AgeMS) * time.Millisecond), humantime.Duration(time.Duration(e.IdleMS) * time.Millisecond), fmt.Sprint(e.Deliveries)}
 		}
 		a.table([]string{"ENTRY", "CONSUMER", "AGE", "IDLE", "DELIVERIES"}, rows)
+	}
+	if len(r.PriorityStreams) > 0 {
+		a.printf("\nPRIORITY STREAMS (priority 2, the default, is %s above)\n", r.Stream)
+		rows := make([][]string, len(r.PriorityStreams))
+		for i, ps := range r.PriorityStreams {
+			rows[i] = []string{fmt.Sprint(ps.Priority), ps.Stream, fmt.Sprint(ps.Length), fmt.Sprint(ps.Pending)}
+		}
+		a.table([]string{"PRIORITY", "STREAM", "ENTRIES", "PENDING"}, rows)
 	}
 	if r.DLQ != nil {
 		a.printf("\nDLQ %s: %d entries\n", r.DLQ.Stream, r.DLQ.Length)
