@@ -210,7 +210,278 @@ CREATE TRIGGER ingest_task_release_deleted AFTER DELETE ON ingest_task
     REFERENCING OLD TABLE AS old_rows
     FOR EACH STATEMENT EXECUTE FUNCTION ingest_task_release_deleted();
 
+-- Dependencies from SQL (docs/SQL-ENQUEUE.md): ingest_enqueue and
+-- ingest_enqueue_batch take depends_on (ids of existing tasks) and
+-- on_dependency_failure, as POST /v1/tasks does. They take the two fields
+-- off each task, create the tasks as before (ingest_enqueue_tasks,
+-- unchanged), then ingest_enqueue_link adds the edges of the tasks this
+-- call created, with the checks and effects of the Go store
+-- (task/deps.go: linkDependencies). A ref (an item of the same batch) is
+-- refused: create the dependencies first, or use the Go store or POST
+-- /v1/tasks:batch.
+-- +goose StatementBegin
+CREATE FUNCTION ingest_enqueue_link(ids uuid[], tasks jsonb, numbered boolean) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    uuid_re constant text := '^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$';
+    max_deps constant int := 1000;
+    max_depth constant int := 100;
+    held_until constant timestamptz := '9999-12-31 00:00:00+00';
+    el jsonb;
+    v jsonb;
+    t text;
+    pre text;
+    e_from uuid[] := '{}';
+    e_to uuid[] := '{}';
+    e_pos int[] := '{}';
+    dependents uuid[] := '{}';
+    policies text[] := '{}';
+    missing record;
+    deep record;
+    ended uuid[];
+    ends text[];
+BEGIN
+    IF jsonb_typeof(tasks) <> 'array' THEN
+        RETURN;
+    END IF;
+    FOR pos IN 0 .. jsonb_array_length(tasks) - 1 LOOP
+        el := tasks->pos;
+        CONTINUE WHEN jsonb_typeof(el) <> 'object';
+        pre := CASE WHEN numbered THEN format('task %s: ', pos) ELSE '' END;
+        IF coalesce(jsonb_typeof(el->'ref'), 'null') <> 'null' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'ref',
+                MESSAGE = pre || 'ref is not taken from SQL: depends_on names existing tasks by id',
+                HINT = 'create the dependencies first, or create the graph with POST /v1/tasks:batch';
+        END IF;
+        v := el->'on_dependency_failure';
+        t := jsonb_typeof(v);
+        IF coalesce(t, 'null') <> 'null' AND (t <> 'string' OR v->>0 NOT IN ('', 'cancel', 'run')) THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'on_dependency_failure',
+                MESSAGE = pre || CASE WHEN t <> 'string' THEN format('on_dependency_failure must be a JSON string, got %s', t)
+                    ELSE format('on_dependency_failure must be "cancel" or "run", got "%s"', ingest_enqueue_clip(v->>0, 64)) END;
+        END IF;
+        v := el->'depends_on';
+        t := jsonb_typeof(v);
+        CONTINUE WHEN coalesce(t, 'null') = 'null';
+        IF t <> 'array' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'depends_on',
+                MESSAGE = pre || format('depends_on must be a JSON array of task ids, got %s', t);
+        END IF;
+        IF jsonb_array_length(v) > max_deps THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'depends_on',
+                MESSAGE = pre || format('depends_on has %s dependencies, the limit is %s', jsonb_array_length(v), max_deps);
+        END IF;
+        SELECT x INTO t FROM jsonb_array_elements(v) AS x
+        WHERE jsonb_typeof(x) <> 'string' OR x->>0 !~ uuid_re LIMIT 1;
+        IF t IS NOT NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'depends_on',
+                MESSAGE = pre || format('depends_on %s is not a task id', ingest_enqueue_clip(t, 64));
+        END IF;
+        CONTINUE WHEN jsonb_array_length(v) = 0;
+        -- Only a task this call created gets edges (an idempotency key or
+        -- the payload dedup that found an existing task keeps its own).
+        CONTINUE WHEN NOT EXISTS (SELECT 1 FROM ingest_task k WHERE k.id = ids[pos + 1]
+            AND k.created_at = now() AND k.waiting_for IS NULL
+            AND NOT EXISTS (SELECT 1 FROM ingest_task_dependency d WHERE d.task_id = k.id))
+            OR ids[pos + 1] = ANY(dependents);
+        dependents := dependents || ids[pos + 1];
+        policies := policies || NULLIF(el->>'on_dependency_failure', '');
+        e_from := e_from || array_fill(ids[pos + 1], ARRAY[jsonb_array_length(v)]);
+        e_to := e_to || ARRAY(SELECT (x->>0)::uuid FROM jsonb_array_elements(v) WITH ORDINALITY AS a(x, o) ORDER BY o);
+        e_pos := e_pos || array_fill(pos, ARRAY[jsonb_array_length(v)]);
+    END LOOP;
+    IF cardinality(dependents) = 0 THEN
+        RETURN;
+    END IF;
+
+    -- The dependencies, locked in id order (their ends wait for this
+    -- transaction, so they see the edges): each must exist.
+    PERFORM 1 FROM ingest_task WHERE id IN (SELECT unnest(e_to)) ORDER BY id FOR NO KEY UPDATE;
+    SELECT e.to_id, e.pos INTO missing FROM unnest(e_to, e_pos) AS e(to_id, pos)
+    WHERE NOT EXISTS (SELECT 1 FROM ingest_task k WHERE k.id = e.to_id) ORDER BY e.pos LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'depends_on',
+            MESSAGE = CASE WHEN numbered THEN format('task %s: ', missing.pos) ELSE '' END
+                || format('depends_on: no task %s (unknown or deleted)', missing.to_id);
+    END IF;
+    SELECT e.pos, 1 + max(coalesce(k.dependency_depth, 0)) AS d INTO deep
+    FROM unnest(e_to, e_pos) AS e(to_id, pos) JOIN ingest_task k ON k.id = e.to_id
+    GROUP BY e.pos HAVING 1 + max(coalesce(k.dependency_depth, 0)) > max_depth ORDER BY e.pos LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'depends_on',
+            MESSAGE = CASE WHEN numbered THEN format('task %s: ', deep.pos) ELSE '' END
+                || format('depends_on: the task would be %s dependencies deep, the limit is %s', deep.d, max_depth);
+    END IF;
+
+    INSERT INTO ingest_task_dependency (task_id, depends_on)
+    SELECT DISTINCT f, t2 FROM unnest(e_from, e_to) AS e(f, t2);
+    -- A dependency in no workflow is the root of its own.
+    UPDATE ingest_task SET workflow_id = id
+    WHERE id IN (SELECT unnest(e_to)) AND workflow_id IS NULL;
+    UPDATE ingest_task k SET waiting_for = x.n, on_dependency_failure = x.p, dependency_depth = x.d, workflow_id = x.w
+    FROM (SELECT dep.id, dep.p,
+                 (SELECT count(DISTINCT e.t2) FROM unnest(e_from, e_to) AS e(f, t2) WHERE e.f = dep.id) AS n,
+                 (SELECT 1 + max(coalesce(d.dependency_depth, 0)) FROM unnest(e_from, e_to) AS e(f, t2)
+                    JOIN ingest_task d ON d.id = e.t2 WHERE e.f = dep.id) AS d,
+                 (SELECT d.workflow_id FROM unnest(e_from, e_to) WITH ORDINALITY AS e(f, t2, o)
+                    JOIN ingest_task d ON d.id = e.t2 WHERE e.f = dep.id ORDER BY e.o LIMIT 1) AS w
+          FROM unnest(dependents, policies) AS dep(id, p)) x
+    WHERE k.id = x.id;
+    -- Held: the row ingest_enqueue_tasks wrote waits for the release.
+    UPDATE outbox_event SET next_retry_at = held_until
+    WHERE task_id = ANY(dependents) AND status IN ('NEW', 'RETRYING');
+    -- Dependencies that ended already apply at once.
+    SELECT array_agg(k.id), array_agg(k.status) INTO ended, ends FROM ingest_task k
+    WHERE k.id IN (SELECT unnest(e_to)) AND k.status IN ('SUCCEEDED', 'DEAD', 'CANCELLED');
+    IF ended IS NOT NULL THEN
+        PERFORM ingest_task_end_edges(ended, ends);
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
+
+-- ingest_enqueue_strip(tasks) is tasks without the fields ingest_enqueue_link
+-- reads (ingest_enqueue_tasks refuses unknown fields).
+-- +goose StatementBegin
+CREATE FUNCTION ingest_enqueue_strip(tasks jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(tasks) = 'array' THEN coalesce(
+        (SELECT jsonb_agg(CASE WHEN jsonb_typeof(e) = 'object' THEN e - ARRAY['depends_on', 'on_dependency_failure', 'ref'] ELSE e END ORDER BY o)
+         FROM jsonb_array_elements(tasks) WITH ORDINALITY AS x(e, o)), '[]'::jsonb)
+    ELSE tasks END
+$$;
+-- +goose StatementEnd
+
+-- ingest_enqueue_reset(fn, setting) sets again on fn one entry of a
+-- function's proconfig ("name=value", as pg_proc keeps it): a list
+-- (search_path) as written, any other value as a literal.
+-- +goose StatementBegin
+CREATE FUNCTION ingest_enqueue_reset(fn text, setting text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('ALTER FUNCTION %s SET %s = %s', fn, split_part(setting, '=', 1),
+        CASE WHEN split_part(setting, '=', 1) = 'search_path' THEN substr(setting, strpos(setting, '=') + 1)
+             ELSE quote_literal(substr(setting, strpos(setting, '=') + 1)) END)
+$$;
+-- +goose StatementEnd
+
+-- The two entry points, replaced in place: their owner, grants and
+-- settings (ingest.stream, ingest.max_payload_bytes, which CREATE OR
+-- REPLACE would reset) are kept.
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    cfg text[];
+    cfg1 text[];
+    x text;
+BEGIN
+    SELECT proconfig INTO cfg FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
+    SELECT proconfig INTO cfg1 FROM pg_proc WHERE oid = 'ingest_enqueue(text, jsonb, jsonb)'::regprocedure;
+    CREATE OR REPLACE FUNCTION ingest_enqueue_batch(tasks jsonb) RETURNS uuid[]
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET ingest.stream = 'ingest:tasks'
+    SET ingest.max_payload_bytes = '1048576'
+    AS $fn$
+    DECLARE
+        ids uuid[];
+    BEGIN
+        ids := ingest_enqueue_tasks(ingest_enqueue_strip(tasks), true);
+        PERFORM ingest_enqueue_link(ids, tasks, true);
+        RETURN ids;
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue_batch(jsonb)', x);
+    END LOOP;
+
+    CREATE OR REPLACE FUNCTION ingest_enqueue(kind text, payload jsonb, options jsonb DEFAULT '{}') RETURNS uuid
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $fn$
+    DECLARE
+        opts jsonb := coalesce(options, '{}');
+        bad text;
+        task jsonb;
+        id uuid;
+    BEGIN
+        IF jsonb_typeof(opts) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'options',
+                MESSAGE = format('options must be a JSON object, got %s', jsonb_typeof(opts));
+        END IF;
+        IF opts ? 'kind' OR opts ? 'payload' THEN
+            bad := CASE WHEN opts ? 'kind' THEN 'kind' ELSE 'payload' END;
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = bad,
+                MESSAGE = format('unknown field "%s"', bad),
+                HINT = 'kind and payload are arguments of ingest_enqueue, not options';
+        END IF;
+        task := jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb)));
+        id := (ingest_enqueue_tasks(ingest_enqueue_strip(task), false))[1];
+        PERFORM ingest_enqueue_link(ARRAY[id], task, false);
+        RETURN id;
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg1, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue(text, jsonb, jsonb)', x);
+    END LOOP;
+END;
+$do$;
+-- +goose StatementEnd
+
+-- None of these is for the public: the release functions change tasks;
+-- the entry points call the others as their owner.
+REVOKE EXECUTE ON FUNCTION ingest_sequence_continues(text), ingest_task_default_stream(),
+    ingest_task_end_edges(uuid[], text[]), ingest_enqueue_link(uuid[], jsonb, boolean),
+    ingest_enqueue_strip(jsonb), ingest_enqueue_reset(text, text) FROM PUBLIC;
+
 -- +goose Down
+-- The entry points of migration 00016 again (settings and grants kept).
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    cfg text[];
+    cfg1 text[];
+    x text;
+BEGIN
+    SELECT proconfig INTO cfg FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
+    SELECT proconfig INTO cfg1 FROM pg_proc WHERE oid = 'ingest_enqueue(text, jsonb, jsonb)'::regprocedure;
+    CREATE OR REPLACE FUNCTION ingest_enqueue_batch(tasks jsonb) RETURNS uuid[]
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET ingest.stream = 'ingest:tasks'
+    SET ingest.max_payload_bytes = '1048576'
+    AS $fn$
+    BEGIN
+        RETURN ingest_enqueue_tasks(tasks, true);
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue_batch(jsonb)', x);
+    END LOOP;
+
+    CREATE OR REPLACE FUNCTION ingest_enqueue(kind text, payload jsonb, options jsonb DEFAULT '{}') RETURNS uuid
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $fn$
+    DECLARE
+        opts jsonb := coalesce(options, '{}');
+        bad text;
+    BEGIN
+        IF jsonb_typeof(opts) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'options',
+                MESSAGE = format('options must be a JSON object, got %s', jsonb_typeof(opts));
+        END IF;
+        IF opts ? 'kind' OR opts ? 'payload' THEN
+            bad := CASE WHEN opts ? 'kind' THEN 'kind' ELSE 'payload' END;
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = bad,
+                MESSAGE = format('unknown field "%s"', bad),
+                HINT = 'kind and payload are arguments of ingest_enqueue, not options';
+        END IF;
+        RETURN (ingest_enqueue_tasks(
+            jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb))), false))[1];
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg1, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue(text, jsonb, jsonb)', x);
+    END LOOP;
+END;
+$do$;
+-- +goose StatementEnd
+DROP FUNCTION ingest_enqueue_strip(jsonb);
+DROP FUNCTION ingest_enqueue_link(uuid[], jsonb, boolean);
 DROP TRIGGER ingest_task_release_deleted ON ingest_task;
 DROP FUNCTION ingest_task_release_deleted();
 DROP TRIGGER ingest_task_release_dependents ON ingest_task_transition;
@@ -225,3 +496,4 @@ ALTER TABLE ingest_task
     DROP COLUMN workflow_id,
     DROP COLUMN on_dependency_failure,
     DROP COLUMN waiting_for;
+DROP FUNCTION ingest_enqueue_reset(text, text);

@@ -89,6 +89,27 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 	if err != nil || len(page.Candidates) != 1 || page.Candidates[0].ID != ids[task.Queued] || !page.Candidates[0].Eligible {
 		t.Errorf("rescue candidates = %+v, %v; want the QUEUED task, eligible", page, err)
 	}
+	// Tasks written before migration 18 become dependencies: a live one
+	// holds its new dependent, a SUCCEEDED one releases it at once, a DEAD
+	// or CANCELLED one cancels it.
+	dependents := map[task.State]task.Task{}
+	for _, st := range task.States {
+		r, err := store.Create(ctx, task.NewTask{Kind: "dep", Payload: []byte(`{}`), DependsOn: []uuid.UUID{ids[st]}})
+		if err != nil {
+			t.Fatalf("create a dependent of the %s task: %v", st, err)
+		}
+		dependents[st] = r.Task
+		want, waiting := task.Queued, 1
+		switch st {
+		case task.Succeeded:
+			waiting = 0
+		case task.Dead, task.Cancelled:
+			want = task.Cancelled
+		}
+		if r.Task.Status != want || (want == task.Queued && r.Task.WaitingFor != waiting) {
+			t.Errorf("dependent of the %s task: %s waiting %d; want %s waiting %d", st, r.Task.Status, r.Task.WaitingFor, want, waiting)
+		}
+	}
 	// The running task completes, with its audit row.
 	res, err := store.Succeed(ctx, "w1", ids[task.Running])
 	if err != nil || len(res) != 1 || !res[0].Applied || res[0].Status != task.Succeeded {
@@ -97,6 +118,9 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 	_, trail, err := store.GetWithTransitions(ctx, ids[task.Running])
 	if err != nil || len(trail) != 2 || trail[1].To != string(task.Succeeded) {
 		t.Errorf("trail after the upgrade = %+v, %v; want the old row and SUCCEEDED", trail, err)
+	}
+	if got, err := store.Get(ctx, dependents[task.Running].ID); err != nil || got.WaitingFor != 0 {
+		t.Errorf("dependent of the task that completed: waiting %d, %v; want released", got.WaitingFor, err)
 	}
 
 	// Down to 11 (the foreign keys come back, so the rows must still
@@ -114,8 +138,13 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 		t.Fatalf("Up again = %v, %v; want %v", applied, err, versions[11:])
 	}
 	var n int
-	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task_transition`).Scan(&n); err != nil || n != len(task.States)+1 {
-		t.Errorf("%d audit rows after down and up, %v; want %d", n, err, len(task.States)+1)
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task_transition`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	// The old tasks' rows and the completion; the dependents' creations
+	// and the two cancels by a dependency.
+	if want := len(task.States) + 1 + len(task.States) + 2; err != nil || n != want {
+		t.Errorf("%d audit rows after down and up, %v; want %d", n, err, want)
 	}
 }
 
