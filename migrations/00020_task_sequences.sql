@@ -51,19 +51,29 @@ $$;
 -- the successor's edge to it (ingest_task_release_dependents, which fires
 -- after this trigger: triggers of one event fire by name). So cancelling
 -- a task in the middle of a sequence never lets the next one run beside
--- the one before it.
+-- the one before it. When consecutive tasks are cancelled in one
+-- statement (the cascade of a dead dependency), the hold passes from the
+-- first one not cancelled before them to the first one not cancelled
+-- after them.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_task_pass_on_sequence() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    WITH x AS (
-        SELECT n.task_id AS id, p.depends_on AS pred
-        FROM new_rows n
-        JOIN ingest_task_dependency p ON p.task_id = n.task_id AND p.reason = 'sequence' AND p.released_at IS NULL
-        WHERE n.to_status = 'CANCELLED'
+    WITH RECURSIVE c AS (
+        SELECT DISTINCT task_id AS id FROM new_rows WHERE to_status = 'CANCELLED'
+    ), up AS (
+        SELECT c.id, p.depends_on AS pred
+        FROM c JOIN ingest_task_dependency p ON p.task_id = c.id AND p.reason = 'sequence' AND p.released_at IS NULL
+    ), root AS (
+        SELECT id, pred, 0 AS depth FROM up
+        UNION ALL
+        SELECT r.id, u.pred, r.depth + 1 FROM root r JOIN up u ON u.id = r.pred WHERE r.depth < 100000
+    ), x AS (
+        SELECT id, pred FROM root WHERE pred NOT IN (SELECT id FROM c)
     ), moved AS (
         INSERT INTO ingest_task_dependency (task_id, depends_on, reason)
         SELECT s.task_id, x.pred, 'sequence'
         FROM x JOIN ingest_task_dependency s ON s.depends_on = x.id AND s.reason = 'sequence' AND s.released_at IS NULL
+        WHERE s.task_id NOT IN (SELECT id FROM c)
         ORDER BY s.task_id
         ON CONFLICT DO NOTHING
         RETURNING task_id
