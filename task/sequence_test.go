@@ -72,7 +72,7 @@ func TestSequenceCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	third, fourth := res[1-1].Task, res[3-1].Task
+	third, fourth := res[0].Task, res[2].Task
 	want := map[uuid.UUID]uuid.UUID{second.ID: first.ID, third.ID: second.ID, fourth.ID: third.ID}
 	if got := b.seqEdges(t, "seq"); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("edges = %v, want %v", got, want)
