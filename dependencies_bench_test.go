@@ -38,7 +38,9 @@ func BenchmarkPipeline(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ok := func(context.Context, ingest.Task) (json.RawMessage, error) { return json.RawMessage(`{"ok":true}`), nil }
+			ok := func(context.Context, ingest.Task) (json.RawMessage, error) {
+				return json.RawMessage(`{"ok":true}`), nil
+			}
 			for _, k := range []string{"split", "chunk", "join"} {
 				svc.HandleResult(k, ok)
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/task"
@@ -85,5 +86,61 @@ func TestFanOutFanInPipeline(t *testing.T) {
 		if got, want := string(joinDeps[res[i].Task.ID]), fmt.Sprintf(`{"i": %d}`, i-1); got != want {
 			t.Fatalf("result of chunk %d = %s, want %s", i-1, got, want)
 		}
+	}
+}
+
+// TestHeldTaskIgnoresItsStreamEntry: a stream entry of a held task (a
+// stray one: a held task has no due outbox row) is acknowledged without
+// running it; the task runs once, after its dependency ends.
+func TestHeldTaskIgnoresItsStreamEntry(t *testing.T) {
+	t.Parallel()
+	b := newServiceBundle(t)
+	svc := b.run(b.fastConfig("w1"), nil, slog.LevelError)
+	ctx := context.Background()
+	var mu sync.Mutex
+	runs := 0
+	svc.HandleResult("after", func(context.Context, ingest.Task) (json.RawMessage, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		runs++
+		return nil, nil
+	})
+	// The dependency waits an hour: no worker starts it.
+	dep, err := b.store.Create(ctx, task.NewTask{Kind: "before", Payload: json.RawMessage(`{}`), Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := b.store.Create(ctx, task.NewTask{Kind: "after", Payload: json.RawMessage(`{}`), DependsOn: []uuid.UUID{dep.Task.ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.XAdd(ctx, &redis.XAddArgs{Stream: b.stream, Values: []string{"task_id", held.Task.ID.String(), "kind", "after"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.eventually(30*time.Second, "the stray entry read and acknowledged", func() bool {
+		groups, err := b.rdb.XInfoGroups(ctx, b.stream).Result()
+		return err == nil && len(groups) == 1 && groups[0].Pending == 0 && groups[0].Lag == 0 && groups[0].EntriesRead >= 1
+	})
+	got, err := b.store.Get(ctx, held.Task.ID)
+	mu.Lock()
+	n := runs
+	mu.Unlock()
+	if err != nil || got.Status != task.Queued || got.WaitingFor != 1 || n != 0 {
+		t.Fatalf("after its stray entry the held task is %s waiting %d, ran %d times (%v)", got.Status, got.WaitingFor, n, err)
+	}
+	// The dependency is made due and runs: then the task runs, once.
+	svc.HandleResult("before", func(context.Context, ingest.Task) (json.RawMessage, error) { return nil, nil })
+	if rs, err := b.store.RunNow(ctx, "op", dep.Task.ID); err != nil || rs.Outcome != task.RunNowDone {
+		t.Fatalf("RunNow = %+v, %v", rs, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if got, err := svc.Wait(wctx, held.Task.ID); err != nil || got.Status != task.Succeeded {
+		t.Fatalf("held task: %s, %v; want SUCCEEDED", got.Status, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs != 1 {
+		t.Fatalf("held task ran %d times, want once", runs)
 	}
 }

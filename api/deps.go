@@ -1,6 +1,9 @@
 package api
 
 import (
+	"errors"
+	"regexp"
+
 	"github.com/ingest-worker/ingest/internal/clip"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -39,4 +42,22 @@ func batchRefs(nts []task.NewTask) {
 			nts[i].DependsOn = ids
 		}
 	}
+}
+
+// taskPosition reads the batch position a store error of a batch starts
+// with ("task 3: ...").
+var taskPosition = regexp.MustCompile(`^task (\d+): `)
+
+// batchFieldError names the field of a batch's store error by its
+// position, as the request's own checks do ("[3].depends_on").
+func batchFieldError(err error) error {
+	var ferr *task.FieldError
+	if !errors.As(err, &ferr) {
+		return err
+	}
+	m := taskPosition.FindStringSubmatch(ferr.Msg)
+	if m == nil || ferr.Field == "" {
+		return err
+	}
+	return &task.FieldError{Field: "[" + m[1] + "]." + ferr.Field, Msg: ferr.Msg, TooLarge: ferr.TooLarge}
 }

@@ -84,8 +84,12 @@ func TestCreateWithDependencies(t *testing.T) {
 		{"/v1/tasks:batch", `[{"kind":"k","payload":1,"ref":"a","depends_on":["c"]}]`, `ref "c" names no item`},
 	} {
 		r := b.do(t, "POST", c.path, c.body)
-		if msg, _ := r.errorBody(t); r.code != http.StatusBadRequest || !strings.Contains(msg, c.want) {
+		msg, field := r.errorBody(t)
+		if r.code != http.StatusBadRequest || !strings.Contains(msg, c.want) {
 			t.Errorf("POST %s %s: %d %q; want 400 naming %q", c.path, c.body, r.code, msg, c.want)
+		}
+		if c.path == "/v1/tasks:batch" && (!strings.HasPrefix(field, "[") || !strings.HasSuffix(field, "].depends_on")) {
+			t.Errorf("POST %s %s: field %q, want [N].depends_on", c.path, c.body, field)
 		}
 	}
 }

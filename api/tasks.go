@@ -229,7 +229,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
 	batchRefs(nts)
 	res, err := s.store.CreateBatch(tracing.ExtractHeader(r.Context(), r.Header), nts)
 	if err != nil {
-		s.storeError(w, r, err, "")
+		s.storeError(w, r, batchFieldError(err), "")
 		return
 	}
 	out := BatchResponse{Tasks: make([]CreateResponse, len(res))}

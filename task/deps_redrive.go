@@ -140,8 +140,8 @@ func reviveDependents(ctx context.Context, tx pgx.Tx, stream, actor string, ids 
 }
 
 // DependentsRedriver redrives with RedriveWithDependents where a redrive
-// through Store.Redrive is expected (dlq.Redrive), and keeps the tasks it
-// revived.
+// through Store.Redrive is expected (dlq.Redrive, dlq.Replay), and keeps
+// the tasks it revived, over all its calls.
 type DependentsRedriver struct {
 	Store   *Store
 	Revived []uuid.UUID
@@ -150,6 +150,6 @@ type DependentsRedriver struct {
 // Redrive is Store.RedriveWithDependents.
 func (r *DependentsRedriver) Redrive(ctx context.Context, actor string, ids ...uuid.UUID) ([]Result, error) {
 	res, revived, err := r.Store.RedriveWithDependents(ctx, actor, ids...)
-	r.Revived = revived
+	r.Revived = append(r.Revived, revived...)
 	return res, err
 }

@@ -340,3 +340,28 @@ func TestRedriveWithDependents(t *testing.T) {
 	b.runOK(t, c.ID, "")
 	b.runOK(t, cc.ID, "")
 }
+
+// TestRunNowRefusesHeld: run-now does not override dependencies, even for
+// a delayed task: its held outbox row stays, and nothing changes.
+func TestRunNowRefusesHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	dep := b.create(t, task.NewTask{})
+	held := b.create(t, task.NewTask{DependsOn: []uuid.UUID{dep.ID}, Delay: time.Hour})
+	before := b.snapshot(t, held.ID)
+	res, err := b.store.RunNow(b.ctx, "op", held.ID)
+	if err != nil || res.Outcome != task.RunNowHeld || !strings.Contains(res.Refusal(held.ID), "dependencies") {
+		t.Fatalf("RunNow = %+v, %v; want HELD", res, err)
+	}
+	if after := b.snapshot(t, held.ID); after != before {
+		t.Fatalf("run-now changed a held task: %+v -> %+v", before, after)
+	}
+	b.runOK(t, dep.ID, "")
+	// Released, and still delayed: its row is due at its run time.
+	if got := b.get(t, held.ID); got.WaitingFor != 0 || b.dueOutbox(t, held.ID) != 0 {
+		t.Fatalf("released delayed task: waiting %d, %d due rows; want 0 and none due yet", got.WaitingFor, b.dueOutbox(t, held.ID))
+	}
+	if res, err := b.store.RunNow(b.ctx, "op", held.ID); err != nil || res.Outcome != task.RunNowDone {
+		t.Fatalf("RunNow after the release = %+v, %v; want DUE", res, err)
+	}
+}

@@ -29,6 +29,16 @@
 // announced on DoneChannel by a trigger on the audit table, and an Awaiter
 // (await.go) serves any number of waits with one LISTEN connection.
 //
+// Dependencies (deps.go, deps_redrive.go, migration 00018): a task created
+// with NewTask.DependsOn or DependsOnRefs is held (waiting_for > 0, refused
+// by the start guard, its outbox row due at HeldUntil) until its
+// dependencies end. linkDependencies creates the edges and owns the
+// create-time checks and limits (MaxDependencies, MaxDependencyDepth,
+// refs and cycles); the release and the cancel of dependents when a
+// dependency ends are the migration's statement triggers, in the
+// transaction of that end. RedriveWithDependents revives the dependents a
+// death cancelled; DependencyResults reads a dependent's inputs.
+//
 // Every operation after creation takes many ids at once, so a consumer
 // starts or completes a whole read batch in one statement. Rows are locked
 // in id order, so concurrent batches never deadlock one another.

@@ -26,6 +26,9 @@ const (
 	// a limit); nothing changed. Run-now does not force a task past its kind's pause
 	// or limits: resume the kind, or raise the limit.
 	RunNowParked RunNowOutcome = "PARKED"
+	// RunNowHeld: the task is held by its dependencies (Task.WaitingFor
+	// > 0); nothing changed. It runs when they have ended.
+	RunNowHeld RunNowOutcome = "HELD"
 )
 
 // RunNowResult is the outcome of RunNow.
@@ -54,10 +57,10 @@ const RunNowMessage = "run now"
 // (no row: unknown id).
 var runNowSQL = `
 WITH l AS (
-    SELECT id, status, next_retry_at, parked_at FROM ingest_task WHERE id = $1
+    SELECT id, status, next_retry_at, parked_at, waiting_for FROM ingest_task WHERE id = $1
 ), u AS (
     UPDATE ingest_task t SET next_retry_at = now(), due_at = now(), updated_at = now()
-    WHERE t.id = $1 AND t.status IN ` + waitingSQL + ` AND NOT ` + parkedSQL("t") + ` AND t.next_retry_at > now()
+    WHERE t.id = $1 AND t.status IN ` + waitingSQL + ` AND NOT ` + parkedSQL("t") + ` AND ` + notHeld("t") + ` AND t.next_retry_at > now()
     RETURNING t.id, t.status, t.attempt_count
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
@@ -68,7 +71,7 @@ WITH l AS (
 ), fresh AS (
     INSERT INTO outbox_event (task_id, stream) SELECT id, $3 FROM u
 )
-SELECT l.status, l.next_retry_at, ` + parkedSQL("l") + `, EXISTS (SELECT 1 FROM u) FROM l`
+SELECT l.status, l.next_retry_at, ` + parkedSQL("l") + `, NOT ` + notHeld("l") + `, EXISTS (SELECT 1 FROM u) FROM l`
 
 // RunNow makes task id, QUEUED or RETRYING and due later, due now on
 // behalf of actor (recorded as the audit row's worker), and publishes it at
@@ -79,9 +82,9 @@ func (s *Store) RunNow(ctx context.Context, actor string, id uuid.UUID) (RunNowR
 		return RunNowResult{}, fmt.Errorf("%w: run-now needs an actor", ErrInvalidTask)
 	}
 	var res RunNowResult
-	var parked, changed bool
+	var parked, held, changed bool
 	err := s.retry(ctx, func() error {
-		return s.db.QueryRow(ctx, runNowSQL, id, actor, s.cfg.Stream).Scan(&res.Status, &res.NextRetryAt, &parked, &changed)
+		return s.db.QueryRow(ctx, runNowSQL, id, actor, s.cfg.Stream).Scan(&res.Status, &res.NextRetryAt, &parked, &held, &changed)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RunNowResult{}, fmt.Errorf("run task %s now: %w", id, ErrNotFound)
@@ -94,6 +97,8 @@ func (s *Store) RunNow(ctx context.Context, actor string, id uuid.UUID) (RunNowR
 		res.Outcome = RunNowDone
 	case res.Status != Queued && res.Status != Retrying:
 		res.Outcome = RunNowNotWaiting
+	case held:
+		res.Outcome = RunNowHeld
 	case parked:
 		res.Outcome = RunNowParked
 	default:
@@ -110,6 +115,8 @@ func (r RunNowResult) Refusal(id uuid.UUID) string {
 		return ""
 	case RunNowParked:
 		return fmt.Sprintf("task %s is parked: its kind is paused or at a limit; resume the kind or raise its limit (run-now does not override them)", id)
+	case RunNowHeld:
+		return fmt.Sprintf("task %s waits for its dependencies; it runs when they have ended (run-now does not override them)", id)
 	case RunNowAlreadyDue:
 		return fmt.Sprintf("task %s is %s and already due; it starts as soon as a worker is free", id, r.Status)
 	default:

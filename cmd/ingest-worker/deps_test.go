@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/ingest-worker/ingest/dlq"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
 )
@@ -78,5 +80,29 @@ func TestTaskShowGraphAndRedriveWithDependents(t *testing.T) {
 		if !strings.Contains(r.stdout, id.String()) {
 			t.Errorf("redrive output does not list the revived %s:\n%s", id, r.stdout)
 		}
+	}
+
+	// It dies again, cancelling them again; a replay of its DLQ entry
+	// with --with-dependents revives them.
+	if rs, err := store.Start(ctx, "w", time.Minute, fetch); err != nil || rs[0].Outcome != task.Started {
+		t.Fatalf("Start = %+v, %v", rs, err)
+	}
+	if _, err := store.Fail(ctx, "w", task.Failure{ID: fetch, Error: "boom", Permanent: true}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := store.Get(ctx, index); got.Status != task.Cancelled {
+		t.Fatalf("dependent after the second death: %s", got.Status)
+	}
+	rdb := testenv.Client(t, testenv.RedisURL(t))
+	entry, err := rdb.XAdd(ctx, &redis.XAddArgs{Stream: dlqKey, Values: []string{dlq.FieldTaskID, fetch.String(), dlq.FieldKind, "fetch"}}).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = runBin(t, bin, env, "", "dlq", "replay", "--with-dependents", entry)
+	if r.code != 0 || !strings.Contains(r.stderr, "revived 2 dependents") {
+		t.Fatalf("dlq replay --with-dependents: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got, _ := store.Get(ctx, index); got.Status != task.Queued {
+		t.Fatalf("dependent after the replay: %s", got.Status)
 	}
 }

@@ -102,7 +102,7 @@ var dlqListRange = task.Range{Field: "limit", Min: 1, Max: dlq.MaxListCount}
 const replayChunk = 500
 
 func (a *app) dlqReplayCommand() *cobra.Command {
-	var all bool
+	var all, withDeps bool
 	cmd := &cobra.Command{
 		Use:   "replay (ENTRY_ID... | --all)",
 		Short: "Redrive the tasks of DLQ entries and remove the entries",
@@ -111,8 +111,12 @@ QUEUED, with their attempts reset, and remove the entries. --all replays every
 entry of the DLQ. An entry whose task is no longer DEAD is removed without
 change; a poison entry (no valid task_id) or one whose task does not exist is
 kept and reported. A task id given instead of an entry id is refused (exit 2),
-naming the commands that take one: 'task redrive ID' and 'dlq discard --task ID'.`,
+naming the commands that take one: 'task redrive ID' and 'dlq discard --task ID'.
+With --with-dependents the dependents the replayed tasks' deaths cancelled
+are revived too (and theirs): QUEUED again, held until their dependencies
+end anew; they are counted on standard error.`,
 		Example: `  ingest-worker dlq replay 1718000000000-0
+  ingest-worker dlq replay --with-dependents 1718000000000-0
   ingest-worker dlq replay --all`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.load(cmd, nil); err != nil {
@@ -143,11 +147,16 @@ naming the commands that take one: 'task redrive ID' and 'dlq discard --task ID'
 			if err != nil {
 				return usageErr(err)
 			}
+			var redriver dlq.Redriver = store
+			deps := &task.DependentsRedriver{Store: store}
+			if withDeps {
+				redriver = deps
+			}
 			var results []dlq.ReplayResult
 			if all {
-				results, err = a.replayAll(ctx, rdb, store)
+				results, err = a.replayAll(ctx, rdb, redriver)
 			} else {
-				results, err = dlq.Replay(ctx, rdb, a.cfg.DLQStreamKey, store, a.actor(), args...)
+				results, err = dlq.Replay(ctx, rdb, a.cfg.DLQStreamKey, redriver, a.actor(), args...)
 			}
 			if a.json {
 				if jerr := a.printJSON(map[string]any{"results": orEmpty(results)}); err == nil {
@@ -170,10 +179,14 @@ naming the commands that take one: 'task redrive ID' and 'dlq discard --task ID'
 			}
 			a.notef("replayed %d, removed %d no longer DEAD, kept %d poison, %d without a task, %d entries not found\n",
 				counts[dlq.Replayed], counts[dlq.NotDead], counts[dlq.Poison], counts[dlq.TaskNotFound], counts[dlq.EntryNotFound])
+			if withDeps {
+				a.notef("revived %d dependents\n", len(deps.Revived))
+			}
 			return err
 		},
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "replay every entry of the DLQ")
+	cmd.Flags().BoolVar(&withDeps, "with-dependents", false, "also revive the dependents the replayed tasks' deaths cancelled")
 	return cmd
 }
 
@@ -191,7 +204,7 @@ func replayArg(arg string) error {
 }
 
 // replayAll replays the DLQ from its oldest entry, in chunks.
-func (a *app) replayAll(ctx context.Context, rdb redis.UniversalClient, store *task.Store) ([]dlq.ReplayResult, error) {
+func (a *app) replayAll(ctx context.Context, rdb redis.UniversalClient, store dlq.Redriver) ([]dlq.ReplayResult, error) {
 	var out []dlq.ReplayResult
 	after := ""
 	for {
