@@ -33,7 +33,7 @@ func TestSequencesUnderKills(t *testing.T) {
 	for n := 0; n < each; n++ {
 		nts := make([]task.NewTask, keys)
 		for k := range nts {
-			p, _ := json.Marshal(map[string]any{"ms": size(20, 40), "n": n, "r": randomHex(4)})
+			p, _ := json.Marshal(map[string]any{"ms": size(300, 100), "n": n, "r": randomHex(4)})
 			nts[k] = task.NewTask{Kind: "sequenced", Payload: p, MaxAttempts: 50, SequenceKey: fmt.Sprintf("key-%02d", k)}
 		}
 		if _, err := c.store.CreateBatch(ctx, nts); err != nil {
@@ -41,10 +41,10 @@ func TestSequencesUnderKills(t *testing.T) {
 		}
 	}
 	for done := 0; done < kills && c.notTerminal() != 0; done++ {
-		// About every 1.5 s (0.75 s in the long form, whose keys run
-		// longer but whose tasks are done sooner than ten kills at 1.5 s).
-		gap := time.Duration(size(1000, 500)) * time.Millisecond
-		time.Sleep(gap + rand.N(gap))
+		// About every 0.75 s: each key's tasks run one after another, so
+		// the run lasts at least each × ms (6 s; 10 s in the long form)
+		// whatever the machine's speed, long enough for the kills.
+		time.Sleep(500*time.Millisecond + rand.N(500*time.Millisecond))
 		if c.notTerminal() == 0 {
 			break
 		}
