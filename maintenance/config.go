@@ -59,7 +59,9 @@ type Config struct {
 	// ReleaserDisabled runs none (then a kind's tasks parked at a rate
 	// limit, or at a concurrency limit whose slots an expired lease
 	// freed, wait for a finished run of the kind or a change of its
-	// settings).
+	// settings). The count of blocked sequences for
+	// ingest_sequences_blocked runs with the releaser, every
+	// Releaser.WaitingInterval.
 	Releaser         ReleaserConfig
 	ReleaserDisabled bool
 }

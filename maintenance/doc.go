@@ -29,7 +29,10 @@
 //     rate limit as slots and starts free (task.Store.ReleaseParked), every
 //     100 ms, and counts the parked tasks of each kind for
 //     ingest_kind_waiting_tasks{kind,reason}, every 5 s, releasing those of
-//     kinds neither paused nor limited (a resume that did not finish).
+//     kinds neither paused nor limited (a resume that did not finish);
+//   - with the releaser, the sequence counter counts the blocked sequences
+//     of each kind (sequence keys held by a DEAD task) for
+//     ingest_sequences_blocked{kind}, every 5 s (sequences.go).
 //
 // Each service runs in the same loop (after a random start delay within
 // its interval, then once per interval, passes never overlapping) and

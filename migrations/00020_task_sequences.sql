@@ -51,19 +51,29 @@ $$;
 -- the successor's edge to it (ingest_task_release_dependents, which fires
 -- after this trigger: triggers of one event fire by name). So cancelling
 -- a task in the middle of a sequence never lets the next one run beside
--- the one before it.
+-- the one before it. When consecutive tasks are cancelled in one
+-- statement (the cascade of a dead dependency), the hold passes from the
+-- first one not cancelled before them to the first one not cancelled
+-- after them.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_task_pass_on_sequence() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    WITH x AS (
-        SELECT n.task_id AS id, p.depends_on AS pred
-        FROM new_rows n
-        JOIN ingest_task_dependency p ON p.task_id = n.task_id AND p.reason = 'sequence' AND p.released_at IS NULL
-        WHERE n.to_status = 'CANCELLED'
+    WITH RECURSIVE c AS (
+        SELECT DISTINCT task_id AS id FROM new_rows WHERE to_status = 'CANCELLED'
+    ), up AS (
+        SELECT c.id, p.depends_on AS pred
+        FROM c JOIN ingest_task_dependency p ON p.task_id = c.id AND p.reason = 'sequence' AND p.released_at IS NULL
+    ), root AS (
+        SELECT id, pred, 0 AS depth FROM up
+        UNION ALL
+        SELECT r.id, u.pred, r.depth + 1 FROM root r JOIN up u ON u.id = r.pred WHERE r.depth < 100000
+    ), x AS (
+        SELECT id, pred FROM root WHERE pred NOT IN (SELECT id FROM c)
     ), moved AS (
         INSERT INTO ingest_task_dependency (task_id, depends_on, reason)
         SELECT s.task_id, x.pred, 'sequence'
         FROM x JOIN ingest_task_dependency s ON s.depends_on = x.id AND s.reason = 'sequence' AND s.released_at IS NULL
+        WHERE s.task_id NOT IN (SELECT id FROM c)
         ORDER BY s.task_id
         ON CONFLICT DO NOTHING
         RETURNING task_id
@@ -78,7 +88,240 @@ CREATE TRIGGER ingest_task_pass_on_sequence AFTER INSERT ON ingest_task_transiti
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION ingest_task_pass_on_sequence();
 
+-- Sequences from SQL (docs/SQL-ENQUEUE.md): ingest_enqueue and
+-- ingest_enqueue_batch take sequence_key, as POST /v1/tasks does. The entry
+-- points take it off each task (ingest_enqueue_strip), create the tasks
+-- and link their dependencies as before, then ingest_enqueue_sequence
+-- places each task this call created in its sequence as the Go store does
+-- (task/sequence.go): the same advisory lock per kind and key, the next
+-- sequence_no, one 'sequence' edge to the previous task that has not let
+-- its successors go (share-locked), one more in waiting_for and its outbox
+-- row held back.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_enqueue_strip(tasks jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(tasks) = 'array' THEN coalesce(
+        (SELECT jsonb_agg(CASE WHEN jsonb_typeof(e) = 'object' THEN e - ARRAY['depends_on', 'on_dependency_failure', 'ref', 'sequence_key'] ELSE e END ORDER BY o)
+         FROM jsonb_array_elements(tasks) WITH ORDINALITY AS x(e, o)), '[]'::jsonb)
+    ELSE tasks END
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION ingest_enqueue_sequence(ids uuid[], tasks jsonb, numbered boolean) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    max_key constant int := 1000;
+    unsafe_re constant text := '[\x01-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]';
+    held_until constant timestamptz := '9999-12-31 00:00:00+00';
+    el jsonb;
+    v jsonb;
+    t text;
+    key text;
+    kd text;
+    pre text;
+    c text;
+    h record;
+    tid uuid;
+    linked boolean;
+BEGIN
+    IF jsonb_typeof(tasks) <> 'array' THEN
+        RETURN;
+    END IF;
+    FOR pos IN 0 .. jsonb_array_length(tasks) - 1 LOOP
+        el := tasks->pos;
+        CONTINUE WHEN jsonb_typeof(el) <> 'object';
+        pre := CASE WHEN numbered THEN format('task %s: ', pos) ELSE '' END;
+        v := el->'sequence_key';
+        t := jsonb_typeof(v);
+        CONTINUE WHEN coalesce(t, 'null') = 'null';
+        IF t <> 'string' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'sequence_key',
+                MESSAGE = pre || format('sequence_key must be a JSON string, got %s', CASE t WHEN 'boolean' THEN 'bool' ELSE t END);
+        END IF;
+        key := v->>0;
+        IF octet_length(key) > max_key THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'sequence_key',
+                MESSAGE = pre || format('sequence_key is longer than %s bytes', max_key);
+        ELSIF key ~ unsafe_re THEN
+            c := substring(key FROM unsafe_re);
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'sequence_key',
+                MESSAGE = pre || format('sequence_key must not hold control or bidirectional characters, got %s at byte %s',
+                    ingest_enqueue_escape(c), octet_length(substring(key FROM '^[^' || substr(unsafe_re, 2) || '*')));
+        END IF;
+    END LOOP;
+
+    -- The locks of the sequences of the tasks this call created (not those
+    -- an idempotency key or the payload dedup found), in the Go store's
+    -- order and names.
+    PERFORM pg_advisory_xact_lock(hashtextextended(n, 0)) FROM (
+        SELECT DISTINCT format('seq/%s/%s/%s', octet_length(k.kind), k.kind, x.e->>'sequence_key') COLLATE "C" AS n
+        FROM jsonb_array_elements(tasks) WITH ORDINALITY AS x(e, o)
+        JOIN ingest_task k ON k.id = ids[x.o]
+        WHERE jsonb_typeof(x.e) = 'object' AND coalesce(x.e->>'sequence_key', '') <> ''
+          AND k.created_at = now() AND k.sequence_no IS NULL) l
+    ORDER BY n;
+
+    FOR pos IN 0 .. jsonb_array_length(tasks) - 1 LOOP
+        el := tasks->pos;
+        CONTINUE WHEN jsonb_typeof(el) <> 'object' OR coalesce(el->>'sequence_key', '') = '';
+        key := el->>'sequence_key';
+        tid := ids[pos + 1];
+        SELECT k.kind INTO kd FROM ingest_task k WHERE k.id = tid AND k.created_at = now() AND k.sequence_no IS NULL;
+        CONTINUE WHEN NOT FOUND;
+        -- The head of the sequence, as the Go store's seqHeadSQL reads it.
+        SELECT coalesce((SELECT t2.sequence_no FROM ingest_task t2 WHERE t2.kind = kd AND t2.sequence_key = key
+                         ORDER BY t2.sequence_no DESC LIMIT 1), 0) AS last,
+               (SELECT c2.id FROM ingest_task c2 WHERE c2.kind = kd AND c2.sequence_key = key AND c2.status <> 'CANCELLED'
+                ORDER BY c2.sequence_no DESC LIMIT 1) AS cand
+        INTO h;
+        UPDATE ingest_task SET sequence_key = key, sequence_no = h.last + 1 WHERE id = tid;
+        CONTINUE WHEN h.cand IS NULL;
+        SELECT k.status INTO t FROM ingest_task k WHERE k.id = h.cand FOR SHARE;
+        CONTINUE WHEN NOT FOUND OR t IN ('SUCCEEDED', 'CANCELLED') OR (t = 'DEAD' AND ingest_sequence_continues(kd));
+        WITH e AS (
+            INSERT INTO ingest_task_dependency (task_id, depends_on, reason) VALUES (tid, h.cand, 'sequence')
+            ON CONFLICT DO NOTHING RETURNING task_id
+        )
+        SELECT count(*) > 0 INTO linked FROM e;
+        CONTINUE WHEN NOT linked;
+        UPDATE ingest_task SET waiting_for = coalesce(waiting_for, 0) + 1 WHERE id = tid;
+        UPDATE outbox_event SET next_retry_at = held_until WHERE task_id = tid AND status IN ('NEW', 'RETRYING');
+    END LOOP;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    cfg text[];
+    cfg1 text[];
+    x text;
+BEGIN
+    SELECT proconfig INTO cfg FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
+    SELECT proconfig INTO cfg1 FROM pg_proc WHERE oid = 'ingest_enqueue(text, jsonb, jsonb)'::regprocedure;
+    CREATE OR REPLACE FUNCTION ingest_enqueue_batch(tasks jsonb) RETURNS uuid[]
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET ingest.stream = 'ingest:tasks'
+    SET ingest.max_payload_bytes = '1048576'
+    AS $fn$
+    DECLARE
+        ids uuid[];
+    BEGIN
+        ids := ingest_enqueue_tasks(ingest_enqueue_strip(tasks), true);
+        PERFORM ingest_enqueue_link(ids, tasks, true);
+        PERFORM ingest_enqueue_sequence(ids, tasks, true);
+        RETURN ids;
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue_batch(jsonb)', x);
+    END LOOP;
+
+    CREATE OR REPLACE FUNCTION ingest_enqueue(kind text, payload jsonb, options jsonb DEFAULT '{}') RETURNS uuid
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $fn$
+    DECLARE
+        opts jsonb := coalesce(options, '{}');
+        bad text;
+        task jsonb;
+        id uuid;
+    BEGIN
+        IF jsonb_typeof(opts) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'options',
+                MESSAGE = format('options must be a JSON object, got %s', jsonb_typeof(opts));
+        END IF;
+        IF opts ? 'kind' OR opts ? 'payload' THEN
+            bad := CASE WHEN opts ? 'kind' THEN 'kind' ELSE 'payload' END;
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = bad,
+                MESSAGE = format('unknown field "%s"', bad),
+                HINT = 'kind and payload are arguments of ingest_enqueue, not options';
+        END IF;
+        task := jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb)));
+        id := (ingest_enqueue_tasks(ingest_enqueue_strip(task), false))[1];
+        PERFORM ingest_enqueue_link(ARRAY[id], task, false);
+        PERFORM ingest_enqueue_sequence(ARRAY[id], task, false);
+        RETURN id;
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg1, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue(text, jsonb, jsonb)', x);
+    END LOOP;
+END;
+$do$;
+-- +goose StatementEnd
+
+REVOKE EXECUTE ON FUNCTION ingest_enqueue_sequence(uuid[], jsonb, boolean) FROM PUBLIC;
+
 -- +goose Down
+-- The entry points and the strip of migration 00018 again (settings and
+-- grants kept).
+-- +goose StatementBegin
+DO $do$
+DECLARE
+    cfg text[];
+    cfg1 text[];
+    x text;
+BEGIN
+    SELECT proconfig INTO cfg FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
+    SELECT proconfig INTO cfg1 FROM pg_proc WHERE oid = 'ingest_enqueue(text, jsonb, jsonb)'::regprocedure;
+    CREATE OR REPLACE FUNCTION ingest_enqueue_batch(tasks jsonb) RETURNS uuid[]
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET ingest.stream = 'ingest:tasks'
+    SET ingest.max_payload_bytes = '1048576'
+    AS $fn$
+    DECLARE
+        ids uuid[];
+    BEGIN
+        ids := ingest_enqueue_tasks(ingest_enqueue_strip(tasks), true);
+        PERFORM ingest_enqueue_link(ids, tasks, true);
+        RETURN ids;
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue_batch(jsonb)', x);
+    END LOOP;
+
+    CREATE OR REPLACE FUNCTION ingest_enqueue(kind text, payload jsonb, options jsonb DEFAULT '{}') RETURNS uuid
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $fn$
+    DECLARE
+        opts jsonb := coalesce(options, '{}');
+        bad text;
+        task jsonb;
+        id uuid;
+    BEGIN
+        IF jsonb_typeof(opts) <> 'object' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'options',
+                MESSAGE = format('options must be a JSON object, got %s', jsonb_typeof(opts));
+        END IF;
+        IF opts ? 'kind' OR opts ? 'payload' THEN
+            bad := CASE WHEN opts ? 'kind' THEN 'kind' ELSE 'payload' END;
+            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = bad,
+                MESSAGE = format('unknown field "%s"', bad),
+                HINT = 'kind and payload are arguments of ingest_enqueue, not options';
+        END IF;
+        task := jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb)));
+        id := (ingest_enqueue_tasks(ingest_enqueue_strip(task), false))[1];
+        PERFORM ingest_enqueue_link(ARRAY[id], task, false);
+        RETURN id;
+    END;
+    $fn$;
+    FOREACH x IN ARRAY coalesce(cfg1, '{}') LOOP
+        EXECUTE ingest_enqueue_reset('ingest_enqueue(text, jsonb, jsonb)', x);
+    END LOOP;
+END;
+$do$;
+-- +goose StatementEnd
+DROP FUNCTION ingest_enqueue_sequence(uuid[], jsonb, boolean);
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_enqueue_strip(tasks jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(tasks) = 'array' THEN coalesce(
+        (SELECT jsonb_agg(CASE WHEN jsonb_typeof(e) = 'object' THEN e - ARRAY['depends_on', 'on_dependency_failure', 'ref'] ELSE e END ORDER BY o)
+         FROM jsonb_array_elements(tasks) WITH ORDINALITY AS x(e, o)), '[]'::jsonb)
+    ELSE tasks END
+$$;
+-- +goose StatementEnd
 DROP TRIGGER ingest_task_pass_on_sequence ON ingest_task_transition;
 DROP FUNCTION ingest_task_pass_on_sequence();
 -- +goose StatementBegin

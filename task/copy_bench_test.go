@@ -53,7 +53,7 @@ func BenchmarkInsertUnnestVsCopy(b *testing.B) {
 					zeros32, zeros64 := make([]int32, n), make([]int64, n)
 					runAt, dedup := make([]*time.Time, n), make([]bool, n)
 					b.StartTimer()
-					r, err := db.Query(ctx, v.sql, ids, kinds, payloads, shas, empty, zeros32, runAt, zeros64, zeros64, empty, dedup, make([]int16, len(ids)))
+					r, err := db.Query(ctx, v.sql, ids, kinds, payloads, shas, empty, zeros32, runAt, zeros64, zeros64, empty, dedup, empty, zeros64, make([]int16, len(ids)), empty, make([]bool, len(ids)))
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -96,4 +96,13 @@
 // idempotency key) follows CheckName (valid UTF-8, no control or
 // bidirectional character), and a filter or note CheckText (valid UTF-8,
 // no NUL). A bad field is a *FieldError naming it.
+//
+// Sequences (sequence.go, migration 00020): the tasks of one kind with the
+// same NewTask.SequenceKey run one at a time, in creation order. Creation
+// serialises a key's creators with an advisory lock, numbers each task
+// (sequence_no) and gives it one 'sequence' edge to the previous task that
+// has not let its successors go, so it is held like a task with
+// dependencies (deps.go) until that task's end releases it; a DEAD one
+// releases it only under the kind's SequenceContinue. Blocked sequences
+// (held by a DEAD task) are listed and counted here (BlockedSequences).
 package task

@@ -72,7 +72,7 @@ func TestSequenceCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	third, fourth := res[1-1].Task, res[3-1].Task
+	third, fourth := res[0].Task, res[2].Task
 	want := map[uuid.UUID]uuid.UUID{second.ID: first.ID, third.ID: second.ID, fourth.ID: third.ID}
 	if got := b.seqEdges(t, "seq"); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("edges = %v, want %v", got, want)
@@ -347,4 +347,39 @@ func TestSequenceRelease(t *testing.T) {
 			t.Errorf("SetKind(skip) = %v, want a FieldError naming sequence_on_failure", err)
 		}
 	})
+}
+
+// TestSequenceCascadeCancelPassesTheHoldOn: two consecutive tasks of a
+// key cancelled in one statement (the cascade of their dead dependency)
+// leave the next task waiting for the running task before them.
+func TestSequenceCascadeCancelPassesTheHoldOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	dep := b.create(t, task.NewTask{Kind: "dep"})
+	first := b.create(t, task.NewTask{Kind: "seq", SequenceKey: "k"})
+	res, err := b.store.CreateBatch(b.ctx, []task.NewTask{
+		{Kind: "seq", Payload: json.RawMessage(`2`), SequenceKey: "k", DependsOn: []uuid.UUID{dep.ID}},
+		{Kind: "seq", Payload: json.RawMessage(`3`), SequenceKey: "k", DependsOn: []uuid.UUID{dep.ID}},
+		{Kind: "seq", Payload: json.RawMessage(`4`), SequenceKey: "k"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := res[2].Task
+	b.start(t, "w", time.Minute, first.ID, task.Started)
+	b.runDead(t, dep.ID)
+	for _, r := range res[:2] {
+		if st := b.get(t, r.Task.ID).Status; st != task.Cancelled {
+			t.Fatalf("task %d: %s, want CANCELLED by its dead dependency", *r.Task.SequenceNo, st)
+		}
+	}
+	if b.free(t, last.ID) {
+		t.Fatal("the cascade released the task after the cancelled ones while the first runs")
+	}
+	if r, err := b.store.Succeed(b.ctx, "w", first.ID); err != nil || !r[0].Applied {
+		t.Fatalf("Succeed = %+v, %v", r, err)
+	}
+	if !b.free(t, last.ID) {
+		t.Fatal("the first task's success did not release the last one")
+	}
 }

@@ -176,6 +176,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	svc.Handle("held", h.ok)
 	svc.Handle("capped", h.timed)
 	svc.Handle("rated", h.timed)
+	svc.Handle("sequenced", h.timed)
 	svc.Handle("long", h.longRun)
 	svc.Handle("panic", h.panics)
 	h.registerPipeline(svc)
