@@ -42,7 +42,7 @@ func (c *cluster) enqueueDocument(doc int) {
 
 // TestPipeline: documents, each a fan-out of 10 chunks and a fan-in join
 // created in one batch, flow through four workers while a random one is
-// SIGKILLed 10 times (scenario 10). Beyond the suite's invariants (none
+// SIGKILLed 10 times (scenario 11). Beyond the suite's invariants (none
 // lost, valid audit paths, the DLQ empty): no task started before every
 // task it depends on had ended, by the audit trail; every edge was
 // released; every join ended SUCCEEDED exactly once, with a result made
