@@ -187,20 +187,13 @@ BEGIN
                 v := el->c;
                 t := jsonb_typeof(v);
                 CONTINUE WHEN t IS NULL OR t = 'null' OR c = 'payload';
-                IF c = 'priority' THEN
-                    -- As the API's JSON decoding of an int.
-                    IF t <> 'number' OR v::text !~ '^-?\d{1,19}$'
-                       OR v::text::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
-                        m := format('priority must be a JSON integer, got %s',
-                            CASE t WHEN 'number' THEN 'number ' || v::text WHEN 'boolean' THEN 'bool' ELSE t END);
-                    END IF;
-                ELSIF c IN ('max_attempts', 'delay_ms', 'timeout_ms') THEN
+                IF c IN ('max_attempts', 'delay_ms', 'timeout_ms', 'priority') THEN
                     -- Not a JSON number, a fraction, or beyond int64.
                     IF t <> 'number' OR v::text !~ '^-?\d{1,19}$'
                        OR v::text::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
                         m := format('%s must be a whole number from %s to %s, got %s', c,
-                            CASE c WHEN 'max_attempts' THEN att_min ELSE 0 END,
-                            CASE c WHEN 'max_attempts' THEN att_max WHEN 'delay_ms' THEN delay_max ELSE timeout_max END,
+                            CASE c WHEN 'max_attempts' THEN att_min WHEN 'priority' THEN 1 ELSE 0 END,
+                            CASE c WHEN 'max_attempts' THEN att_max WHEN 'delay_ms' THEN delay_max WHEN 'priority' THEN 4 ELSE timeout_max END,
                             CASE t WHEN 'number' THEN 'number ' || v::text WHEN 'boolean' THEN 'bool' ELSE t END);
                     END IF;
                 ELSIF c = 'dedup_by_payload' THEN
@@ -535,20 +528,13 @@ BEGIN
                 v := el->c;
                 t := jsonb_typeof(v);
                 CONTINUE WHEN t IS NULL OR t = 'null' OR c = 'payload';
-                IF c = 'priority' THEN
-                    -- As the API's JSON decoding of an int.
-                    IF t <> 'number' OR v::text !~ '^-?\d{1,19}$'
-                       OR v::text::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
-                        m := format('priority must be a JSON integer, got %s',
-                            CASE t WHEN 'number' THEN 'number ' || v::text WHEN 'boolean' THEN 'bool' ELSE t END);
-                    END IF;
-                ELSIF c IN ('max_attempts', 'delay_ms', 'timeout_ms') THEN
+                IF c IN ('max_attempts', 'delay_ms', 'timeout_ms', 'priority') THEN
                     -- Not a JSON number, a fraction, or beyond int64.
                     IF t <> 'number' OR v::text !~ '^-?\d{1,19}$'
                        OR v::text::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 THEN
                         m := format('%s must be a whole number from %s to %s, got %s', c,
-                            CASE c WHEN 'max_attempts' THEN att_min ELSE 0 END,
-                            CASE c WHEN 'max_attempts' THEN att_max WHEN 'delay_ms' THEN delay_max ELSE timeout_max END,
+                            CASE c WHEN 'max_attempts' THEN att_min WHEN 'priority' THEN 1 ELSE 0 END,
+                            CASE c WHEN 'max_attempts' THEN att_max WHEN 'delay_ms' THEN delay_max WHEN 'priority' THEN 4 ELSE timeout_max END,
                             CASE t WHEN 'number' THEN 'number ' || v::text WHEN 'boolean' THEN 'bool' ELSE t END);
                     END IF;
                 ELSIF c = 'dedup_by_payload' THEN
