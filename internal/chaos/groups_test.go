@@ -211,9 +211,35 @@ func (g *groupLoad) check() string {
 		burstGroup).Scan(&p50, &p95, &most); err != nil {
 		t.Fatal(err)
 	}
+	// The long waits, and how many of them had a worker killed between
+	// their create and their start (a task a killed worker had read but
+	// not started waits for the reclaim).
+	long, killedBetween := 0, 0
+	rows, err = c.db.Pool.Query(ctx, `SELECT t.created_at, min(tr.created_at) FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+		WHERE t.kind = 'grouped' AND t.group_key <> $1 AND tr.to_status = 'RUNNING' GROUP BY t.id, t.created_at
+		HAVING min(tr.created_at) - t.created_at > interval '1 second'`, burstGroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var made, began time.Time
+		if err := rows.Scan(&made, &began); err != nil {
+			t.Fatal(err)
+		}
+		long++
+		for _, k := range killedAt {
+			if k.After(made) && k.Before(began) {
+				killedBetween++
+				break
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
 	secs := func(f float64) time.Duration {
 		return time.Duration(f * float64(time.Second)).Round(10 * time.Millisecond)
 	}
-	return fmt.Sprintf("%d grouped tasks (a burst of %d, %d quiet groups × %d created during the kills), %d SUCCEEDED, limited per group to %d running and %s: at most %d at once and %d starts in %s; the quiet groups' last start %s before the burst's last, their create-to-start p50 %s p95 %s max %s",
-		total, g.burst, len(g.quiet), g.each, succeeded, g.cap, g.rate, maxCap, mostRated, g.rate.Per, burstLast.Sub(quietLast).Round(100*time.Millisecond), secs(p50), secs(p95), secs(most))
+	return fmt.Sprintf("%d grouped tasks (a burst of %d, %d quiet groups × %d created during the kills), %d SUCCEEDED, limited per group to %d running and %s: at most %d at once and %d starts in %s; the quiet groups' last start %s before the burst's last, their create-to-start p50 %s p95 %s max %s (%d waited over 1 s, %d of them across a kill)",
+		total, g.burst, len(g.quiet), g.each, succeeded, g.cap, g.rate, maxCap, mostRated, g.rate.Per, burstLast.Sub(quietLast).Round(100*time.Millisecond), secs(p50), secs(p95), secs(most), long, killedBetween)
 }
