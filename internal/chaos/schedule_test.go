@@ -35,8 +35,11 @@ func (p *proc) stop() {
 // once, a running one when its handler is cut off, also when its worker is
 // killed), with no effect of a task cancelled while waiting; the periodic
 // schedule (every second, on whichever process leads) gets one task per
-// slot, no gap longer than a leader failover and no burst; and the usual
-// invariants hold (nothing lost or stuck, duplicates within the bound).
+// slot, no gap longer than a leader failover and no burst; kinds limited
+// per kind, and grouped tasks limited per group (groups_test.go), never
+// exceed their limits and a burst group does not starve the quiet ones;
+// and the usual invariants hold (nothing lost or stuck, duplicates within
+// the bound).
 func TestSchedulingUnderKills(t *testing.T) {
 	c := newCluster(t, clusterOptions{env: []string{`CHAOS_PERIODIC=[{"kind":"tick","every":"1s"}]`}})
 	ctx := context.Background()
