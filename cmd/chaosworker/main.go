@@ -15,8 +15,9 @@
 //     execution, succeed;
 //   - tick:  as ok (the kind of periodic schedules);
 //   - held:  as ok (a kind the suite pauses and resumes);
-//   - capped, rated: as ok, and the run's start and end are recorded in
-//     chaos_run (kinds the suite limits: their overlaps are measured);
+//   - capped, rated, grouped, sequenced: as ok, and the run's start and
+//     end are recorded in chaos_run (kinds the suite limits per kind, per
+//     group or per sequence key: their overlaps are measured);
 //   - long:  sleep CHAOS_LONG_MS, record, succeed;
 //   - panic: record, then panic (the task ends DEAD after its attempts);
 //   - pipe.doc, pipe.chunk, pipe.join: a document pipeline whose tasks
@@ -177,6 +178,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	svc.Handle("capped", h.timed)
 	svc.Handle("rated", h.timed)
 	svc.Handle("sequenced", h.timed)
+	svc.Handle("grouped", h.timed)
 	svc.Handle("long", h.longRun)
 	svc.Handle("panic", h.panics)
 	h.registerPipeline(svc)

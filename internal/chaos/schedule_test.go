@@ -35,8 +35,11 @@ func (p *proc) stop() {
 // once, a running one when its handler is cut off, also when its worker is
 // killed), with no effect of a task cancelled while waiting; the periodic
 // schedule (every second, on whichever process leads) gets one task per
-// slot, no gap longer than a leader failover and no burst; and the usual
-// invariants hold (nothing lost or stuck, duplicates within the bound).
+// slot, no gap longer than a leader failover and no burst; kinds limited
+// per kind, and grouped tasks limited per group (groups_test.go), never
+// exceed their limits and a burst group does not starve the quiet ones;
+// and the usual invariants hold (nothing lost or stuck, duplicates within
+// the bound).
 func TestSchedulingUnderKills(t *testing.T) {
 	c := newCluster(t, clusterOptions{env: []string{`CHAOS_PERIODIC=[{"kind":"tick","every":"1s"}]`}})
 	ctx := context.Background()
@@ -118,6 +121,9 @@ func TestSchedulingUnderKills(t *testing.T) {
 	nCapped, nRated := size(60, 300), size(60, 400)
 	limited("capped", nCapped, 100)
 	limited("rated", nRated, 5)
+	// Grouped tasks (groups_test.go): a burst now, quiet groups a few
+	// tasks per kill.
+	groups := newGroupLoad(t, c)
 
 	outcomes := map[uuid.UUID]task.CancelOutcome{}
 	cancel := func(ids []uuid.UUID) {
@@ -145,7 +151,10 @@ func TestSchedulingUnderKills(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		groups.round()
 		ws[rand.IntN(len(ws))].kill()
+	}
+	for !groups.round() { // a run shorter than the quiet groups' rounds
 	}
 
 	// The schedule stops with the processes that have it: they stop
@@ -321,8 +330,8 @@ func TestSchedulingUnderKills(t *testing.T) {
 	if mostRated > rate.Count {
 		t.Errorf("%d starts of rated within one second, its rate limit is %d/s", mostRated, rate.Count)
 	}
-	note := fmt.Sprintf("%d delayed, %d early; %d cancels (%d of running tasks); %d periodic slots, longest gap %s; %d tasks of a paused kind, %d run before its resume; %d tasks limited to 3 running, at most %d at once; %d tasks limited to 10/s, at most %d starts in a second",
-		nDelayed, early, len(outcomes), requested, len(slots), longest, len(held), heldEarly, nCapped, maxCap, nRated, mostRated)
+	note := fmt.Sprintf("%d delayed, %d early; %d cancels (%d of running tasks); %d periodic slots, longest gap %s; %d tasks of a paused kind, %d run before its resume; %d tasks limited to 3 running, at most %d at once; %d tasks limited to 10/s, at most %d starts in a second; %s",
+		nDelayed, early, len(outcomes), requested, len(slots), longest, len(held), heldEarly, nCapped, maxCap, nRated, mostRated, groups.check())
 	amendRow(r.Scenario, note, t.Failed())
 	c.t.Logf("scenario 9: %s", note)
 }
