@@ -22,10 +22,12 @@ const (
 )
 
 // Options are the fields the functions accept besides kind and payload:
-// the create options of POST /v1/tasks, plus traceparent and
-// dedup_by_payload (task.NewTask's). Any other field is refused with
-// CodeInvalid, naming it.
-var Options = []string{"idempotency_key", "max_attempts", "run_at", "delay_ms", "timeout_ms", "traceparent", "dedup_by_payload", "priority", "group_key"}
+// the create options of POST /v1/tasks but ref (a batch from SQL names its
+// dependencies by id), plus traceparent and dedup_by_payload
+// (task.NewTask's), in the order the hint of an unknown field lists them.
+// Any other field is refused with CodeInvalid, naming it.
+var Options = []string{"idempotency_key", "max_attempts", "run_at", "delay_ms", "timeout_ms", "traceparent", "dedup_by_payload", "priority", "group_key",
+	"depends_on", "on_dependency_failure", "sequence_key"}
 
 // FieldError returns the task.FieldError of a rejection by the functions
 // (err wraps a *pgconn.PgError with one of the codes above), or nil for
