@@ -352,6 +352,20 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 -- +goose StatementEnd
 
+-- ingest_enqueue_after(ids, tasks, numbered) is what the entry points do
+-- with the tasks ingest_enqueue_tasks created from tasks: link their
+-- dependencies. A later migration that adds a step replaces this function
+-- alone, not the entry points (whose settings and grants it would have to
+-- carry over).
+-- +goose StatementBegin
+CREATE FUNCTION ingest_enqueue_after(ids uuid[], tasks jsonb, numbered boolean) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM ingest_enqueue_link(ids, tasks, numbered);
+END;
+$$;
+-- +goose StatementEnd
+
 -- ingest_enqueue_reset(fn, setting) sets again on fn one entry of a
 -- function's proconfig ("name=value", as pg_proc keeps it): a list
 -- (search_path) as written, any other value as a literal.
@@ -385,7 +399,7 @@ BEGIN
         ids uuid[];
     BEGIN
         ids := ingest_enqueue_tasks(ingest_enqueue_strip(tasks), true);
-        PERFORM ingest_enqueue_link(ids, tasks, true);
+        PERFORM ingest_enqueue_after(ids, tasks, true);
         RETURN ids;
     END;
     $fn$;
@@ -413,7 +427,7 @@ BEGIN
         END IF;
         task := jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb)));
         id := (ingest_enqueue_tasks(ingest_enqueue_strip(task), false))[1];
-        PERFORM ingest_enqueue_link(ARRAY[id], task, false);
+        PERFORM ingest_enqueue_after(ARRAY[id], task, false);
         RETURN id;
     END;
     $fn$;
@@ -428,7 +442,7 @@ $do$;
 -- the entry points call the others as their owner.
 REVOKE EXECUTE ON FUNCTION ingest_sequence_continues(text), ingest_task_default_stream(),
     ingest_task_end_edges(uuid[], text[]), ingest_enqueue_link(uuid[], jsonb, boolean),
-    ingest_enqueue_strip(jsonb), ingest_enqueue_reset(text, text) FROM PUBLIC;
+    ingest_enqueue_after(uuid[], jsonb, boolean), ingest_enqueue_strip(jsonb), ingest_enqueue_reset(text, text) FROM PUBLIC;
 
 -- +goose Down
 -- The entry points of migration 00016 again (settings and grants kept).
@@ -481,6 +495,7 @@ END;
 $do$;
 -- +goose StatementEnd
 DROP FUNCTION ingest_enqueue_strip(jsonb);
+DROP FUNCTION ingest_enqueue_after(uuid[], jsonb, boolean);
 DROP FUNCTION ingest_enqueue_link(uuid[], jsonb, boolean);
 DROP TRIGGER ingest_task_release_deleted ON ingest_task;
 DROP FUNCTION ingest_task_release_deleted();

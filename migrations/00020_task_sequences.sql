@@ -192,125 +192,29 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- The entry points' step after the create (migration 00018) gains the
+-- sequence's.
 -- +goose StatementBegin
-DO $do$
-DECLARE
-    cfg text[];
-    cfg1 text[];
-    x text;
+CREATE OR REPLACE FUNCTION ingest_enqueue_after(ids uuid[], tasks jsonb, numbered boolean) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    SELECT proconfig INTO cfg FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
-    SELECT proconfig INTO cfg1 FROM pg_proc WHERE oid = 'ingest_enqueue(text, jsonb, jsonb)'::regprocedure;
-    CREATE OR REPLACE FUNCTION ingest_enqueue_batch(tasks jsonb) RETURNS uuid[]
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET ingest.stream = 'ingest:tasks'
-    SET ingest.max_payload_bytes = '1048576'
-    AS $fn$
-    DECLARE
-        ids uuid[];
-    BEGIN
-        ids := ingest_enqueue_tasks(ingest_enqueue_strip(tasks), true);
-        PERFORM ingest_enqueue_link(ids, tasks, true);
-        PERFORM ingest_enqueue_sequence(ids, tasks, true);
-        RETURN ids;
-    END;
-    $fn$;
-    FOREACH x IN ARRAY coalesce(cfg, '{}') LOOP
-        EXECUTE ingest_enqueue_reset('ingest_enqueue_batch(jsonb)', x);
-    END LOOP;
-
-    CREATE OR REPLACE FUNCTION ingest_enqueue(kind text, payload jsonb, options jsonb DEFAULT '{}') RETURNS uuid
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $fn$
-    DECLARE
-        opts jsonb := coalesce(options, '{}');
-        bad text;
-        task jsonb;
-        id uuid;
-    BEGIN
-        IF jsonb_typeof(opts) <> 'object' THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'options',
-                MESSAGE = format('options must be a JSON object, got %s', jsonb_typeof(opts));
-        END IF;
-        IF opts ? 'kind' OR opts ? 'payload' THEN
-            bad := CASE WHEN opts ? 'kind' THEN 'kind' ELSE 'payload' END;
-            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = bad,
-                MESSAGE = format('unknown field "%s"', bad),
-                HINT = 'kind and payload are arguments of ingest_enqueue, not options';
-        END IF;
-        task := jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb)));
-        id := (ingest_enqueue_tasks(ingest_enqueue_strip(task), false))[1];
-        PERFORM ingest_enqueue_link(ARRAY[id], task, false);
-        PERFORM ingest_enqueue_sequence(ARRAY[id], task, false);
-        RETURN id;
-    END;
-    $fn$;
-    FOREACH x IN ARRAY coalesce(cfg1, '{}') LOOP
-        EXECUTE ingest_enqueue_reset('ingest_enqueue(text, jsonb, jsonb)', x);
-    END LOOP;
+    PERFORM ingest_enqueue_link(ids, tasks, numbered);
+    PERFORM ingest_enqueue_sequence(ids, tasks, numbered);
 END;
-$do$;
+$$;
 -- +goose StatementEnd
 
 REVOKE EXECUTE ON FUNCTION ingest_enqueue_sequence(uuid[], jsonb, boolean) FROM PUBLIC;
 
 -- +goose Down
--- The entry points and the strip of migration 00018 again (settings and
--- grants kept).
+-- The step after the create and the strip of migration 00018 again.
 -- +goose StatementBegin
-DO $do$
-DECLARE
-    cfg text[];
-    cfg1 text[];
-    x text;
+CREATE OR REPLACE FUNCTION ingest_enqueue_after(ids uuid[], tasks jsonb, numbered boolean) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    SELECT proconfig INTO cfg FROM pg_proc WHERE oid = 'ingest_enqueue_batch(jsonb)'::regprocedure;
-    SELECT proconfig INTO cfg1 FROM pg_proc WHERE oid = 'ingest_enqueue(text, jsonb, jsonb)'::regprocedure;
-    CREATE OR REPLACE FUNCTION ingest_enqueue_batch(tasks jsonb) RETURNS uuid[]
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-    SET ingest.stream = 'ingest:tasks'
-    SET ingest.max_payload_bytes = '1048576'
-    AS $fn$
-    DECLARE
-        ids uuid[];
-    BEGIN
-        ids := ingest_enqueue_tasks(ingest_enqueue_strip(tasks), true);
-        PERFORM ingest_enqueue_link(ids, tasks, true);
-        RETURN ids;
-    END;
-    $fn$;
-    FOREACH x IN ARRAY coalesce(cfg, '{}') LOOP
-        EXECUTE ingest_enqueue_reset('ingest_enqueue_batch(jsonb)', x);
-    END LOOP;
-
-    CREATE OR REPLACE FUNCTION ingest_enqueue(kind text, payload jsonb, options jsonb DEFAULT '{}') RETURNS uuid
-    LANGUAGE plpgsql VOLATILE SECURITY DEFINER AS $fn$
-    DECLARE
-        opts jsonb := coalesce(options, '{}');
-        bad text;
-        task jsonb;
-        id uuid;
-    BEGIN
-        IF jsonb_typeof(opts) <> 'object' THEN
-            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = 'options',
-                MESSAGE = format('options must be a JSON object, got %s', jsonb_typeof(opts));
-        END IF;
-        IF opts ? 'kind' OR opts ? 'payload' THEN
-            bad := CASE WHEN opts ? 'kind' THEN 'kind' ELSE 'payload' END;
-            RAISE EXCEPTION USING ERRCODE = '22023', COLUMN = bad,
-                MESSAGE = format('unknown field "%s"', bad),
-                HINT = 'kind and payload are arguments of ingest_enqueue, not options';
-        END IF;
-        task := jsonb_build_array(opts || jsonb_build_object('kind', kind, 'payload', coalesce(payload, 'null'::jsonb)));
-        id := (ingest_enqueue_tasks(ingest_enqueue_strip(task), false))[1];
-        PERFORM ingest_enqueue_link(ARRAY[id], task, false);
-        RETURN id;
-    END;
-    $fn$;
-    FOREACH x IN ARRAY coalesce(cfg1, '{}') LOOP
-        EXECUTE ingest_enqueue_reset('ingest_enqueue(text, jsonb, jsonb)', x);
-    END LOOP;
+    PERFORM ingest_enqueue_link(ids, tasks, numbered);
 END;
-$do$;
+$$;
 -- +goose StatementEnd
 DROP FUNCTION ingest_enqueue_sequence(uuid[], jsonb, boolean);
 -- +goose StatementBegin
