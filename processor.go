@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -429,80 +428,4 @@ func timeOr(t *time.Time, now time.Time) time.Time {
 // run of another entry.
 func (p *processor) runsHere(t *task.Task) bool {
 	return t.Status == task.Running && t.LeaseOwner == p.cfg.Consumer && p.inflight.runs(t.ID)
-}
-
-// dispatch runs the handler of a started task in its slot.
-func (p *processor) dispatch(d delivery, t *task.Task) {
-	tp := cmp.Or(t.Traceparent, d.traceparent)
-	hctx, cancel := context.WithCancelCause(p.handlerCtx)
-	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), sealed: t.PayloadError(), task: Task{
-		ID:          t.ID,
-		Kind:        t.Kind,
-		Payload:     t.Payload,
-		Attempt:     t.AttemptCount + 1,
-		MaxAttempts: t.EffectiveMaxAttempts(p.store.Config().MaxAttempts),
-		GroupKey:    t.GroupKey,
-
-		hasDependencies: t.DependencyDepth > 0,
-	}}
-	r.task.progress = newProgressReporter(p.ioCtx, p.store, p.log, p.cfg.Consumer)
-	hctx, r.span = startAttempt(hctx, r.task, tp)
-	r.traceID = tracing.TraceID(hctx)
-	p.inflight.add(r)
-	p.work.Add(1)
-	go func() {
-		defer p.work.Done()
-		p.execute(hctx, r)
-	}()
-}
-
-// execute runs one handler and hands its outcome to the completer.
-func (p *processor) execute(ctx context.Context, r *run) {
-	timeout := r.timeout
-	tctx, cancel := ctx, context.CancelFunc(func() {})
-	if timeout > 0 {
-		tctx, cancel = context.WithTimeout(ctx, timeout)
-		abandon := time.AfterFunc(timeout+p.cfg.TaskLease, func() { p.abandonAfterTimeout(r, timeout) })
-		defer abandon.Stop()
-	}
-	var result json.RawMessage
-	var err error
-	if r.sealed != nil {
-		// A counted failed attempt, retried with backoff: a worker
-		// given the key later runs it; once attempts are spent it is
-		// DEAD with this error, for a redrive. Never lost.
-		err = r.sealed
-	} else if err = p.loadDependencies(tctx, &r.task); err == nil {
-		result, err = call(tctx, p.handlers.lookup(r.task.Kind), r.task)
-	}
-	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-	cancel()
-	if err == nil {
-		result, err = p.store.CheckResult(result)
-	}
-	// The last progress of a successful run is written before its
-	// success; a failed run's goes with its retry.
-	r.task.progress.finish(err == nil)
-	o := outcome{r: r, err: err, result: result}
-	if err != nil {
-		switch {
-		case errors.Is(context.Cause(ctx), errShutdown):
-			o.released = true
-		case timedOut:
-			o.err = fmt.Errorf("task timeout after %s: %w", timeout, err)
-			o.timedOut = true
-		}
-	}
-	p.inflight.returned(r)
-	r.cancel(nil)
-	// The slot comes back once the completer has taken the outcome (it
-	// waits while the completer's queue is full): the next task may start
-	// while this one's completion is still being recorded. The run stays in
-	// flight, its lease renewed, until its message is settled.
-	if !p.completer.add(o) {
-		p.log.Error("worker stopped before the outcome could be recorded; the task is recovered when its lease expires",
-			"task_id", r.task.ID, "message_id", r.d.id, "attempt", r.task.Attempt, r.traceAttr())
-		r.endAttempt(resultConflict, o.err, o.timedOut)
-	}
-	p.inflight.handedOver(r)
 }
