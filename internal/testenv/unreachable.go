@@ -2,20 +2,32 @@ package testenv
 
 import (
 	"strconv"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ClosedPort returns a port of 127.0.0.1 that nothing listened on a moment
-// ago: the address of a server that cannot be reached.
+// ClosedPort returns a port of 127.0.0.1 that refuses connections for the
+// rest of the test: a socket bound to it without listening, held until the
+// test ends, so that no other server of a parallel test (nor the kernel,
+// as an ephemeral port) can take it meanwhile. The address of a server
+// that cannot be reached.
 func ClosedPort(tb testing.TB) string {
 	tb.Helper()
-	port, err := freePort()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
-		tb.Fatal(err)
+		tb.Fatalf("closed port: socket: %v", err)
 	}
-	return strconv.Itoa(port)
+	tb.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		tb.Fatalf("closed port: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		tb.Fatalf("closed port: getsockname: %v", err)
+	}
+	return strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)
 }
 
 // UnreachablePool returns a pool whose PostgreSQL cannot be reached (a
