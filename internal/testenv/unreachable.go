@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"math/rand/v2"
 	"strconv"
 	"syscall"
 	"testing"
@@ -10,9 +11,12 @@ import (
 
 // ClosedPort returns a port of 127.0.0.1 that refuses connections for the
 // rest of the test: a socket bound to it without listening, held until the
-// test ends, so that no other server of a parallel test (nor the kernel,
-// as an ephemeral port) can take it meanwhile. The address of a server
-// that cannot be reached.
+// test ends, so that no other server of a parallel test can take it
+// meanwhile. The port is taken below the kernel's ephemeral range
+// (32768 and up on Linux), where the free ports other tests pick (the
+// kernel's choice for port 0) never are, so holding it takes no port a
+// parallel test is about to listen on. The address of a server that
+// cannot be reached.
 func ClosedPort(tb testing.TB) string {
 	tb.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
@@ -20,14 +24,14 @@ func ClosedPort(tb testing.TB) string {
 		tb.Fatalf("closed port: socket: %v", err)
 	}
 	tb.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		tb.Fatalf("closed port: bind: %v", err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		if err = syscall.Bind(fd, &syscall.SockaddrInet4{Port: port, Addr: [4]byte{127, 0, 0, 1}}); err == nil {
+			return strconv.Itoa(port)
+		}
 	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		tb.Fatalf("closed port: getsockname: %v", err)
-	}
-	return strconv.Itoa(sa.(*syscall.SockaddrInet4).Port)
+	tb.Fatalf("closed port: no port of 20000-31999 could be bound: %v", err)
+	return ""
 }
 
 // UnreachablePool returns a pool whose PostgreSQL cannot be reached (a
