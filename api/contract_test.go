@@ -25,6 +25,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ingest-worker/ingest/api"
+	"github.com/ingest-worker/ingest/internal/pgtemp"
 	"github.com/ingest-worker/ingest/internal/testenv"
 )
 
@@ -191,7 +192,11 @@ func startContract(t *testing.T) *contract {
 	}))
 	t.Cleanup(front.Close)
 
-	port := testenv.ClosedPort(t) // free a moment ago: prism listens on it
+	free, err := pgtemp.FreePort() // free a moment ago: prism listens on it
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(free)
 	c.base = "http://127.0.0.1:" + port
 	px := exec.Command(prism, "proxy", "--errors", "--cors=false", "-h", "127.0.0.1", "-p", port, "openapi.json", front.URL)
 	px.Env = nodeEnv()
