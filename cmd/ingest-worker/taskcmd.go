@@ -226,11 +226,13 @@ type entryState = stream.EntryState
 type taskDetail struct {
 	Task        task.Task           `json:"task"`
 	Transitions []transition.Record `json:"transitions"`
-	// Graph is the task's ancestors and descendants (dependencies), at
-	// most graphLimit of each; absent: none.
-	Graph  []task.GraphNode `json:"dependency_graph,omitempty"`
-	Outbox []outboxRow      `json:"outbox_events"`
-	Redis  struct {
+	// Graph is the task's ancestors and descendants (dependencies), each
+	// once, at most graphLimit with the task; absent: none. GraphCut says
+	// some were left out.
+	Graph    []task.GraphNode `json:"dependency_graph,omitempty"`
+	GraphCut bool             `json:"dependency_graph_cut,omitempty"`
+	Outbox   []outboxRow      `json:"outbox_events"`
+	Redis    struct {
 		Stream  string       `json:"stream"`
 		Group   string       `json:"group"`
 		Entries []entryState `json:"entries"`
@@ -276,7 +278,7 @@ for how long, delivered how many times), and the task's DLQ entries.`,
 			if d.Outbox, err = outboxOf(ctx, pool, id); err != nil {
 				return err
 			}
-			if d.Graph, err = task.DependencyGraph(ctx, pool, id, graphLimit); err != nil {
+			if d.Graph, d.GraphCut, err = graphOf(ctx, pool, id); err != nil {
 				return err
 			}
 			d.Redis.Stream, d.Redis.Group = a.cfg.StreamKey, a.cfg.Group
@@ -385,7 +387,7 @@ func (a *app) printTask(d taskDetail) {
 	kv = append(kv, []string{"payload", payloadText(t)})
 	a.table([]string{"TASK", ""}, kv)
 	a.printResult(t)
-	a.printGraph(t, d.Graph)
+	a.printGraph(t, d.Graph, d.GraphCut)
 
 	a.printf("\nTRANSITIONS (ingest_task_transition)\n")
 	rows := make([][]string, len(d.Transitions))

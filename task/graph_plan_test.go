@@ -1,4 +1,4 @@
-package ui
+package task
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // statements on tables analyzed while nearly empty and then filled (the
 // planner's worst guess): each reaches ingest_task_dependency through its
 // primary key (task_id first) or its depends_on index, and ingest_task
-// through its primary key, so a task page's graph costs the same on a
+// through its primary key, so a dependency graph costs the same on a
 // table of millions.
 func TestGraphStatementsReadByKey(t *testing.T) {
 	t.Parallel()
@@ -33,7 +33,7 @@ func TestGraphStatementsReadByKey(t *testing.T) {
 		FROM generate_series(2, 20000) g`)
 	const one, some = `'00000000-0000-7000-8000-000000000100', 200`, `ARRAY['00000000-0000-7000-8000-000000000100'::uuid, '00000000-0000-7000-8000-000000000101']`
 	for name, st := range map[string][2]string{
-		"ancestors": {ancestorsSQL, one}, "descendants": {descendantsSQL, one},
+		"ancestors": {graphAncestorsSQL, one}, "descendants": {graphDescendantsSQL, one},
 		"tasks": {graphNodesSQL, some}, "edges": {graphEdgesSQL, some},
 	} {
 		nodes, plan := testenv.GenericPlanWith(t, db.Pool, pgplan.Settings, st[0], st[1])
