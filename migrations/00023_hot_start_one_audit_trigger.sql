@@ -19,11 +19,11 @@ COMMENT ON COLUMN ingest_task.started_from IS 'the state the latest start left (
 --    00017, 00018 and 00020: the done notification, the dependency release
 --    and the sequence pass-on), each of which called a function and
 --    scanned the statement's transition table, on every audit insert: the
---    creates and starts too, which end no task. ingest_task_ended scans it
---    once, for the rows that end a task (SUCCEEDED, DEAD, CANCELLED), and
---    returns at once when there are none. Otherwise, in this order:
---    * announce them on ingest_task_done, 200 ids to a notification (as
---      00017 did);
+--    creates and starts too, which end no task. ingest_task_ended is one
+--    call; its first scan of the transition table, for the rows that end a
+--    task (SUCCEEDED, DEAD, CANCELLED), announces them on ingest_task_done,
+--    200 ids to a notification (as 00017 did), and it returns at once when
+--    there are none. Otherwise, in this order:
 --    * when some were CANCELLED: pass a cancelled task's sequence hold on
 --      to its successors (as 00020's trigger did), before
 --    * the release or cancel of the dependents of the ended tasks that
@@ -34,18 +34,16 @@ CREATE FUNCTION ingest_task_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     ids uuid[];
     ends text[];
-    rel_ids uuid[];
-    rel_ends text[];
 BEGIN
-    SELECT array_agg(n.task_id), array_agg(n.to_status) INTO ids, ends
-    FROM new_rows n WHERE n.to_status IN ('SUCCEEDED', 'DEAD', 'CANCELLED');
-    IF ids IS NULL THEN
+    -- The scan every statement pays: the ended tasks announced, 200 ids
+    -- to a notification; none found (a create, a start), nothing more.
+    PERFORM pg_notify('ingest_task_done', string_agg(c.id::text, ','))
+    FROM (SELECT r.task_id AS id, (row_number() OVER () - 1) / 200 AS chunk
+          FROM new_rows r WHERE r.to_status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')) c
+    GROUP BY c.chunk;
+    IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-
-    PERFORM pg_notify('ingest_task_done', string_agg(e.id::text, ',' ORDER BY e.o))
-    FROM unnest(ids) WITH ORDINALITY AS e(id, o)
-    GROUP BY (e.o - 1) / 200;
 
     -- A task cancelled while its sequence predecessor still holds it gives
     -- each successor it holds an edge to that predecessor (one more in
@@ -53,9 +51,9 @@ BEGIN
     -- the cancelled task leaves it waiting for the task before; across
     -- tasks cancelled together the hold passes from the first one not
     -- cancelled before them to the first one not cancelled after them.
-    IF 'CANCELLED' = ANY(ends) THEN
+    IF EXISTS (SELECT 1 FROM new_rows r WHERE r.to_status = 'CANCELLED') THEN
         WITH RECURSIVE c AS (
-            SELECT DISTINCT e.id FROM unnest(ids, ends) AS e(id, end_state) WHERE e.end_state = 'CANCELLED'
+            SELECT DISTINCT r.task_id AS id FROM new_rows r WHERE r.to_status = 'CANCELLED'
         ), up AS (
             SELECT c.id, p.depends_on AS pred
             FROM c JOIN ingest_task_dependency p ON p.task_id = c.id AND p.reason = 'sequence' AND p.released_at IS NULL
@@ -78,13 +76,14 @@ BEGIN
         FROM moved m WHERE t.id = m.task_id;
     END IF;
 
-    -- The ended tasks that still hold a dependent: one probe of the
-    -- depends_on index per ended task.
-    SELECT array_agg(e.id), array_agg(e.end_state) INTO rel_ids, rel_ends
-    FROM unnest(ids, ends) AS e(id, end_state)
-    WHERE EXISTS (SELECT 1 FROM ingest_task_dependency d WHERE d.depends_on = e.id AND d.released_at IS NULL);
-    IF rel_ids IS NOT NULL THEN
-        PERFORM ingest_task_end_edges(rel_ids, rel_ends);
+    -- The ended tasks that still hold a dependent (one probe of the
+    -- depends_on index per ended task) release or cancel them.
+    SELECT array_agg(r.task_id), array_agg(r.to_status) INTO ids, ends
+    FROM new_rows r
+    WHERE r.to_status IN ('SUCCEEDED', 'DEAD', 'CANCELLED')
+      AND EXISTS (SELECT 1 FROM ingest_task_dependency d WHERE d.depends_on = r.task_id AND d.released_at IS NULL);
+    IF ids IS NOT NULL THEN
+        PERFORM ingest_task_end_edges(ids, ends);
     END IF;
     RETURN NULL;
 END;
