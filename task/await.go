@@ -16,10 +16,10 @@ import (
 )
 
 // DoneChannel is the channel that announces the tasks that ended
-// (SUCCEEDED, DEAD, CANCELLED): the trigger ingest_task_done_notify of
-// migration 00017 sends, at the commit of every statement that writes a
-// terminal audit row, the ids of those tasks, comma-separated, at most 200
-// to a notification.
+// (SUCCEEDED, DEAD, CANCELLED): the audit table's trigger
+// ingest_task_ended (migration 00023, announcing as 00017's did) sends,
+// at the commit of every statement that writes a terminal audit row, the
+// ids of those tasks, comma-separated, at most 200 to a notification.
 const DoneChannel = "ingest_task_done"
 
 // Defaults of an Awaiter.

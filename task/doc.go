@@ -40,8 +40,9 @@
 // death cancelled; DependencyResults reads a dependent's inputs.
 //
 // Every operation after creation takes many ids at once, so a consumer
-// starts or completes a whole read batch in one statement. Rows are locked
-// in id order, so concurrent batches never deadlock one another.
+// starts or completes a whole read batch in one statement. Rows are changed
+// (and, where a statement locks them first, locked) in id order, so
+// concurrent batches never deadlock one another.
 //
 // The planner rule of those statements: work in proportion to the ids,
 // never to the table, whatever the statistics say (none on a database

@@ -86,3 +86,6 @@ func HotPathStatements() map[string][3]string {
 // InsertPlainSQL is the task insert of a batch without idempotency keys
 // (for the benchmark that compares it with COPY).
 const InsertPlainSQL = insertPlainSQL
+
+// StartSQL is the start statement (for the test of its write).
+var StartSQL = startSQL

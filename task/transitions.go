@@ -30,57 +30,62 @@ type StartResult struct {
 // writes the audit row of each change, in one statement (one round trip,
 // one implicit transaction).
 //
-// locked takes the row locks in id order and, being FOR NO KEY UPDATE,
-// reads the latest committed version of each row (the ids are joined from
-// unnest, so the rows are found through the primary key alone, whatever
-// the other indexes hold). The lock is what lets the audit row name the
-// state the task left and the lease it took over. The UPDATE's WHERE is
-// the guard of docs/ARCHITECTURE.md §2.2 on locked's columns
-// (due QUEUED/RETRYING, or RUNNING with an expired lease: a takeover, which
-// counts the abandoned run as a failure and goes DEAD when it was the last
-// attempt, or CANCELLED, uncounted, when a cancel had been requested; a
-// task created without max_attempts has $5, this store's MaxAttempts).
-// audit inserts one transition row per changed row. Rows the
-// guard refuses come back unchanged with started = false.
+// x is the ids in id order: the UPDATE changes their rows in that order (a
+// nested loop over x, through the primary key), as the completions do, so
+// concurrent batches take their row locks in one order. It takes no lock
+// before it: the guard decides, on the target row (the guard of
+// docs/ARCHITECTURE.md §2.2: a due QUEUED/RETRYING task, or a RUNNING one
+// with an expired lease: a takeover, which counts the abandoned run as a
+// failure and goes DEAD when it was the last attempt, or CANCELLED,
+// uncounted, when a cancel had been requested; a task created without
+// max_attempts has $5, this store's MaxAttempts), and Postgres re-checks
+// it on the latest version of a row another transaction changed
+// meanwhile. The SET list reads that same version, the one it replaces:
+// so started_from = t.status keeps the state the start left, which the
+// RETURNING list (which reads the new version) gives the audit row, and
+// the takeover's error names the lease it took over. audit inserts one
+// transition row per changed row.
+//
+// The guard is wrapped in CASE so that no plan uses it to scan a status
+// index (see targetGuard). Rows it refuses come back unchanged with
+// started = false, as the statement's snapshot holds them: a row that
+// another transaction changed after it began reports its earlier state,
+// whose outcome only defers or acknowledges the entry (the task went on
+// without it).
 var startSQL = `
-WITH locked AS (
-    SELECT t.* FROM unnest($1::uuid[]) AS x(id) JOIN ingest_task t ON t.id = x.id
-    ORDER BY t.id FOR NO KEY UPDATE OF t
+WITH x AS (
+    SELECT x.id FROM unnest($1::uuid[]) AS x(id) ORDER BY x.id
 ), upd AS (
     UPDATE ingest_task t SET
-        status        = CASE WHEN l.status = 'RUNNING' AND ` + cancelRequested("t") + ` THEN 'CANCELLED'
-                             WHEN l.status = 'RUNNING' AND t.attempt_count + 1 >= coalesce(t.max_attempts, $5) THEN 'DEAD' ELSE 'RUNNING' END,
-        attempt_count = t.attempt_count + CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN 1 ELSE 0 END,
-        lease_owner   = CASE WHEN l.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN NULL ELSE $2 END,
-        lease_until   = CASE WHEN l.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN NULL
+        status        = CASE WHEN t.status = 'RUNNING' AND ` + cancelRequested("t") + ` THEN 'CANCELLED'
+                             WHEN t.status = 'RUNNING' AND t.attempt_count + 1 >= coalesce(t.max_attempts, $5) THEN 'DEAD' ELSE 'RUNNING' END,
+        attempt_count = t.attempt_count + CASE WHEN t.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN 1 ELSE 0 END,
+        lease_owner   = CASE WHEN t.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN NULL ELSE $2 END,
+        lease_until   = CASE WHEN t.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN NULL
                              ELSE now() + $3 * interval '1 millisecond' END,
-        finished_at   = CASE WHEN l.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN now() END,
-        last_error    = CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.last_error END,
-        error_message = CASE WHEN l.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || l.lease_owner || ' expired: run abandoned', $4) ELSE t.error_message END,
+        finished_at   = CASE WHEN t.status = 'RUNNING' AND (` + cancelRequested("t") + ` OR t.attempt_count + 1 >= coalesce(t.max_attempts, $5)) THEN now() END,
+        last_error    = CASE WHEN t.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || t.lease_owner || ' expired: run abandoned', $4) ELSE t.last_error END,
+        error_message = CASE WHEN t.status = 'RUNNING' AND NOT ` + cancelRequested("t") + ` THEN left('lease of ' || t.lease_owner || ' expired: run abandoned', $4) ELSE t.error_message END,
         next_retry_at = NULL,
         progress_percent = NULL, progress_message = NULL, progress_at = NULL,
+        started_from  = t.status,
         updated_at    = now()
-    FROM locked l
-    WHERE t.id = l.id AND (
-           ` + startable("l", "\n        ") + `)
-      -- The same guard on the target row: re-checked by Postgres on the
-      -- row's latest version, so a version older than the locked one is
-      -- never written (the SET reads t). Wrapped in CASE so that no plan
-      -- uses it to scan a status index (see targetGuard).
+    FROM x
+    WHERE t.id = x.id
       AND CASE WHEN ` + startable("t", "\n                 ") + ` THEN true ELSE false END
-    RETURNING t.*, l.status AS from_status, coalesce(l.lease_owner, '') AS prev_owner
+    RETURNING t.*
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
-    SELECT id, from_status, status, attempt_count,
+    SELECT id, started_from, status, attempt_count,
            CASE WHEN status = 'CANCELLED' THEN ` + cancelMessage("upd") + `
-                WHEN from_status = 'RUNNING' THEN NULLIF(last_error, '') ELSE 'attempt ' || (attempt_count + 1) END,
+                WHEN started_from = 'RUNNING' THEN NULLIF(last_error, '') ELSE 'attempt ' || (attempt_count + 1) END,
            CASE WHEN status = 'CANCELLED' THEN cancel_requested_by ELSE $2 END
     FROM upd
 )
-SELECT ` + taskColumns + `, from_status, prev_owner, true FROM upd
+SELECT ` + taskColumns + `, started_from, true FROM upd
 UNION ALL
-SELECT ` + taskColumns + `, status, '', false
-FROM locked WHERE id NOT IN (SELECT id FROM upd)`
+SELECT ` + taskColumns + `, status, false
+FROM (SELECT t.* FROM x JOIN ingest_task t ON t.id = x.id) r WHERE r.id NOT IN (SELECT id FROM upd)`
 
 // Start moves each due task of ids to RUNNING under owner's lease and
 // returns one result per distinct id, in the order given. All ids are
@@ -121,9 +126,8 @@ func (s *Store) startInto(ctx context.Context, q DB, owner string, lease time.Du
 	defer rows.Close()
 	for rows.Next() {
 		var from State
-		var prevOwner string
 		var started bool
-		t, err := scanTask(rows, &from, &prevOwner, &started)
+		t, err := scanTask(rows, &from, &started)
 		if err != nil {
 			return err
 		}
