@@ -14,6 +14,14 @@
 // Options.FailRate fails first attempts; FailsFirstAttempt, Pad, Sink and
 // the insert and pool defaults are also what the River comparison
 // (bench/river) uses, so that both sides run the same workload.
+//
+// Options.Sample adds a series to the report, a Sample per period:
+// throughput, latency, the rescuer's page time (RescueProbe), the
+// tables' row versions and sizes, the slowest statements. Options.Hold
+// holds two transactions open for part of the run (HoldSummary compares
+// the periods), Options.Retention runs retention as production does, and
+// Options.Soak also times the dashboard's and the API's routes
+// (SoakRoutes): the measurements of a held transaction and of a long soak.
 package bench
 
 import (
@@ -342,6 +350,7 @@ func Run(ctx context.Context, opts Options, pool *pgxpool.Pool, rdb redis.Univer
 	if out == nil {
 		out = io.Discard
 	}
+	out = &lockedWriter{w: out} // progress, samples and the hold write lines
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 
@@ -390,6 +399,18 @@ type run struct {
 	// at its previous sample.
 	series   *series
 	lastSnap Snapshot
+}
+
+// lockedWriter serialises the writes of several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func randomID() string {

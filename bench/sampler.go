@@ -229,7 +229,7 @@ func (s *series) take(ctx context.Context, from, to time.Time, lastOK *int64) {
 	rescue := s.probe.take()
 	smp.RescuePageMS = rescue.percentiles()
 	snap := b.counters.Snapshot()
-	smp.Statements = topStatements(snap.Sub(b.lastSnap), 8)
+	smp.Statements = topStatements(snap.Sub(b.lastSnap), 12)
 	b.lastSnap = snap
 	if del := retentionDeleted(s.reg); del >= s.deleted {
 		smp.RetentionDeleted = del - s.deleted

@@ -51,7 +51,7 @@ type Sample struct {
 	Tables map[string]TableSample `json:"tables"`
 	// Statements are the statements of the path (and of its maintainer:
 	// relay, rescuer, retention) that took the most time in the period,
-	// as the client saw them, slowest total first (at most 8).
+	// as the client saw them, slowest total first (at most 12).
 	Statements []StatementTime `json:"statements"`
 	// RetentionDeleted is the tasks retention deleted in the period
 	// (ingest_task_retention_deleted_total), RetentionPerSecond the same
