@@ -44,6 +44,9 @@ type Snapshot struct {
 	// ("batch: " and its last statement; batches are not counted in SQL
 	// and ByStatement).
 	Timed map[string]Timing
+	// Deletes sums the timed statements that delete rows (their text
+	// holds "DELETE FROM"): in a run, retention's.
+	Deletes Timing
 }
 
 // Timing is how many times a statement ran and their total time.
@@ -61,6 +64,7 @@ func (s Snapshot) Sub(o Snapshot) Snapshot {
 			d.ByStatement[k] = v
 		}
 	}
+	d.Deletes = Timing{N: s.Deletes.N - o.Deletes.N, D: s.Deletes.D - o.Deletes.D}
 	for k, v := range s.Timed {
 		if v.N -= o.Timed[k].N; v.N != 0 {
 			v.D -= o.Timed[k].D
@@ -89,12 +93,17 @@ func (c *Counters) Snapshot() Snapshot {
 		if rest, ok := strings.CutPrefix(name, batchPrefix); ok {
 			short = batchPrefix + statementName(rest)
 		}
-		t := s.Timed[short]
-		t.N += v.(*atomic.Int64).Load()
+		var one Timing
+		one.N = v.(*atomic.Int64).Load()
 		if d, ok := c.nanos.Load(name); ok {
-			t.D += time.Duration(d.(*atomic.Int64).Load())
+			one.D = time.Duration(d.(*atomic.Int64).Load())
 		}
+		t := s.Timed[short]
+		t.N, t.D = t.N+one.N, t.D+one.D
 		s.Timed[short] = t
+		if strings.Contains(name, "DELETE FROM") {
+			s.Deletes.N, s.Deletes.D = s.Deletes.N+one.N, s.Deletes.D+one.D
+		}
 		return true
 	})
 	c.command.Range(func(k, v any) bool {

@@ -127,7 +127,8 @@ func (b *run) startSeries(ctx context.Context, reg *prometheus.Registry, start t
 		})
 	}
 	done := make(chan struct{})
-	wg.Go(func() {
+	var sampling sync.WaitGroup
+	sampling.Go(func() {
 		t := time.NewTicker(o.Sample)
 		defer t.Stop()
 		last := start
@@ -135,7 +136,7 @@ func (b *run) startSeries(ctx context.Context, reg *prometheus.Registry, start t
 		for {
 			select {
 			case <-done:
-				s.take(context.WithoutCancel(ctx), last, time.Now(), &lastOK)
+				s.take(ctx, last, time.Now(), &lastOK)
 				return
 			case now := <-t.C:
 				s.take(ctx, last, now, &lastOK)
@@ -147,6 +148,7 @@ func (b *run) startSeries(ctx context.Context, reg *prometheus.Registry, start t
 	return func() *series {
 		once.Do(func() {
 			close(done)
+			sampling.Wait() // its last sample reads with ctx, before the cancel
 			cancel()
 			wg.Wait()
 		})
@@ -229,7 +231,11 @@ func (s *series) take(ctx context.Context, from, to time.Time, lastOK *int64) {
 	rescue := s.probe.take()
 	smp.RescuePageMS = rescue.percentiles()
 	snap := b.counters.Snapshot()
-	smp.Statements = topStatements(snap.Sub(b.lastSnap), 12)
+	d := snap.Sub(b.lastSnap)
+	smp.Statements = topStatements(d, 12)
+	if d.Deletes.N > 0 {
+		smp.Deletes = StatementTime{Statement: "DELETE", Count: d.Deletes.N, TotalMS: ms(d.Deletes.D), MeanMS: ms(d.Deletes.D) / float64(d.Deletes.N)}
+	}
 	b.lastSnap = snap
 	if del := retentionDeleted(s.reg); del >= s.deleted {
 		smp.RetentionDeleted = del - s.deleted
@@ -290,7 +296,8 @@ func (s *series) printSample(smp Sample) {
 		for _, name := range Tables {
 			total += smp.Tables[name].TotalBytes
 		}
-		fmt.Fprintf(s.b.out, "         %s  tables %.0f MiB  retention %.0f/s  rss %.0f MiB\n", line, float64(total)/(1<<20), smp.RetentionPerSecond, smp.RSSMiB)
+		fmt.Fprintf(s.b.out, "         %s  tables %.0f MiB  retention %.0f/s (%d deletes, %.1f ms each)  rss %.0f MiB\n", line, float64(total)/(1<<20),
+			smp.RetentionPerSecond, smp.Deletes.Count, smp.Deletes.MeanMS, smp.RSSMiB)
 	}
 }
 

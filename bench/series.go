@@ -58,6 +58,10 @@ type Sample struct {
 	// per second.
 	RetentionDeleted   int64   `json:"retention_deleted"`
 	RetentionPerSecond float64 `json:"retention_per_second"`
+	// Deletes are the statements of the period that deleted rows
+	// (retention's: expired tasks with their audit and outbox rows, a
+	// batch a statement, and SENT outbox rows), with their mean time.
+	Deletes StatementTime `json:"deletes"`
 	// RSSMiB is this process's resident set at the end of the period.
 	RSSMiB float64 `json:"rss_mib"`
 	// HTTPMS, with Options.Soak, times one request of each of the
@@ -294,7 +298,7 @@ func seriesHeader(soak bool) []string {
 			h = append(h, t+"_bytes", t+"_index_bytes")
 		}
 	}
-	h = append(h, "retention_deleted_per_s", "rss_mib")
+	h = append(h, "retention_deleted_per_s", "delete_statements", "delete_statement_mean_ms", "rss_mib")
 	if soak {
 		for _, r := range SoakRoutes {
 			h = append(h, r+" ms")
@@ -319,7 +323,7 @@ func (s Sample) row(soak bool) []string {
 			r = append(r, i(t.TotalBytes), i(idx))
 		}
 	}
-	r = append(r, f(s.RetentionPerSecond), f(s.RSSMiB))
+	r = append(r, f(s.RetentionPerSecond), i(s.Deletes.Count), f(s.Deletes.MeanMS), f(s.RSSMiB))
 	if soak {
 		for _, route := range SoakRoutes {
 			r = append(r, f(s.HTTPMS[route]))

@@ -115,6 +115,13 @@ func TestRunSoakRetention(t *testing.T) {
 			}
 		}
 	}
+	var deletes int64
+	for _, s := range rep.Series {
+		deletes += s.Deletes.Count
+	}
+	if deletes == 0 {
+		t.Errorf("no sample timed a DELETE of retention")
+	}
 	if deleted == 0 || deleted > rep.RetentionDeleted {
 		t.Errorf("the samples count %d deletions, the report %d", deleted, rep.RetentionDeleted)
 	}

@@ -350,6 +350,9 @@ func TestHeldTransaction(t *testing.T) {
 	heldFor := time.Duration(size(10, 300)) * time.Second
 	every := time.Duration(size(2, 30)) * time.Second
 
+	c.enqueue("ok", 500, 2, 50) // warm-up: the workers started and connected
+	c.eventually(time.Minute, "warm-up", func() bool { return c.notTerminal() == 0 })
+
 	// The clean phase, with the probes running as in the held one.
 	pctx, stopProbe := context.WithCancel(ctx)
 	probed := make(chan map[string][]time.Duration)
@@ -431,10 +434,9 @@ func TestHeldTransaction(t *testing.T) {
 // phaseRun is what saturate measured: tasks SUCCEEDED and dead tuples
 // (ingest_task, outbox_event, ingest_task_transition) per period.
 type phaseRun struct {
-	every time.Duration
-	took  time.Duration
-	done  []int // SUCCEEDED in each period
-	dead  []int // dead tuples at the end of each period
+	at   []time.Duration // the end of each period, from the phase's start
+	done []int           // SUCCEEDED in each period
+	dead []int           // dead tuples at the end of each period
 }
 
 func (p phaseRun) rate() float64 {
@@ -442,14 +444,16 @@ func (p phaseRun) rate() float64 {
 	for _, d := range p.done {
 		n += d
 	}
-	return float64(n) / p.took.Seconds()
+	return float64(n) / p.at[len(p.at)-1].Seconds()
 }
 
 // overTime is the periods as "30s 612/s 80830 dead, …".
 func (p phaseRun) overTime() string {
 	var l []string
+	var from time.Duration
 	for i := range p.done {
-		l = append(l, fmt.Sprintf("%s %.0f/s %d dead", time.Duration(i+1)*p.every, float64(p.done[i])/p.every.Seconds(), p.dead[i]))
+		l = append(l, fmt.Sprintf("%s %.0f/s %d dead", p.at[i].Round(time.Second), float64(p.done[i])/(p.at[i]-from).Seconds(), p.dead[i]))
+		from = p.at[i]
 	}
 	return strings.Join(l, ", ")
 }
@@ -459,27 +463,27 @@ func (p phaseRun) overTime() string {
 // period of every.
 func (c *cluster) saturate(d, every time.Duration) phaseRun {
 	c.t.Helper()
-	p := phaseRun{every: every}
+	var p phaseRun
 	succeeded := func() int { return c.count(task.Succeeded) }
 	t0 := time.Now()
-	last := succeeded()
+	last, lastAt := succeeded(), t0
 	next := t0.Add(every)
 	for {
 		if c.query(`SELECT count(*) FROM ingest_task WHERE status = 'QUEUED'`) < 1000 {
 			c.enqueue("ok", 500, 2, 50)
 		}
-		if now := time.Now(); !now.Before(next) {
-			n := succeeded()
+		if !time.Now().Before(next) {
+			n, now := succeeded(), time.Now()
 			p.done = append(p.done, n-last)
-			last = n
+			p.at = append(p.at, now.Sub(t0))
 			p.dead = append(p.dead, c.query(`SELECT coalesce(sum(n_dead_tup), 0)::int FROM pg_stat_user_tables
 				WHERE relname IN ('ingest_task', 'outbox_event', 'ingest_task_transition')`))
-			c.t.Logf("%s: %.0f tasks/s, %d dead tuples", now.Sub(t0).Round(time.Second), float64(p.done[len(p.done)-1])/every.Seconds(), p.dead[len(p.dead)-1])
+			c.t.Logf("%s: %.0f tasks/s, %d dead tuples", now.Sub(t0).Round(time.Second), float64(n-last)/now.Sub(lastAt).Seconds(), p.dead[len(p.dead)-1])
+			last, lastAt = n, now
 			if now.Sub(t0) >= d {
-				p.took = time.Duration(len(p.done)) * every
 				return p
 			}
-			next = next.Add(every)
+			next = now.Add(every)
 		}
 		time.Sleep(200 * time.Millisecond) // pacing the backlog check, not synchronisation
 	}
