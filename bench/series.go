@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ingest-worker/ingest/maintenance"
 	"github.com/ingest-worker/ingest/task"
@@ -263,11 +262,6 @@ func retentionDeleted(g prometheus.Gatherer) int64 {
 		}
 	}
 	return int64(n)
-}
-
-// metricsHandler is the /metrics route of the binary on g.
-func metricsHandler(g prometheus.Gatherer) http.Handler {
-	return promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 }
 
 // topStatements returns the n statements of d that took the most time.
