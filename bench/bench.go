@@ -14,6 +14,14 @@
 // Options.FailRate fails first attempts; FailsFirstAttempt, Pad, Sink and
 // the insert and pool defaults are also what the River comparison
 // (bench/river) uses, so that both sides run the same workload.
+//
+// Options.Sample adds a series to the report, a Sample per period:
+// throughput, latency, the rescuer's page time (RescueProbe), the
+// tables' row versions and sizes, the slowest statements. Options.Hold
+// holds two transactions open for part of the run (HoldSummary compares
+// the periods), Options.Retention runs retention as production does, and
+// Options.Soak also times the dashboard's and the API's routes
+// (SoakRoutes): the measurements of a held transaction and of a long soak.
 package bench
 
 import (
@@ -161,7 +169,38 @@ type Options struct {
 	// Keyring encrypts the run's payloads and results (nil: none), to
 	// measure the cost of encryption at rest.
 	Keyring *seal.Keyring
+
+	// Sample, when > 0, is the period of the run's series
+	// (Report.Series): throughput, latency, the rescuer's page time, the
+	// tables' row versions and the slowest statements of each period
+	// (default DefaultHoldSample with Hold, DefaultSoakSample with Soak).
+	Sample time.Duration
+	// SeriesOut, when set, receives the series as CSV, a row per period
+	// as it ends.
+	SeriesOut io.Writer
+	// Hold, when > 0, holds two transactions open for that long from
+	// HoldAfter into the run: one idle in transaction after taking a
+	// transaction id, one REPEATABLE READ reader after its first read.
+	// Together they hold back the xmin horizon, so vacuum removes no row
+	// version that died after they began (see HoldSummary).
+	Hold      time.Duration
+	HoldAfter time.Duration
+	// Retention, when > 0, runs the maintainer's retention as production
+	// does, with SUCCEEDED tasks and SENT outbox rows deleted this long
+	// after they finished (and the run's stream trimmed), a pass every
+	// min(Retention, 10s). It deletes every task of the database past the
+	// window, not only the run's: use it on a database of its own.
+	Retention time.Duration
+	// Soak also samples the tables' and indexes' sizes and times the
+	// routes of SoakRoutes in each period.
+	Soak bool
 }
+
+// Sample periods by default.
+const (
+	DefaultHoldSample = 10 * time.Second
+	DefaultSoakSample = 30 * time.Second
+)
 
 // WithDefaults returns the configuration with every zero field set to
 // its default.
@@ -178,6 +217,12 @@ func (o Options) WithDefaults() Options {
 	o.CompleteWindow = cmp.Or(o.CompleteWindow, DefaultCompleteWindow)
 	o.Progress = cmp.Or(o.Progress, DefaultProgress)
 	o.Timeout = cmp.Or(o.Timeout, DefaultTimeout)
+	if o.Sample == 0 && o.Soak {
+		o.Sample = DefaultSoakSample
+	}
+	if o.Sample == 0 && o.Hold > 0 {
+		o.Sample = DefaultHoldSample
+	}
 	return o
 }
 
@@ -211,6 +256,14 @@ func (o Options) Validate() error {
 		return fmt.Errorf("pool conns must be in [4, %d], got %d", MaxPoolConns, o.PoolConns)
 	case o.KindConcurrency < 0 || o.KindConcurrency > task.MaxConcurrency:
 		return fmt.Errorf("kind concurrency must be in [0, %d], got %d", task.MaxConcurrency, o.KindConcurrency)
+	case o.Sample < 0 || (o.Sample > 0 && o.Sample < 100*time.Millisecond):
+		return fmt.Errorf("sample must be 0 or at least 100ms, got %s", o.Sample)
+	case o.Hold < 0 || o.HoldAfter < 0:
+		return fmt.Errorf("hold and hold-after must be >= 0, got %s and %s", o.Hold, o.HoldAfter)
+	case o.HoldAfter > 0 && o.Hold == 0:
+		return errors.New("hold-after applies with a hold only")
+	case o.Retention < 0 || (o.Retention > 0 && o.Retention < time.Millisecond):
+		return fmt.Errorf("retention must be 0 or at least 1ms, got %s", o.Retention)
 	}
 	return nil
 }
@@ -273,6 +326,15 @@ type Report struct {
 	WALWork *WALUsage `json:"wal_work,omitempty"`
 	// MaxInFlight is the most tasks started and not yet SUCCEEDED at once.
 	MaxInFlight int64 `json:"max_in_flight"`
+
+	// Series is a sample per Options.Sample (none without).
+	Series []Sample `json:"series,omitempty"`
+	// Hold compares the periods with and without Options.Hold's
+	// transactions open.
+	Hold *HoldSummary `json:"hold,omitempty"`
+	// RetentionDeleted is how many tasks retention deleted during the run
+	// (with Options.Retention).
+	RetentionDeleted int64 `json:"retention_deleted,omitempty"`
 }
 
 // Run runs one benchmark on the database of pool (migrated) and the Redis
@@ -288,6 +350,7 @@ func Run(ctx context.Context, opts Options, pool *pgxpool.Pool, rdb redis.Univer
 	if out == nil {
 		out = io.Discard
 	}
+	out = &lockedWriter{w: out} // progress, samples and the hold write lines
 	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 
@@ -332,6 +395,22 @@ type run struct {
 	webhook  ingest.Handler
 	allDone  chan struct{}
 	doneOnce sync.Once
+	// series samples the run (Options.Sample); lastSnap is the counters
+	// at its previous sample.
+	series   *series
+	lastSnap Snapshot
+}
+
+// lockedWriter serialises the writes of several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func randomID() string {
@@ -370,6 +449,12 @@ func (b *run) serviceConfig() ingest.Config {
 		Relay:       outbox.RelayConfig{BatchSize: o.RelayBatch},
 		Maintenance: maintenance.Config{Retention: maintenance.RetentionConfig{DisableTrim: true}},
 		Listen:      o.Listen,
+	}
+	if o.Retention > 0 {
+		cfg.Maintenance.Retention = maintenance.RetentionConfig{
+			Tasks: task.Windows{Succeeded: o.Retention}, Age: o.Retention,
+			Interval: min(o.Retention, 10*time.Second), Streams: []string{b.stream},
+		}
 	}
 	if o.FailRate > 0 {
 		cfg.Reclaim.Interval = FailReclaimInterval
@@ -460,7 +545,8 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	svc, err := ingest.NewService(b.serviceConfig(), b.traced, ingest.Redis(b.rdb), logger, prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	svc, err := ingest.NewService(b.serviceConfig(), b.traced, ingest.Redis(b.rdb), logger, reg)
 	if err != nil {
 		return rep, err
 	}
@@ -493,9 +579,15 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		return rep, err
 	}
 	before := b.counters.Snapshot()
+	b.lastSnap = before
 	runStart := time.Now()
 	stopProgress := b.progress(runStart)
 	defer stopProgress()
+	stopSeries, err := b.startSeries(ctx, reg, runStart)
+	if err != nil {
+		return rep, err
+	}
+	defer stopSeries()
 
 	var insertStart, insertEnd time.Time
 	svcCtx, stopSvc := context.WithCancel(ctx)
@@ -533,6 +625,9 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		go func() {
 			err := b.insert(ctx, store, o.Rate)
 			insertEnd = time.Now()
+			if b.series != nil {
+				b.series.inserting.Store(false)
+			}
 			errc <- err
 		}()
 		select {
@@ -556,6 +651,9 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	workEnd := time.Now()
 	after := b.counters.Snapshot()
 	stopProgress()
+	if s := stopSeries(); s != nil {
+		rep.Series, rep.Hold = s.samples, s.holdSummary()
+	}
 	if err := stopService(); err != nil {
 		return rep, fmt.Errorf("worker: %w", err)
 	}
@@ -569,13 +667,24 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		rep.WALWork = &u
 	}
 
-	// Verify in SQL what the hook reported.
+	// Verify in SQL what the hook reported: with retention, the tasks
+	// still there are SUCCEEDED and, with those it deleted, all of them.
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer vcancel()
 	if err := b.pool.QueryRow(vctx, `SELECT count(*) FROM ingest_task WHERE kind = $1 AND status = $2`, b.kind, string(task.Succeeded)).Scan(&rep.Succeeded); err != nil {
 		return rep, fmt.Errorf("count SUCCEEDED tasks: %w", err)
 	}
-	if rep.Succeeded != o.Tasks {
+	if o.Retention > 0 {
+		rep.RetentionDeleted = retentionDeleted(reg)
+		var left int
+		if err := b.pool.QueryRow(vctx, `SELECT count(*) FROM ingest_task WHERE kind = $1`, b.kind).Scan(&left); err != nil {
+			return rep, fmt.Errorf("count tasks: %w", err)
+		}
+		if left != rep.Succeeded || int64(left)+rep.RetentionDeleted < int64(o.Tasks) {
+			return rep, fmt.Errorf("%d of the run's tasks are left, %d SUCCEEDED, %d deleted by retention, of %d", left, rep.Succeeded, rep.RetentionDeleted, o.Tasks)
+		}
+		rep.Succeeded = int(b.succeeded.Load())
+	} else if rep.Succeeded != o.Tasks {
 		return rep, fmt.Errorf("%d of %d tasks are SUCCEEDED in Postgres", rep.Succeeded, o.Tasks)
 	}
 
@@ -787,6 +896,24 @@ func Print(w io.Writer, r Report) {
 	fmt.Fprintf(tw, "WAL/task\t%.0f bytes\t%.1f records\t(whole run, server-wide)\n", r.WAL.BytesPerTask, r.WAL.RecordsPerTask)
 	if w := r.WALWork; w != nil {
 		fmt.Fprintf(tw, "  after the inserts\t%.0f bytes\t%.1f records\n", w.BytesPerTask, w.RecordsPerTask)
+	}
+	if r.RetentionDeleted > 0 {
+		fmt.Fprintf(tw, "retention\t%d tasks deleted\n", r.RetentionDeleted)
+	}
+	if h := r.Hold; h != nil {
+		fmt.Fprintf(tw, "held transactions\t%s from %s\t(steady periods)\n", h.Duration, h.After)
+		fmt.Fprintf(tw, "  \ttasks/s\tstart p50/p99 ms\trescuer page p50/p99/max ms\tperiods\n")
+		for _, p := range []struct {
+			name string
+			s    PhaseSummary
+		}{{"  clean", h.Clean}, {"  held", h.Held}} {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.1f / %.1f\t%.1f / %.1f / %.1f\t%d\n", p.name, p.s.TasksPerSecond, p.s.StartMS.P50, p.s.StartMS.P99,
+				p.s.RescuePageMS.P50, p.s.RescuePageMS.P99, p.s.RescuePageMS.Max, p.s.Periods)
+		}
+		fmt.Fprintf(tw, "  held / clean\t%.2f\n", h.ThroughputRatio)
+		for _, t := range sortedKeys(h.MaxDeadTuples) {
+			fmt.Fprintf(tw, "  most dead tuples\t%s\t%d\n", t, h.MaxDeadTuples[t])
+		}
 	}
 	_ = tw.Flush()
 	printCounts(w, "SQL statements", r.StatementCounts, r.Tasks)

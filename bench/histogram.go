@@ -80,3 +80,13 @@ func (h *histogram) percentiles() Percentiles {
 	p.P50, p.P95, p.P99, p.Max = at(0.50), at(0.95), at(0.99), at(1)
 	return p
 }
+
+// add adds o's counts to h.
+func (h *histogram) add(o *histogram) {
+	for i := range o.counts {
+		if c := o.counts[i].Load(); c != 0 {
+			h.counts[i].Add(c)
+		}
+	}
+	h.n.Add(o.n.Load())
+}

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,6 +18,15 @@ type tracker struct {
 	shards [64]trackerShard
 	start  histogram // commit → handler start
 	done   histogram // commit → SUCCEEDED committed
+	// window is commit → handler start of the current sample (see
+	// Options.Sample), taken and replaced by takeWindow.
+	window atomic.Pointer[histogram]
+}
+
+// takeWindow returns the commit → handler start latencies recorded since
+// the previous call (or since the start) and starts a new window.
+func (t *tracker) takeWindow() *histogram {
+	return t.window.Swap(new(histogram))
 }
 
 type trackerShard struct {
@@ -35,6 +45,7 @@ func newTracker() *tracker {
 	for i := range t.shards {
 		t.shards[i].m = map[uuid.UUID]moments{}
 	}
+	t.window.Store(new(histogram))
 	return t
 }
 
@@ -50,6 +61,7 @@ func (t *tracker) update(id uuid.UUID, f func(*moments)) {
 	f(&m)
 	if m.commit != 0 && m.start != 0 && !m.startRecorded {
 		t.start.record(time.Duration(m.start - m.commit))
+		t.window.Load().record(time.Duration(m.start - m.commit))
 		m.startRecorded = true
 	}
 	if m.commit != 0 && m.done != 0 {

@@ -57,11 +57,26 @@ the end (unless --keep), and needs a migrated schema.
 Progress is printed every 2 s; the result is a table (or --json): tasks/s
 worked and inserted, latency percentiles of commit→handler start and
 commit→SUCCEEDED, SQL statements and Redis round trips per task (counted on
-the clients, BEGIN/COMMIT included) and peak RSS of the process.`
+the clients, BEGIN/COMMIT included) and peak RSS of the process.
+
+--sample D adds a line per period D (and a series in the report, or a CSV
+file with --series): tasks/s, commit→handler start p50/p99 of the period, the
+p99 of the rescuer's pages (a probe runs the rescuer's candidate query, read
+only, every second), dead and live row versions and autovacuum counts of
+ingest_task, outbox_event and ingest_task_transition, the statements that
+took the most time. --hold-transaction D holds, from --hold-after into the
+run, one session idle in transaction after taking a transaction id and one
+REPEATABLE READ reader open for D, and the result compares the periods with
+and without them (tasks/s, latency, rescuer pages, dead tuples).
+--soak (a long run, not for CI) also samples table and index sizes and times
+the dashboard's overview and task list, the API's task list and a /metrics
+scrape; with --retention D, retention deletes SUCCEEDED tasks D after they
+finished, as a production worker does (every task of the database past D:
+use a database of its own).`
 
 func (a *app) benchCommand() *cobra.Command {
 	var opts bench.Options
-	var cpuProfile string
+	var cpuProfile, seriesFile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput and latency of the full path (PostgreSQL, outbox, Redis, worker)",
@@ -72,7 +87,9 @@ func (a *app) benchCommand() *cobra.Command {
   ingest-worker bench --tasks 60000 --rate 2000
   ingest-worker bench --tasks 2000 --json
   ingest-worker bench --preload --tasks 200000 --payload-bytes 1024 --fail-rate 0.05
-  ingest-worker bench --preload --tasks 20000 --handler webhook`,
+  ingest-worker bench --preload --tasks 20000 --handler webhook
+  ingest-worker bench --tasks 420000 --rate 1000 --hold-transaction 5m --hold-after 1m --series hold.csv
+  ingest-worker bench --soak --tasks 10000000 --rate 1000 --retention 10m --series soak.csv`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := a.load(cmd, map[string]string{"INGEST_LOG_LEVEL": "warn"}); err != nil {
@@ -96,6 +113,14 @@ func (a *app) benchCommand() *cobra.Command {
 					return fmt.Errorf("--cpu-profile: %w", err)
 				}
 				defer pprof.StopCPUProfile()
+			}
+			if seriesFile != "" {
+				f, err := os.Create(seriesFile)
+				if err != nil {
+					return usagef("--series: %v", err)
+				}
+				defer f.Close()
+				opts.SeriesOut = f
 			}
 			return a.bench(cmd, opts)
 		},
@@ -121,6 +146,12 @@ func (a *app) benchCommand() *cobra.Command {
 	f.IntVar(&opts.PoolConns, "pool-conns", bench.DefaultPoolConns, "PostgreSQL connections of the path")
 	f.DurationVar(&opts.Timeout, "timeout", bench.DefaultTimeout, "give up after this long")
 	f.BoolVar(&opts.Keep, "keep", false, "keep the run's tasks and stream (configured servers)")
+	f.DurationVar(&opts.Hold, "hold-transaction", 0, "hold a transaction idle in transaction (with a transaction id) and a REPEATABLE READ reader open for this long, to measure the path while vacuum is held back (0: none)")
+	f.DurationVar(&opts.HoldAfter, "hold-after", 0, "with --hold-transaction: open the transactions this long into the run")
+	f.DurationVar(&opts.Sample, "sample", 0, "print and report a sample of the run every period: throughput, latency, the rescuer's page time, dead tuples, slowest statements (default 10s with --hold-transaction, 30s with --soak; 0: none)")
+	f.StringVar(&seriesFile, "series", "", "write the samples to this file as CSV, a row per period as it ends")
+	f.DurationVar(&opts.Retention, "retention", 0, "run retention with SUCCEEDED tasks deleted this long after they finished (0: the default windows; deletes every task of the database past the window)")
+	f.BoolVar(&opts.Soak, "soak", false, "also sample table and index sizes and time the dashboard's overview and list, the API's list and a /metrics scrape (a long run: not for CI)")
 	f.StringVar(&cpuProfile, "cpu-profile", "", "write the process's CPU profile of the whole run to this file (for go tool pprof)")
 	return cmd
 }

@@ -2,8 +2,8 @@
 // and redis-server, several worker processes (chaosworker, built from this
 // directory), injects faults (SIGKILL and SIGSTOP of workers and relays,
 // Redis data loss and freezes, a PostgreSQL restart, poison tasks and
-// entries, long tasks under an aggressive reclaimer, a long-open
-// transaction, a pipeline of dependent tasks under worker kills) and
+// entries, long tasks under an aggressive reclaimer, transactions held
+// open (idle in transaction and a REPEATABLE READ reader), a pipeline of dependent tasks under worker kills) and
 // checks, once the system is quiet, the invariants:
 //
 //   - every task is SUCCEEDED or DEAD, XPENDING is empty, and the DLQ holds
