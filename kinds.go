@@ -97,7 +97,8 @@ func (a *admission) parkPaused(ctx context.Context, ds []delivery, limits map[st
 
 // start starts the tasks of ds (ids, in order): those of a limited
 // kind through task.Store.StartLimited, one call per kind, the others in
-// one task.Store.Start.
+// one task.Store.StartUnflushed (its commit not waiting for the WAL
+// flush: docs/ARCHITECTURE.md §2.4).
 func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, limits map[string]task.Limits) ([]task.StartResult, error) {
 	var plain []uuid.UUID
 	var kinds []string
@@ -113,9 +114,9 @@ func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, l
 		limited[d.kind] = append(limited[d.kind], ids[i])
 	}
 	if len(kinds) == 0 {
-		return a.store.Start(ctx, a.owner, a.lease, ids...)
+		return a.store.StartUnflushed(ctx, a.owner, a.lease, ids...)
 	}
-	out, err := a.store.Start(ctx, a.owner, a.lease, plain...)
+	out, err := a.store.StartUnflushed(ctx, a.owner, a.lease, plain...)
 	if err != nil {
 		return nil, err
 	}
