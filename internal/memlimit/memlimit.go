@@ -28,10 +28,9 @@ import (
 )
 
 // DefaultFloor is the limit below which the binary's workers never set
-// theirs: with it, `ingest-worker bench --tasks 60000 --rate 6000
-// --handler-sleep 2s --concurrency 10000` peaks under 100 MiB of RSS
-// (docs/PERFORMANCE.md). The binary's code and the runtime's own pages
-// are on top of the limit.
+// theirs (docs/PERFORMANCE.md has what it does to the peak RSS of a
+// worker with thousands of handlers waiting). The binary's code pages are
+// on top of the limit.
 const DefaultFloor = 88 << 20
 
 var samples = []metrics.Sample{
