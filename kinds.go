@@ -31,6 +31,12 @@ type admission struct {
 	met   *metrics
 	owner string        // lease owner of the starts (the consumer name)
 	lease time.Duration // lease of the starts
+	// unflushed: the starts of kinds without limits do not wait for the
+	// WAL flush (task.Store.StartUnflushed), for a transport that
+	// delivers an unsettled message again by itself (Redis: a pending
+	// entry is claimed again), so that a start a crash of PostgreSQL
+	// undoes is run again (docs/ARCHITECTURE.md §2.4).
+	unflushed bool
 
 	mu     sync.Mutex
 	at     time.Time
@@ -97,7 +103,7 @@ func (a *admission) parkPaused(ctx context.Context, ds []delivery, limits map[st
 
 // start starts the tasks of ds (ids, in order): those of a limited
 // kind through task.Store.StartLimited, one call per kind, the others in
-// one task.Store.Start.
+// one task.Store.Start (StartUnflushed when a.unflushed).
 func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, limits map[string]task.Limits) ([]task.StartResult, error) {
 	var plain []uuid.UUID
 	var kinds []string
@@ -112,10 +118,14 @@ func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, l
 		}
 		limited[d.kind] = append(limited[d.kind], ids[i])
 	}
-	if len(kinds) == 0 {
-		return a.store.Start(ctx, a.owner, a.lease, ids...)
+	start := a.store.Start
+	if a.unflushed {
+		start = a.store.StartUnflushed
 	}
-	out, err := a.store.Start(ctx, a.owner, a.lease, plain...)
+	if len(kinds) == 0 {
+		return start(ctx, a.owner, a.lease, ids...)
+	}
+	out, err := start(ctx, a.owner, a.lease, plain...)
 	if err != nil {
 		return nil, err
 	}

@@ -28,7 +28,9 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 	}}
 	r.task.progress = newProgressReporter(p.ioCtx, p.store, p.log, p.cfg.Consumer)
 	hctx, r.span = startAttempt(hctx, r.task, tp)
-	r.traceID = tracing.TraceID(hctx)
+	if r.span != nil {
+		r.traceID = tracing.TraceID(hctx)
+	}
 	p.inflight.add(r)
 	p.work.Add(1)
 	go func() {
@@ -59,6 +61,10 @@ func (p *processor) execute(ctx context.Context, r *run) {
 	// The last progress of a successful run is written before its
 	// success; a failed run's goes with its retry.
 	r.task.progress.finish(err == nil)
+	// What only the handler needed goes now: the run may wait in the
+	// completer's queue (docs/ARCHITECTURE.md §1.4), holding only what
+	// its completion and its message need.
+	r.task.Payload, r.task.Dependencies, r.task.progress = nil, nil, nil
 	o := outcome{r: r, err: err, result: result}
 	if err != nil {
 		switch {

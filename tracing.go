@@ -13,7 +13,10 @@ import (
 
 // startAttempt starts the attempt span of a run of t, a child of the
 // task's traceparent (tp: the task row's, else the stream entry's), and
-// returns ctx carrying it: a handler's spans are its children.
+// returns ctx carrying it: a handler's spans are its children. With no
+// tracer provider installed and no traceparent, the span would record
+// nothing and carry no trace: the run keeps none (nil), so that a run
+// waiting in flight holds no span and no context for it.
 func startAttempt(ctx context.Context, t Task, tp string) (context.Context, trace.Span) {
 	parent := tracing.Extract(context.Background(), tp)
 	_, span := tracing.Tracer().Start(parent, tracing.SpanAttempt,
@@ -23,6 +26,10 @@ func startAttempt(ctx context.Context, t Task, tp string) (context.Context, trac
 			attribute.String(tracing.AttrTaskKind, t.Kind),
 			attribute.Int(tracing.AttrTaskAttempt, t.Attempt),
 		))
+	if !span.IsRecording() && !span.SpanContext().IsValid() {
+		span.End()
+		return ctx, nil
+	}
 	return trace.ContextWithSpan(ctx, span), span
 }
 

@@ -444,7 +444,7 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 				return nil
 			}
 			if toStart := append(other, chosen...); len(toStart) > 0 {
-				if err := s.startInto(ctx, tx, owner, lease, toStart, byID); err != nil {
+				if err := s.startInto(ctx, tx, true, owner, lease, toStart, byID); err != nil {
 					return err
 				}
 			}

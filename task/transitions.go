@@ -89,8 +89,27 @@ FROM (SELECT t.* FROM x JOIN ingest_task t ON t.id = x.id) r WHERE r.id NOT IN (
 
 // Start moves each due task of ids to RUNNING under owner's lease and
 // returns one result per distinct id, in the order given. All ids are
-// started, and their audit rows written, by one statement.
+// started, and their audit rows written, by one statement, whose commit
+// is flushed to the WAL before Start returns.
 func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) ([]StartResult, error) {
+	return s.start(ctx, true, owner, lease, ids)
+}
+
+// StartUnflushed is Start whose commit does not wait for the WAL flush
+// (synchronous_commit off for the statement's implicit transaction, sent
+// in the same round trip): the worker's start of the tasks it reads. Its
+// starts are visible at once, but a crash of PostgreSQL within the WAL
+// writer's delay may undo them: each task is then as it was before, its
+// message still pending, and runs again (docs/ARCHITECTURE.md §2.4, "An
+// unflushed start"). The run's completion, which commits durably, flushes
+// its start with it. A start that ends its task (DiedOnTakeover,
+// CancelledOnTakeover), which the caller acts on in the queue (a DLQ
+// entry, an acknowledgement), is flushed before StartUnflushed returns.
+func (s *Store) StartUnflushed(ctx context.Context, owner string, lease time.Duration, ids ...uuid.UUID) ([]StartResult, error) {
+	return s.start(ctx, false, owner, lease, ids)
+}
+
+func (s *Store) start(ctx context.Context, durable bool, owner string, lease time.Duration, ids []uuid.UUID) ([]StartResult, error) {
 	ids = distinct(ids)
 	if len(ids) == 0 {
 		return nil, nil
@@ -100,26 +119,55 @@ func (s *Store) Start(ctx context.Context, owner string, lease time.Duration, id
 		clear(byID)
 		// The statement's implicit transaction has committed once its
 		// rows are read without error.
-		return s.startInto(ctx, s.db, owner, lease, ids, byID)
+		return s.startInto(ctx, s.db, durable, owner, lease, ids, byID)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start %d tasks: %w", len(ids), err)
 	}
 	out := make([]StartResult, len(ids))
+	var ended []uuid.UUID
 	for i, id := range ids {
 		r, ok := byID[id]
 		if !ok {
 			r = StartResult{ID: id, Outcome: NotFound}
 		}
+		if r.Outcome == DiedOnTakeover || r.Outcome == CancelledOnTakeover {
+			ended = append(ended, id)
+		}
 		out[i] = r
+	}
+	if !durable && len(ended) > 0 {
+		if err := s.flushWAL(ctx, ended); err != nil {
+			return nil, fmt.Errorf("start %d tasks: flush the takeovers that ended tasks: %w", len(ids), err)
+		}
 	}
 	return out, nil
 }
 
+// flushWALSQL locks the rows of $1 (FOR KEY SHARE: it blocks no update
+// of their columns) and so writes WAL: its commit, under the session's
+// synchronous_commit (on unless configured otherwise), returns once the
+// WAL is flushed up to its commit record, and so past every commit before
+// it, an unflushed one included. (A transaction that writes no WAL, a bare
+// txid_current() for one, commits without a flush.)
+const flushWALSQL = `SELECT id FROM ingest_task WHERE id = ANY($1) FOR KEY SHARE`
+
+// flushWAL returns once every commit before it, the changes of ids
+// included, is flushed to the WAL.
+func (s *Store) flushWAL(ctx context.Context, ids []uuid.UUID) error {
+	_, err := pgplan.Exec(ctx, s.db, flushWALSQL, ids)
+	return err
+}
+
 // startInto runs startSQL for ids on q and records each row's result in
-// byID (ids without a row are left out).
-func (s *Store) startInto(ctx context.Context, q DB, owner string, lease time.Duration, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
-	rows, err := pgplan.Query(ctx, q, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
+// byID (ids without a row are left out). Unless durable, the statement's
+// transaction commits without waiting for the WAL flush (StartUnflushed).
+func (s *Store) startInto(ctx context.Context, q DB, durable bool, owner string, lease time.Duration, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
+	send := pgplan.Query
+	if !durable {
+		send = pgplan.QueryUnflushed
+	}
+	rows, err := send(ctx, q, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
 	if err != nil {
 		return err
 	}

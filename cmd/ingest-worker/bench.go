@@ -98,6 +98,7 @@ func (a *app) benchCommand() *cobra.Command {
 			if err := opts.Validate(); err != nil {
 				return usageErr(err)
 			}
+			a.limitMemory()
 			stopTracing, err := a.startTracing(cmd.Context())
 			if err != nil {
 				return err

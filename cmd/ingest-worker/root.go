@@ -6,15 +6,30 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
+	"github.com/ingest-worker/ingest/internal/memlimit"
 	"github.com/ingest-worker/ingest/internal/redact"
 	"github.com/ingest-worker/ingest/internal/termsafe"
 	"github.com/ingest-worker/ingest/stream"
 )
+
+// limitMemory gives a long-running command (run, bench) the default soft
+// memory limit (package memlimit), unless GOMEMLIMIT or GOGC=off is set,
+// when execute runs as the process's command: a test's process keeps its
+// runtime settings.
+func (a *app) limitMemory() {
+	if !ownsProcess {
+		return
+	}
+	if _, started := memlimit.Start(os.Getenv, memlimit.DefaultFloor); started {
+		a.log.Debug("soft memory limit set", "floor_bytes", memlimit.DefaultFloor)
+	}
+}
 
 // ownsProcess is true when execute runs as the process's command (main),
 // not inside a test: go-redis has one logger per process, which only the

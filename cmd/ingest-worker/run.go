@@ -72,6 +72,7 @@ func (a *app) runCommand() *cobra.Command {
 			if a.cfg.WebhookURL == "" {
 				return usagef("%s", noHandlerHelp)
 			}
+			a.limitMemory()
 			register, err := a.webhookHandler()
 			if err != nil {
 				return usageErr(err)

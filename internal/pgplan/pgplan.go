@@ -39,6 +39,15 @@ import (
 // join of ids to a table other than primary-key probes.
 const Settings = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
 
+// SettingsUnflushed is Settings with synchronous_commit off for the
+// current transaction as well: its commit returns without waiting for
+// the WAL flush (the WAL writer flushes it within three times
+// wal_writer_delay, 600 ms with PostgreSQL's defaults). Only a statement
+// whose loss in a crash of PostgreSQL is recovered like any other lost
+// work may use it (QueryUnflushed): every later durable commit flushes it
+// too, since the WAL is flushed in order.
+const SettingsUnflushed = Settings + `, set_config('synchronous_commit', 'off', true)`
+
 // Batcher is what Query and Exec need: a pool, a connection or a pgx.Tx.
 type Batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
@@ -49,8 +58,20 @@ type Batcher interface {
 // batch when read to their end: once Next returns false and Err is nil,
 // the implicit transaction has committed.
 func Query(ctx context.Context, db Batcher, sql string, args ...any) (pgx.Rows, error) {
+	return query(ctx, db, Settings, sql, args...)
+}
+
+// QueryUnflushed is Query with SettingsUnflushed: the implicit transaction
+// has committed once the rows are read to their end, but its commit may
+// not be flushed to the WAL yet. In a caller's transaction the setting
+// holds until that transaction ends.
+func QueryUnflushed(ctx context.Context, db Batcher, sql string, args ...any) (pgx.Rows, error) {
+	return query(ctx, db, SettingsUnflushed, sql, args...)
+}
+
+func query(ctx context.Context, db Batcher, settings, sql string, args ...any) (pgx.Rows, error) {
 	b := &pgx.Batch{}
-	b.Queue(Settings)
+	b.Queue(settings)
 	b.Queue(sql, args...)
 	br := db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
