@@ -25,7 +25,7 @@ func (b *bundle) partitions(t *testing.T, cfg maintenance.PartitionsConfig) *mai
 	return p
 }
 
-func listPartitions(t *testing.T, db *pgxpool.Pool) ([]transition.Partition, time.Time) {
+func listPartitions(t testing.TB, db *pgxpool.Pool) ([]transition.Partition, time.Time) {
 	t.Helper()
 	parts, now, err := transition.Partitions(context.Background(), db)
 	if err != nil {
@@ -57,7 +57,7 @@ func partitionOf(t *testing.T, db *pgxpool.Pool, id int64) string {
 // at the given offsets from now (e.g. -2h, -1h), and one from the last of
 // them to the first partition the migration created ahead; it returns the
 // names of the past ones, oldest first.
-func pastLayout(t *testing.T, db *pgxpool.Pool, ends ...time.Duration) []string {
+func pastLayout(t testing.TB, db *pgxpool.Pool, ends ...time.Duration) []string {
 	t.Helper()
 	ctx := context.Background()
 	parts, now := listPartitions(t, db)
