@@ -277,8 +277,8 @@ type RetentionConfig struct {
 	// Tasks are how long finished tasks are kept after finished_at, by
 	// state (zero: DefaultRetentionSucceeded, DefaultRetentionCancelled,
 	// DefaultRetentionDead; task.KeepForever: never deleted). An expired
-	// task goes with its audit rows and outbox rows, a DEAD one with its
-	// entry in the DLQ stream.
+	// task goes with its outbox rows, a DEAD one with its entry in the DLQ
+	// stream; its audit rows go with their partition (PartitionsConfig).
 	Tasks task.Windows
 	// DLQ is the dead-letter stream the entries of deleted DEAD tasks are
 	// removed from ("": none, as with the DLQ in Kafka).

@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 		}),
 		tasksDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ingest_task_retention_deleted_total",
-			Help: "Finished tasks deleted by retention (with their audit and outbox rows) after their state's retention window, by state.",
+			Help: "Finished tasks deleted by retention (with their outbox rows; their audit rows go with their partition) after their state's retention window, by state.",
 		}, []string{"status"}),
 		trimmed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_stream_trimmed_total",

@@ -9,7 +9,8 @@
 -- The existing table, with its rows, indexes and settings, becomes the
 -- first partition, ingest_task_transition_history, covering everything
 -- before the start of tomorrow (UTC; later if a row is dated later): no row
--- is copied, the attach reads the table once to check the bound. Daily
+-- is copied; under the lock the table is read twice (its newest row, then
+-- the attach's check of the bound), which writers wait for. Daily
 -- partitions follow, two days ahead of now (the leader keeps them ahead:
 -- ingest_task_transition_extend), and a DEFAULT partition takes any row no
 -- partition covers, so that no audit row, and so no state change, ever
