@@ -46,6 +46,14 @@ type Config struct {
 	Retention         RetentionConfig
 	RetentionDisabled bool
 
+	// Partitions configures the audit table's partitions (created ahead,
+	// dropped once no task that exists has a row in one);
+	// PartitionsDisabled runs none (then the audit rows of days not
+	// created ahead land in the DEFAULT partition, and retention's
+	// deleted tasks leave their audit rows behind).
+	Partitions         PartitionsConfig
+	PartitionsDisabled bool
+
 	// Consumers configures the idle-consumer cleanup; ConsumersDisabled
 	// runs none.
 	Consumers         ConsumersConfig
@@ -72,6 +80,7 @@ func (c Config) WithDefaults() Config {
 	c.Elector = c.Elector.WithDefaults()
 	c.Rescuer = c.Rescuer.WithDefaults()
 	c.Retention = c.Retention.WithDefaults()
+	c.Partitions = c.Partitions.WithDefaults()
 	c.Consumers = c.Consumers.WithDefaults()
 	c.Periodic = c.Periodic.WithDefaults()
 	c.Releaser = c.Releaser.WithDefaults()
@@ -95,6 +104,11 @@ func (c Config) Validate() error {
 	}
 	if !c.RetentionDisabled {
 		if err := c.Retention.validate(); err != nil {
+			return err
+		}
+	}
+	if !c.PartitionsDisabled {
+		if err := c.Partitions.validate(); err != nil {
 			return err
 		}
 	}
@@ -263,8 +277,8 @@ type RetentionConfig struct {
 	// Tasks are how long finished tasks are kept after finished_at, by
 	// state (zero: DefaultRetentionSucceeded, DefaultRetentionCancelled,
 	// DefaultRetentionDead; task.KeepForever: never deleted). An expired
-	// task goes with its audit rows and outbox rows, a DEAD one with its
-	// entry in the DLQ stream.
+	// task goes with its outbox rows, a DEAD one with its entry in the DLQ
+	// stream; its audit rows go with their partition (PartitionsConfig).
 	Tasks task.Windows
 	// DLQ is the dead-letter stream the entries of deleted DEAD tasks are
 	// removed from ("": none, as with the DLQ in Kafka).
@@ -323,6 +337,57 @@ func (c RetentionConfig) validate() error {
 		if s == "" {
 			return configErr(fmt.Sprintf("Retention.Streams[%d]", i), "is empty")
 		}
+	}
+	return nil
+}
+
+// Audit partition defaults: daily partitions, two days ahead, checked
+// every minute.
+const (
+	DefaultPartitionWidth       = 24 * time.Hour
+	DefaultPartitionAhead       = 48 * time.Hour
+	DefaultPartitionInterval    = time.Minute
+	DefaultPartitionLockTimeout = time.Second
+)
+
+// PartitionsConfig configures the leader's upkeep of the audit table's
+// partitions (partitions.go). Zero fields take the Default* values.
+type PartitionsConfig struct {
+	// Width is the time range of each partition created (from the end of
+	// the newest one: a change applies to the partitions created after
+	// it). A partition is dropped whole, so Width is the grain of audit
+	// retention: a row stays up to Width longer than its task.
+	Width time.Duration
+	// Ahead is how far past now the partitions reach after each pass.
+	Ahead time.Duration
+	// Interval is the period of the passes.
+	Interval time.Duration
+	// LockTimeout bounds the wait of each DDL statement for its lock
+	// (ATTACH, DROP), and so how long writers of audit rows can wait
+	// behind it; a statement that times out is retried at the next pass.
+	LockTimeout time.Duration
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c PartitionsConfig) WithDefaults() PartitionsConfig {
+	c.Width = cmp.Or(c.Width, DefaultPartitionWidth)
+	c.Ahead = cmp.Or(c.Ahead, DefaultPartitionAhead)
+	c.Interval = cmp.Or(c.Interval, DefaultPartitionInterval)
+	c.LockTimeout = cmp.Or(c.LockTimeout, DefaultPartitionLockTimeout)
+	return c
+}
+
+func (c PartitionsConfig) validate() error {
+	switch {
+	case c.Width < time.Minute:
+		return configErr("Partitions.Width", "must be at least 1m, got %s", c.Width)
+	case c.Ahead < c.Interval:
+		return configErr("Partitions.Ahead", "must be at least Partitions.Interval (%s), got %s", c.Interval, c.Ahead)
+	case c.Interval < time.Millisecond:
+		return configErr("Partitions.Interval", "must be at least 1ms, got %s", c.Interval)
+	case c.LockTimeout < time.Millisecond:
+		return configErr("Partitions.LockTimeout", "must be at least 1ms, got %s", c.LockTimeout)
 	}
 	return nil
 }

@@ -11,11 +11,15 @@
 //     package task (task.RescueCandidates, task.Rescue);
 //   - retention deletes the finished tasks whose state's window
 //     (RetentionConfig.Tasks) has passed since finished_at, with their
-//     audit and outbox rows and a DEAD task's DLQ entry (task.DeleteExpired,
-//     then dlq.RemoveTasks), and old SENT outbox rows (never the latest row of an
+//     outbox rows and a DEAD task's DLQ entry (task.DeleteExpired, then
+//     dlq.RemoveTasks; their audit rows go with their partition, below), and old SENT outbox rows (never the latest row of an
 //     unfinished task, which the rescuer reads; DEAD rows stay for
 //     forensics) and trims the task streams, never past an entry that is
 //     pending or not yet delivered to any consumer group;
+//   - the audit partitions' upkeep (partitions.go, PartitionsConfig)
+//     creates the partitions of ingest_task_transition ahead of time and
+//     drops a past partition once no transaction from before its end is
+//     open and no task that still exists has a row in it;
 //   - the idle-consumer cleanup removes the consumers of the group that
 //     have been idle for long and have nothing pending (XINFO CONSUMERS and
 //     XGROUP DELCONSUMER in one Lua script, so no pending entry is ever
@@ -58,7 +62,8 @@
 // outbox_rescued_total, ingest_task_retention_deleted_total{status},
 // outbox_retention_deleted_total,
 // outbox_stream_trimmed_total{stream} and
-// outbox_maintenance_errors_total{component} (rescuer, retention); the
+// outbox_maintenance_errors_total{component} (rescuer, retention,
+// partitions); the
 // idle-consumer cleanup counts failures on
 // ingest_stream_reclaim_total{result="error"}, as the reclaimer that ran it
 // before did.

@@ -176,3 +176,26 @@ func NewSequenceCounter(interval time.Duration, store *task.Store, reg *promethe
 
 // RunOnce takes one count.
 func (c *sequenceCounter) RunOnce(ctx context.Context) error { return c.runOnce(ctx) }
+
+// Partitions is the audit partitions' upkeep outside any Maintainer.
+type (
+	Partitions       = partitions
+	PartitionsResult = partitionsResult
+)
+
+// NewPartitions returns the audit partitions' upkeep outside any
+// Maintainer.
+func NewPartitions(cfg PartitionsConfig, pool *pgxpool.Pool, reg prometheus.Registerer) (*Partitions, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(reg, false)
+	if err != nil {
+		return nil, err
+	}
+	return newPartitions(cfg, pool, m), nil
+}
+
+// RunOnce runs one pass.
+func (p *partitions) RunOnce(ctx context.Context) (PartitionsResult, error) { return p.runOnce(ctx) }

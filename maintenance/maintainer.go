@@ -112,6 +112,9 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 	if !cfg.RetentionDisabled {
 		mt.services = append(mt.services, newRetention(cfg.Retention, pool, rdb, m).service())
 	}
+	if !cfg.PartitionsDisabled {
+		mt.services = append(mt.services, newPartitions(cfg.Partitions, pool, m).service())
+	}
 	var o options
 	for _, opt := range opts {
 		opt(&o)

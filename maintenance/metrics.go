@@ -10,8 +10,9 @@ import (
 
 // Components, the {component} label of outbox_maintenance_errors_total.
 const (
-	componentRescuer   = "rescuer"
-	componentRetention = "retention"
+	componentRescuer    = "rescuer"
+	componentRetention  = "retention"
+	componentPartitions = "partitions"
 )
 
 // metrics are the maintainer's metrics. The rescuer's and retention's
@@ -43,7 +44,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 		}),
 		tasksDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ingest_task_retention_deleted_total",
-			Help: "Finished tasks deleted by retention (with their audit and outbox rows) after their state's retention window, by state.",
+			Help: "Finished tasks deleted by retention (with their outbox rows; their audit rows go with their partition) after their state's retention window, by state.",
 		}, []string{"status"}),
 		trimmed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_stream_trimmed_total",
@@ -51,7 +52,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 		}, []string{"stream"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_maintenance_errors_total",
-			Help: "Failed passes of the outbox rescuer and retention.",
+			Help: "Failed passes of the outbox rescuer, retention and the audit partitions' upkeep.",
 		}, []string{"component"}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ingest_leader",
@@ -77,7 +78,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 	if m.failures, err = promreg.Register(reg, m.failures); err != nil {
 		return nil, err
 	}
-	for _, c := range []string{componentRescuer, componentRetention} {
+	for _, c := range []string{componentRescuer, componentRetention, componentPartitions} {
 		m.failures.WithLabelValues(c) // export zeros from the start
 	}
 	if m.leader, err = promreg.Register(reg, m.leader); err != nil {

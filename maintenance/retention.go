@@ -18,7 +18,7 @@ import (
 
 // retentionResult counts what one retention pass did.
 type retentionResult struct {
-	// Tasks deleted (with their audit and outbox rows), by state.
+	// Tasks deleted (with their outbox rows), by state.
 	Tasks map[task.State]int
 	// DLQ entries of deleted DEAD tasks removed.
 	DLQRemoved int
@@ -34,7 +34,8 @@ type retentionResult struct {
 // trims the task streams.
 //
 // A finished task is deleted once its state's window (Tasks) has passed
-// since finished_at, with its audit and outbox rows, in batches of
+// since finished_at, with its outbox rows (its audit rows go with their
+// partition: partitions.go), in batches of
 // BatchSize tasks, one statement each (task.DeleteExpired), until a batch
 // is short: a task a
 // worker or an operator holds locked is skipped until a later pass, and

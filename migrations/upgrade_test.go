@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
@@ -325,4 +326,214 @@ func TestUpgradeGroupLimits(t *testing.T) {
 			t.Fatalf("down to 17: %v", err)
 		}
 	}
+}
+
+// TestUpgradeAuditPartitions upgrades a live database to the partitioned
+// audit table (migration 26) while tasks are being created, and checks
+// that no audit row is lost or changed, that the triggers the table had
+// (the statement triggers with transition tables, and one of the
+// operator's, disabled) and its grants are on the partitioned table, that
+// they fire (a completion announces the task and releases its
+// dependent), and that ids continue the sequence; then it downgrades (a
+// plain table with the rows of the tasks that exist, its triggers) and
+// upgrades again.
+func TestUpgradeAuditPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.NewEmptyDatabase(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
+		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := versions[slices.Index(versions, 26)-1] // the version before migration 26
+	if _, err := p.UpTo(ctx, before); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	exec(`CREATE FUNCTION audit_probe() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
+	exec(`CREATE TRIGGER audit_probe AFTER DELETE ON ingest_task_transition REFERENCING OLD TABLE AS o
+	      FOR EACH STATEMENT EXECUTE FUNCTION audit_probe()`)
+	exec(`ALTER TABLE ingest_task_transition DISABLE TRIGGER audit_probe`)
+	exec(`GRANT SELECT ON ingest_task_transition TO PUBLIC`)
+	triggers := func() []string {
+		t.Helper()
+		var trigs []string
+		if err := db.Pool.QueryRow(ctx, `SELECT array_agg(tgname::text || ':' || tgenabled::text ORDER BY tgname) FROM pg_trigger
+			WHERE tgrelid = 'ingest_task_transition'::regclass AND NOT tgisinternal`).Scan(&trigs); err != nil {
+			t.Fatal(err)
+		}
+		return trigs
+	}
+	// Whatever triggers the table has before the upgrade: those of the
+	// migrations before 26 and the operator's, disabled.
+	want := triggers()
+	if !slices.Contains(want, "audit_probe:D") || len(want) < 2 {
+		t.Fatalf("triggers before the upgrade: %v", want)
+	}
+
+	store, err := task.NewStore(task.Config{}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := func(nt task.NewTask) task.Task {
+		t.Helper()
+		r, err := store.Create(ctx, nt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Task
+	}
+	running := create(task.NewTask{Kind: "up", Payload: []byte(`{}`)})
+	if rs, err := store.Start(ctx, "w1", time.Hour, running.ID); err != nil || rs[0].Outcome != task.Started {
+		t.Fatalf("Start = %+v, %v", rs, err)
+	}
+	dependent := create(task.NewTask{Kind: "up", Payload: []byte(`{}`), DependsOn: []uuid.UUID{running.ID}})
+	// An old row of a task that no longer exists (deleted by hand): the
+	// downgrade leaves it out, as the schema before keeps no such row.
+	orphan := create(task.NewTask{Kind: "up", Payload: []byte(`{}`)})
+	exec(`DELETE FROM ingest_task WHERE id = $1`, orphan.ID)
+
+	type row struct {
+		ID          int64
+		TaskID      uuid.UUID
+		From, To    string
+		Attempt     int
+		Msg, Worker string
+		CreatedAt   time.Time
+	}
+	rows := func() []row {
+		t.Helper()
+		rs, err := db.Pool.Query(ctx, `SELECT id, task_id, coalesce(from_status, '-'), to_status, attempt_count,
+			coalesce(message, '-'), coalesce(worker, '-'), created_at FROM ingest_task_transition ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rs, pgx.RowToStructByPos[row])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	old := rows()
+
+	// Tasks are created while the migration runs: each either commits
+	// before it (into the old table) or waits for it (into the new one).
+	stop := make(chan struct{})
+	done := make(chan []uuid.UUID)
+	go func() {
+		var ids []uuid.UUID
+		defer func() { done <- ids }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r, err := store.Create(ctx, task.NewTask{Kind: "live", Payload: []byte(`{}`)})
+			if err != nil {
+				t.Errorf("create during the upgrade: %v", err)
+				return
+			}
+			ids = append(ids, r.Task.ID)
+		}
+	}()
+	testenv.Eventually(t, 30*time.Second, "tasks to be created before the upgrade", func() bool {
+		var n int
+		return db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE kind = 'live'`).Scan(&n) == nil && n >= 3
+	})
+	applied, err := migrations.Up(ctx, db.Pool)
+	if err != nil || !slices.Equal(applied, versions[before:]) {
+		t.Fatalf("Up = %v, %v; want %v", applied, err, versions[before:])
+	}
+	var liveDuring int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE kind = 'live'`).Scan(&liveDuring); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "tasks to be created after the upgrade", func() bool {
+		var n int
+		return db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE kind = 'live'`).Scan(&n) == nil && n >= liveDuring+3
+	})
+	close(stop)
+	live := <-done
+
+	var kind string
+	if err := db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'ingest_task_transition'::regclass`).Scan(&kind); err != nil || kind != "p" {
+		t.Fatalf("ingest_task_transition relkind %q, %v; want a partitioned table", kind, err)
+	}
+	after := rows()
+	if len(after) < len(old) || !slices.Equal(after[:len(old)], old) {
+		t.Fatalf("the rows of before the upgrade changed:\n%v\nwant\n%v", after[:min(len(old), len(after))], old)
+	}
+	var missing int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM unnest($1::uuid[]) i
+		WHERE NOT EXISTS (SELECT 1 FROM ingest_task_transition a WHERE a.task_id = i AND a.to_status = 'QUEUED')`, live).Scan(&missing); err != nil || missing != 0 {
+		t.Fatalf("%d of the %d tasks created around the upgrade lack their creation row, %v", missing, len(live), err)
+	}
+	checkTriggers := func(stage string) {
+		t.Helper()
+		if trigs := triggers(); !slices.Equal(trigs, want) {
+			t.Errorf("triggers %s: %v, want %v", stage, trigs, want)
+		}
+		var public bool
+		if err := db.Pool.QueryRow(ctx, `SELECT has_table_privilege('public', 'ingest_task_transition', 'SELECT')`).Scan(&public); err != nil || !public {
+			t.Errorf("SELECT granted to PUBLIC %s: %v, %v", stage, public, err)
+		}
+	}
+	checkTriggers("after the upgrade")
+
+	// The completion fires the carried triggers: the task is announced on
+	// ingest_task_done and its dependent released.
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN ingest_task_done`); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := store.Succeed(ctx, "w1", running.ID); err != nil || len(res) != 1 || !res[0].Applied {
+		t.Fatalf("Succeed = %+v, %v", res, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	n, err := conn.Conn().WaitForNotification(wctx)
+	if err != nil || !strings.Contains(n.Payload, running.ID.String()) {
+		t.Fatalf("notification %+v, %v; want the completed task announced", n, err)
+	}
+	if got, err := store.Get(ctx, dependent.ID); err != nil || got.WaitingFor != 0 {
+		t.Fatalf("dependent: waiting %d, %v; want released", got.WaitingFor, err)
+	}
+	_, trail, err := store.GetWithTransitions(ctx, running.ID)
+	if err != nil || len(trail) != 3 || trail[2].To != string(task.Succeeded) || trail[2].ID <= after[len(after)-1].ID {
+		t.Fatalf("trail = %+v, %v; want creation, start and a SUCCEEDED row with a later id", trail, err)
+	}
+
+	// Down: a plain table with the rows of the tasks that exist.
+	if _, err := p.DownTo(ctx, before); err != nil {
+		t.Fatalf("down to %d: %v", before, err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'ingest_task_transition'::regclass`).Scan(&kind); err != nil || kind != "r" {
+		t.Fatalf("relkind after the downgrade %q, %v; want a plain table", kind, err)
+	}
+	checkTriggers("after the downgrade")
+	var total, orphans int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE task_id = $1) FROM ingest_task_transition`, orphan.ID).Scan(&total, &orphans); err != nil ||
+		orphans != 0 || total != len(after) {
+		t.Fatalf("after the downgrade: %d rows, %d of the deleted task, %v; want %d (those of before, less the deleted task's one, and the completion)", total, orphans, err, len(after))
+	}
+	if _, err := store.Create(ctx, task.NewTask{Kind: "up", Payload: []byte(`{}`)}); err != nil {
+		t.Fatalf("create after the downgrade: %v", err)
+	}
+	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, versions[before:]) {
+		t.Fatalf("Up again = %v, %v; want %v", applied, err, versions[before:])
+	}
+	checkTriggers("after the upgrade again")
 }

@@ -30,11 +30,11 @@ type DeleteResult struct {
 
 // deleteTerminalSQL deletes those tasks of $1 that are terminal
 // (SUCCEEDED, DEAD or CANCELLED) with their audit and outbox rows, in one
-// statement (deleteFinishedCTEs). It returns a row per deleted task, with
+// statement (finishedCTEs). It returns a row per deleted task, with
 // the stream entries it had, and one per task of $1 that exists but was
 // kept (live), with its state; an unknown id has none.
 var deleteTerminalSQL = `
-WITH pick AS (SELECT unnest($1::uuid[]) AS id),` + deleteFinishedCTEs + `
+WITH pick AS (SELECT unnest($1::uuid[]) AS id),` + finishedCTEs(true) + `
 SELECT id, status, true, streams, stream_ids FROM d
 UNION ALL
 SELECT id, status, false, '{}'::text[], '{}'::text[] FROM ingest_task WHERE id = ANY($1::uuid[]) AND id NOT IN (SELECT id FROM t)`

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
+	"github.com/ingest-worker/ingest/transition"
 )
 
 // TestHotStatementsReadTasksByPrimaryKey checks the plans of the hot
@@ -165,13 +166,30 @@ func TestRetentionReadsByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	want := map[string]string{"ingest_task": "ingest_task_pkey", "ingest_task_transition": "ingest_task_transition_pkey", "outbox_event": "outbox_event_task_idx"}
-	for name, st := range task.RetentionStatements() {
+	// The audit table is read in each of its partitions, each by its
+	// primary key (<partition>_pkey; ingest_task_transition_pkey on the
+	// partition of the rows from before the partitioning). Retention's
+	// batches leave the audit rows to their partition; an operator's
+	// delete takes them with the task.
+	audit := auditPartitions(t, b.db)
+	index := map[string]string{"ingest_task": "ingest_task_pkey", "outbox_event": "outbox_event_task_idx"}
+	for _, p := range audit {
+		index[p] = p + "_pkey"
+	}
+	index["ingest_task_transition_history"] = "ingest_task_transition_pkey"
+	for name, tables := range map[string][]string{
+		"expired":  {"ingest_task", "outbox_event"},
+		"terminal": append([]string{"ingest_task", "outbox_event"}, audit...),
+	} {
+		st := task.RetentionStatements()[name]
 		nodes, plan := testenv.GenericPlan(t, db, st[0], st[1])
 		seen := map[string]bool{}
 		for _, p := range nodes {
-			idx, ok := want[p.Relation]
+			idx, ok := index[p.Relation]
 			if !ok {
+				if p.Relation == "ingest_task_transition" && p.NodeType == "ModifyTable" {
+					seen[p.Relation] = true
+				}
 				continue
 			}
 			seen[p.Relation] = true
@@ -179,8 +197,13 @@ func TestRetentionReadsByKey(t *testing.T) {
 				t.Errorf("%s reads %s by %s %s, not %s:\n%s", name, p.Relation, p.NodeType, p.Index, idx, plan)
 			}
 		}
-		if len(seen) != len(want) {
-			t.Errorf("%s: plan reads %v of %v:\n%s", name, seen, want, plan)
+		for _, tb := range tables {
+			if !seen[tb] {
+				t.Errorf("%s: plan does not read %s (reads %v):\n%s", name, tb, seen, plan)
+			}
+		}
+		if name == "expired" && seen["ingest_task_transition"] {
+			t.Errorf("expired: plan deletes audit rows:\n%s", plan)
 		}
 	}
 }
@@ -200,8 +223,8 @@ func TestRetentionReadsByKey(t *testing.T) {
 // while empty (a VACUUM of an emptied table), where the planner assumes
 // none.
 func TestHotPathKeepsIndexPathsNeverAnalyzed(t *testing.T) {
-	tables := []string{"ingest_task", "ingest_task_transition", "outbox_event"}
 	db := testenv.NeverAnalyzed(t)
+	tables := append([]string{"ingest_task", "ingest_task_transition", "outbox_event"}, auditPartitions(t, db)...)
 	testenv.CheckIndexPaths(t, db, "never analyzed, empty", task.HotPathStatements(), tables...)
 	testenv.GrowTasks(t, db, 10000)
 	testenv.CheckIndexPaths(t, db, "never analyzed, 10,000 tasks", task.HotPathStatements(), tables...)
@@ -213,8 +236,24 @@ func TestHotPathKeepsIndexPathsNeverAnalyzed(t *testing.T) {
 		}
 	}
 	db = testenv.DB(t)
+	tables = append([]string{"ingest_task", "ingest_task_transition", "outbox_event"}, auditPartitions(t, db)...)
 	if _, err := db.Exec(context.Background(), `VACUUM ANALYZE`); err != nil {
 		t.Fatal(err)
 	}
 	testenv.CheckIndexPaths(t, db, "analyzed while empty", withSettings, tables...)
+}
+
+// auditPartitions names the partitions of the audit table, whose scans
+// plans show under their own names.
+func auditPartitions(t *testing.T, db *pgxpool.Pool) []string {
+	t.Helper()
+	parts, _, err := transition.Partitions(context.Background(), db)
+	if err != nil || len(parts) == 0 {
+		t.Fatalf("audit partitions %v, %v", parts, err)
+	}
+	var out []string
+	for _, p := range parts {
+		out = append(out, p.Name)
+	}
+	return out
 }

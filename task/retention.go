@@ -83,7 +83,8 @@ func (w Windows) ms() (succeeded, cancelled, dead int64) {
 	return f(w.Succeeded), f(w.Cancelled), f(w.Dead)
 }
 
-// Deleted is a task deleted with its audit and outbox rows.
+// Deleted is a task deleted with its outbox rows (and its audit rows by
+// DeleteTerminal; see expiredSQL for retention's).
 type Deleted struct {
 	ID     uuid.UUID
 	Status State
@@ -93,7 +94,7 @@ type Deleted struct {
 }
 
 // entryRefs pairs the parallel stream and id arrays of the CTE d
-// (deleteFinishedCTEs).
+// (finishedCTEs).
 func entryRefs(streams, ids []string) []stream.EntryRef {
 	if len(ids) == 0 {
 		return nil
@@ -105,21 +106,28 @@ func entryRefs(streams, ids []string) []stream.EntryRef {
 	return out
 }
 
-// deleteFinishedCTEs deletes the tasks of the CTE pick (a column id) that
-// are finished, with their audit and outbox rows (no foreign key cascades
-// them: package task writes them with the task and deletes them with it);
+// finishedCTEs deletes the tasks of the CTE pick (a column id) that are
+// finished, with their outbox rows and, when audit is true, their audit
+// rows (no foreign key cascades them: package task writes them with the
+// task and deletes them with it);
 // the CTE t holds the id and state of each task deleted, and the CTE d
 // the same with the stream entries its outbox rows had published
 // (streams and stream_ids, parallel arrays in outbox row order; empty
 // when none was published). A task that is not finished is never
 // deleted, whatever pick holds: the guard is on the DELETE itself, so a
 // task redriven concurrently is re-checked on its new version and kept.
-// The one deletion of tasks: retention's batches (expiredSQL) and an
-// operator's delete by id (deleteTerminalSQL).
-var deleteFinishedCTEs = `
+// The one deletion of tasks: retention's batches (expiredSQL, without
+// the audit rows: they go with their partition) and an operator's delete
+// by id (deleteTerminalSQL, with them).
+func finishedCTEs(audit bool) string {
+	a := ""
+	if audit {
+		a = `
+a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),`
+	}
+	return `
 t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + terminalSQL + `
-      RETURNING id, status),
-a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
+      RETURNING id, status),` + a + `
 o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t)
       RETURNING id, task_id, stream, stream_id),
 d AS (SELECT t.id, t.status,
@@ -127,10 +135,15 @@ d AS (SELECT t.id, t.status,
              coalesce(array_agg(o.stream_id ORDER BY o.id) FILTER (WHERE o.stream_id IS NOT NULL), '{}') AS stream_ids
       FROM t LEFT JOIN o ON o.task_id = t.id
       GROUP BY t.id, t.status)`
+}
 
 // expiredSQL deletes up to $4 finished tasks whose state's window has
 // passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms;
-// -1 keeps forever), oldest id first. The candidates are read on the
+// -1 keeps forever), oldest id first, with their outbox rows. Their
+// audit rows stay: the audit table is partitioned by created_at, and the
+// leader drops a whole partition once no task that still exists has a
+// row in it (package maintenance, transition.DropPartition), which costs
+// a few WAL records where deleting the rows cost several per row. The candidates are read on the
 // primary key below the UUIDv7 of now() minus the shortest window ($5
 // ms): a task finished before its cutoff was created before it, and a
 // task's id is a UUIDv7 of its creation time. FOR UPDATE SKIP LOCKED: a
@@ -148,12 +161,12 @@ WITH pick AS (
                       ELSE false END
     ORDER BY id
     LIMIT $4
-    FOR UPDATE SKIP LOCKED),` + deleteFinishedCTEs + `
+    FOR UPDATE SKIP LOCKED),` + finishedCTEs(false) + `
 SELECT id, status, streams, stream_ids FROM d`
 
 // DeleteExpired deletes up to limit finished tasks whose window (by
-// state, from finished_at) has passed, each with its audit and outbox
-// rows, in one statement, and returns those it deleted with the stream
+// state, from finished_at) has passed, each with its outbox rows (its
+// audit rows go with their partition, see expiredSQL), in one statement, and returns those it deleted with the stream
 // entries they had. Tasks locked by another transaction are skipped.
 // Removing those entries from their streams (stream.Forget) and the DLQ
 // entries of the DEAD ones (dlq.RemoveTasks) is the caller's, after the

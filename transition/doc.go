@@ -9,6 +9,12 @@
 // (task/transitions.go), so that change and audit row stay one round trip;
 // see docs/ARCHITECTURE.md §2.2.
 //
+// The table is partitioned by RANGE (created_at) (migration 00026):
+// partitions.go has the steps the leader's upkeep (package maintenance)
+// takes: list the partitions, create them ahead (Extend), and drop a past
+// one (DropPartition) once no transaction can still write to it
+// (OpenBefore) and no task that still exists has a row in it (Blocker).
+//
 // States are plain strings here ("" for the from-state of a task's creation);
 // package task owns their meaning and the allowed transitions.
 package transition
