@@ -97,14 +97,26 @@ type StatementTime struct {
 // and pending entries, waiting tasks of limited kinds).
 var SoakRoutes = []string{"GET /ui/", "GET /ui/tasks", "GET /v1/tasks", "GET /metrics"}
 
+// tableStatsSQL and indexSizesSQL read each table of $1 whole: a
+// partitioned one (the audit table) as the sum of its partitions, each
+// partition's index under the partitioned index it belongs to
+// (pg_partition_tree lists no plain table, hence the UNION).
 const tableStatsSQL = `
-SELECT s.relname, s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
-       CASE WHEN $2 THEN pg_total_relation_size(s.relid) ELSE 0 END
-FROM pg_stat_user_tables s WHERE s.relname = ANY($1)`
+SELECT r.name, sum(s.n_live_tup)::bigint, sum(s.n_dead_tup)::bigint, sum(s.autovacuum_count)::bigint, sum(s.autoanalyze_count)::bigint,
+       CASE WHEN $2 THEN sum(pg_total_relation_size(s.relid))::bigint ELSE 0 END
+FROM unnest($1::text[]) AS r(name)
+CROSS JOIN LATERAL (SELECT relid FROM pg_partition_tree(to_regclass(r.name)) UNION SELECT to_regclass(r.name)) p
+JOIN pg_stat_user_tables s ON s.relid = p.relid
+GROUP BY r.name`
 
 const indexSizesSQL = `
-SELECT i.relname, i.indexrelname, pg_relation_size(i.indexrelid)
-FROM pg_stat_user_indexes i WHERE i.relname = ANY($1)`
+SELECT r.name, coalesce(pi.relname, i.indexrelname), sum(pg_relation_size(i.indexrelid))::bigint
+FROM unnest($1::text[]) AS r(name)
+CROSS JOIN LATERAL (SELECT relid FROM pg_partition_tree(to_regclass(r.name)) UNION SELECT to_regclass(r.name)) p
+JOIN pg_stat_user_indexes i ON i.relid = p.relid
+LEFT JOIN pg_inherits h ON h.inhrelid = i.indexrelid
+LEFT JOIN pg_class pi ON pi.oid = h.inhparent
+GROUP BY 1, 2`
 
 // readTables reads the statistics of Tables, with their sizes when sizes
 // is set.
