@@ -397,7 +397,7 @@ func (r *Relay) pass(ctx context.Context) int {
 // DrainOnce is safe for concurrent use.
 func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
 	c, err := r.claim(ctx)
-	if err != nil || len(c.rows) == 0 {
+	if err != nil || c.conn == nil {
 		return DrainResult{}, err
 	}
 	return r.finish(ctx, c)
@@ -409,9 +409,16 @@ func (r *Relay) finish(ctx context.Context, c claimed) (DrainResult, error) {
 	// Once claimed, the pass runs to the end even if ctx is cancelled: each
 	// step gets its own deadline.
 	ctx = context.WithoutCancel(ctx)
-	pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	ids, errs := r.publish(pubCtx, c.rows)
-	cancel()
+	var ids []string
+	var errs []error
+	if len(c.rows) > 0 {
+		pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		ids, errs = r.publish(pubCtx, c.rows)
+		cancel()
+	}
+	if c.conn != nil {
+		return r.commitPass(ctx, c, ids, errs)
+	}
 	return r.record(ctx, c, ids, errs)
 }
 
@@ -485,39 +492,23 @@ type row struct {
 	priority int
 }
 
-// claimed is the result of one claim: the rows and the claim's identity
-// (claimed_by, claimed_until), which guards every later update.
+// claimed is the rows a relay is to publish, and what holds them: the
+// open transaction of a pass (conn), whose row locks hold them until it
+// ends, or, for direct publishing, a claim (claimed_by, claimed_until)
+// that guards every later update.
 type claimed struct {
 	until time.Time
 	rows  []row
+	// conn holds the transaction of a pass (see pass.go); orphans are
+	// the rows it locked whose task is gone.
+	conn    *pgxpool.Conn
+	orphans []int64
 	// unwritten: the rows are not in outbox_event yet (see reserve); the
 	// relay writes them after the XADD. committed is when the claim was
 	// handed over.
 	unwritten bool
 	committed time.Time
 }
-
-// claimSQL claims up to $2 due rows for relay $1 for $3 ms, oldest due
-// first. A row is due when unsent, next_retry_at has come, and it is not
-// under another live claim. SKIP LOCKED lets concurrent relays take
-// disjoint batches; a row claimed and committed by another relay meanwhile
-// is re-checked against the WHERE clause after locking, so it is skipped.
-const claimSQL = `
-WITH due AS (
-    SELECT id FROM outbox_event
-    WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now()
-      AND (claimed_until IS NULL OR claimed_until < now())
-    ORDER BY next_retry_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE outbox_event o SET claimed_by = $1, claimed_until = now() + $3 * interval '1 millisecond'
-    FROM due WHERE o.id = due.id
-    RETURNING o.id, o.task_id, o.stream, o.next_retry_at, o.created_at, o.claimed_until
-)
-SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until, coalesce(t.traceparent, ''), coalesce(t.priority, 2)
-FROM claimed c JOIN ingest_task t ON t.id = c.task_id
-ORDER BY c.next_retry_at, c.id`
 
 // claimPlanSQL, sent in the claim's round trip and implicit transaction,
 // leaves the planner one way to read due rows: outbox_event_claim_idx in
@@ -528,29 +519,6 @@ ORDER BY c.next_retry_at, c.id`
 // 1,000 rows with 200,000 unsent, and a relay that fell behind its
 // inserts. The settings end with the transaction.
 const claimPlanSQL = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
-
-func (r *Relay) claim(ctx context.Context) (claimed, error) {
-	var c claimed
-	batch := &pgx.Batch{}
-	batch.Queue(claimPlanSQL)
-	batch.Queue(claimSQL, r.cfg.ID, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
-	br := r.pool.SendBatch(ctx, batch)
-	_, err := br.Exec()
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-				var rw row
-				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until, &rw.traceparent, &rw.priority)
-				return rw, err
-			})
-		}
-	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return claimed{}, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	return c, nil
-}
 
 // publish hands one message per row to the relay's Publisher (one round
 // trip), times it, and returns each message's id or error.
@@ -673,8 +641,14 @@ func failedStatusSQL(attempts, max string) string {
 // package backoff's delay for that many failures (base, maxDelay in ms,
 // jitter: SQL expressions) from now.
 func failedRetryAtSQL(attempts, max, base, maxDelay, jitter string) string {
+	return failedRetryFromSQL("now()", attempts, max, base, maxDelay, jitter)
+}
+
+// failedRetryFromSQL is failedRetryAtSQL from the time from (an SQL
+// expression) instead of now().
+func failedRetryFromSQL(from, attempts, max, base, maxDelay, jitter string) string {
 	return `CASE WHEN ` + attempts + ` >= ` + max + ` THEN NULL
-                         ELSE now() + ` + backoff.SQL(attempts, base, maxDelay, jitter, "random()") + ` END`
+                         ELSE ` + from + ` + ` + backoff.SQL(attempts, base, maxDelay, jitter, "random()") + ` END`
 }
 
 // countFailed counts the statuses that failed rows were left in, DEAD or
