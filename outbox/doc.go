@@ -7,21 +7,24 @@
 //
 // Relay publishes events through a Publisher: RedisPublisher (XADD, the
 // default) or, in Kafka mode, kafka.Publisher. Any number of relays may run at once: a pass
-// claims a batch of due rows (NEW or RETRYING, next_retry_at come, no live
-// claim) with FOR UPDATE SKIP LOCKED, setting claimed_by/claimed_until (a
-// lease); XADDs one entry {task_id, kind} per row to the row's stream in one
-// pipelined round trip; and marks each row SENT (stream_id, sent_at), or on
-// a failed XADD RETRYING with capped exponential backoff (package
-// internal/backoff, the formula of failed tasks), DEAD after MaxAttempts
-// (next_retry_at cleared, as for a DEAD task). Every update is guarded in
-// SQL by the claim, so a relay that stalled past its lease changes
-// nothing. A relay never loses a row: any
-// failure leaves it NEW/RETRYING or claimed under a lease that expires.
+// opens a transaction, locks a batch of due rows (NEW or RETRYING,
+// next_retry_at come, no live claim of direct publishing) with FOR UPDATE
+// SKIP LOCKED; XADDs one entry {task_id, kind} per row to the row's stream
+// in one pipelined round trip; and, in the same transaction, marks each
+// row SENT (stream_id, sent_at), or on a failed XADD RETRYING with capped
+// exponential backoff (package internal/backoff, the formula of failed
+// tasks), DEAD after MaxAttempts (next_retry_at cleared, as for a DEAD
+// task), and commits. Each row is written once per publish: the row locks
+// are the claim (see pass.go). A relay never loses a row: a pass that
+// fails or dies ends its transaction and leaves its rows as they were, and
+// a pass that stalls in its transaction past its lease is terminated by
+// the next relay's claim, after which its marking changes nothing.
 // Relays wake on NOTIFY within milliseconds of a commit and poll as a
 // fallback.
 //
 // Delivery to the stream is at-least-once: a relay that stalls past its
-// lease, or fails after its XADD, causes the row to be published again. A
+// lease, or fails after its XADD, causes the row to be published again
+// (at most the rows of that pass). A
 // duplicate entry is harmless because starting a task is a guarded
 // transition (package task).
 //

@@ -12,8 +12,8 @@ func SetAfterPublish(r *Relay, f func()) { r.afterPublish = f }
 // Listens reports how many LISTEN connections r has established.
 func Listens(r *Relay) int64 { return r.listens.Load() }
 
-// ClaimStatements are the relay's claim ($1 relay, $2 batch size, $3 lease
-// in ms) and the planner settings sent with it (for the plan test).
+// ClaimStatements are the relay's claim ($1 batch size) and the planner
+// settings sent before it in its transaction (for the plan test).
 func ClaimStatements() (settings, claim string) { return claimPlanSQL, claimSQL }
 
 // Running reports whether r's Run is running (and takes direct claims).
@@ -29,7 +29,9 @@ func ClaimLen(c Claim) int { return len(c.c.rows) }
 func HotPathStatements() map[string][3]string {
 	const ids, taskIDs = `'{1,2}'`, `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`
 	return map[string][3]string{
-		"claim":          {claimPlanSQL, claimSQL, `'r', 1000, 60000`},
+		"claim":          {claimPlanSQL, claimSQL, `1000`},
+		"mark-sent-pass": {pgplan.Settings, markSentLockedSQL, `'r', ` + ids + `, '{1-1,1-2}', '{s,s:p1}'`},
+		"mark-fail-pass": {pgplan.Settings, markFailedLockedSQL, ids + `, '{boom,boom}', 10, 1, 1000, 0.1`},
 		"mark-sent":      {pgplan.Settings, markSentSQL, `'r', now(), ` + ids + `, '{1-1,1-2}', '{s,s:p1}'`},
 		"mark-failed":    {pgplan.Settings, markFailedSQL, `'r', now(), ` + ids + `, '{boom,boom}', 10, 1, 1000, 0.1`},
 		"insert":         {"", insertSQL, taskIDs + `, 's', '{NULL,NULL}'`},

@@ -52,8 +52,10 @@ const (
 
 // RelayConfig configures a Relay. Zero fields take the Default* values.
 type RelayConfig struct {
-	// ID names this relay in outbox_event.claimed_by. It must be unique
-	// among running relays; the default is hostname-pid-random.
+	// ID names this relay in outbox_event.claimed_by (the relay that
+	// published a row, or holds a direct claim on it) and in the
+	// application_name of its passes' sessions. It must be unique among
+	// running relays; the default is hostname-pid-random.
 	ID string
 	// BatchSize is how many rows one pass claims and publishes in one
 	// pipelined round trip (INGEST_OUTBOX_PUBLISH_BATCH_SIZE).
@@ -61,14 +63,17 @@ type RelayConfig struct {
 	// PublishInterval is the polling period, the fallback for a missed or
 	// lost NOTIFY (INGEST_OUTBOX_PUBLISH_INTERVAL_MS).
 	PublishInterval time.Duration
-	// Lease is how long a claim is exclusive. A relay that has not marked
-	// its rows by then may see them claimed and published again by another
-	// relay (a duplicate entry, harmless).
+	// Lease is how long a claim is exclusive: how long a pass may stay
+	// idle in its transaction (publishing) before another relay's claim
+	// terminates it and publishes its rows again (a duplicate entry,
+	// harmless), and how long a direct claim holds its rows. Postgres
+	// ends a pass's session idle for ten leases itself.
 	Lease time.Duration
 	// PublishTimeout bounds each step of a pass after its claim: the XADD
-	// round trip, and the update that marks the rows. A pass that has
-	// claimed runs to the end even when Run's context is cancelled, so a
-	// shutdown leaves no row claimed. Lease must exceed twice this.
+	// round trip, and the update that marks the rows and commits. A pass
+	// that has claimed runs to the end even when Run's context is
+	// cancelled, so a shutdown leaves no row claimed. Lease must exceed
+	// twice this.
 	PublishTimeout time.Duration
 	// MaxAttempts is the number of failed publishes after which a row goes
 	// DEAD (INGEST_OUTBOX_MAX_ATTEMPTS).
@@ -170,14 +175,15 @@ type DrainResult struct {
 	// Dead rows: the XADD failed for the last allowed time, now DEAD.
 	Dead int
 	// Stale rows: their claim had been taken over by another relay (this
-	// one stalled past its lease) before this pass could mark them, so the
-	// pass changed nothing; their entries may be in the stream twice.
+	// one stalled past its lease, and its transaction was ended) before
+	// this pass could mark them, so the pass changed nothing; their
+	// entries may be in the stream twice.
 	Stale int
 }
 
 // Relay publishes outbox rows through its Publisher (Redis or Kafka). Any number of relays may run at
-// once, in one process or many: rows are claimed with FOR UPDATE SKIP LOCKED
-// under a lease.
+// once, in one process or many: a pass holds its rows by row locks (FOR
+// UPDATE SKIP LOCKED) in a transaction bounded by a lease (pass.go).
 type Relay struct {
 	cfg     RelayConfig
 	pool    *pgxpool.Pool
@@ -288,7 +294,10 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // nextDueSQL returns how long until the earliest unsent row that no live
 // claim holds falls due (negative: it is due already), by the database's
-// clock, reading outbox_event_claim_idx in order; no row: none.
+// clock, reading outbox_event_claim_idx in order; no row: none. It takes
+// no lock: a row that another relay's pass holds looks due, the pass that
+// follows finds nothing to lock, and armDue leaves the relay to its poll
+// (stuck).
 const nextDueSQL = `
 SELECT extract(epoch FROM next_retry_at - now())::float8 FROM outbox_event
 WHERE status IN ('NEW', 'RETRYING') AND (claimed_until IS NULL OR claimed_until < now())
@@ -386,18 +395,18 @@ func (r *Relay) pass(ctx context.Context) int {
 	return res.Claimed
 }
 
-// DrainOnce runs one pass: it claims up to BatchSize due rows, publishes
-// them in one pipelined XADD round trip, and marks each SENT, or RETRYING
-// or DEAD when its XADD failed. For tests and callers with a scheduler of
-// their own; Run calls it.
+// DrainOnce runs one pass: in one transaction it locks up to BatchSize due
+// rows, publishes them in one pipelined XADD round trip, marks each SENT,
+// or RETRYING or DEAD when its XADD failed, and commits. For tests and
+// callers with a scheduler of their own; Run calls it.
 //
 // Once rows are claimed the pass finishes even if ctx is cancelled (each
-// step bounded by PublishTimeout). On an error the rows it could not mark
-// stay claimed until the lease expires and are then published again.
-// DrainOnce is safe for concurrent use.
+// step bounded by PublishTimeout). On an error the transaction is rolled
+// back: the rows it could not mark are due again at once and published
+// again. DrainOnce is safe for concurrent use.
 func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
 	c, err := r.claim(ctx)
-	if err != nil || len(c.rows) == 0 {
+	if err != nil || c.conn == nil {
 		return DrainResult{}, err
 	}
 	return r.finish(ctx, c)
@@ -409,15 +418,22 @@ func (r *Relay) finish(ctx context.Context, c claimed) (DrainResult, error) {
 	// Once claimed, the pass runs to the end even if ctx is cancelled: each
 	// step gets its own deadline.
 	ctx = context.WithoutCancel(ctx)
-	pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
-	ids, errs := r.publish(pubCtx, c.rows)
-	cancel()
+	var ids []string
+	var errs []error
+	if len(c.rows) > 0 {
+		pubCtx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+		ids, errs = r.publish(pubCtx, c.rows)
+		cancel()
+	}
+	if c.conn != nil {
+		return r.commitPass(ctx, c, ids, errs)
+	}
 	return r.record(ctx, c, ids, errs)
 }
 
-// record marks the rows of claim c after their XADDs: SENT with their entry
-// ids, or RETRYING or DEAD with their errors (shared with direct
-// publishing).
+// record marks the rows of direct claim c after their XADDs: SENT with
+// their entry ids, or RETRYING or DEAD with their errors, each update
+// guarded by the claim (a pass's rows: commitPass).
 func (r *Relay) record(ctx context.Context, c claimed, ids []string, errs []error) (DrainResult, error) {
 	res := DrainResult{Claimed: len(c.rows)}
 	if r.afterPublish != nil {
@@ -485,11 +501,17 @@ type row struct {
 	priority int
 }
 
-// claimed is the result of one claim: the rows and the claim's identity
-// (claimed_by, claimed_until), which guards every later update.
+// claimed is the rows a relay is to publish, and what holds them: the
+// open transaction of a pass (conn), whose row locks hold them until it
+// ends, or, for direct publishing, a claim (claimed_by, claimed_until)
+// that guards every later update.
 type claimed struct {
 	until time.Time
 	rows  []row
+	// conn holds the transaction of a pass (see pass.go); orphans are
+	// the rows it locked whose task is gone.
+	conn    *pgxpool.Conn
+	orphans []int64
 	// unwritten: the rows are not in outbox_event yet (see reserve); the
 	// relay writes them after the XADD. committed is when the claim was
 	// handed over.
@@ -497,60 +519,15 @@ type claimed struct {
 	committed time.Time
 }
 
-// claimSQL claims up to $2 due rows for relay $1 for $3 ms, oldest due
-// first. A row is due when unsent, next_retry_at has come, and it is not
-// under another live claim. SKIP LOCKED lets concurrent relays take
-// disjoint batches; a row claimed and committed by another relay meanwhile
-// is re-checked against the WHERE clause after locking, so it is skipped.
-const claimSQL = `
-WITH due AS (
-    SELECT id FROM outbox_event
-    WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now()
-      AND (claimed_until IS NULL OR claimed_until < now())
-    ORDER BY next_retry_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE outbox_event o SET claimed_by = $1, claimed_until = now() + $3 * interval '1 millisecond'
-    FROM due WHERE o.id = due.id
-    RETURNING o.id, o.task_id, o.stream, o.next_retry_at, o.created_at, o.claimed_until
-)
-SELECT c.id, c.task_id, c.stream, t.kind, c.created_at, c.claimed_until, coalesce(t.traceparent, ''), coalesce(t.priority, 2)
-FROM claimed c JOIN ingest_task t ON t.id = c.task_id
-ORDER BY c.next_retry_at, c.id`
-
-// claimPlanSQL, sent in the claim's round trip and implicit transaction,
-// leaves the planner one way to read due rows: outbox_event_claim_idx in
-// order, stopping after $2 rows. The row estimates of a queue table are
+// claimPlanSQL, sent before the claim in its transaction (passSettingsSQL
+// repeats it) and with nextDueSQL, leaves the planner one way to read due
+// rows: outbox_event_claim_idx in order, stopping after a batch. The row estimates of a queue table are
 // often far off (a backlog arrives faster than ANALYZE, or autovacuum is
 // off), and a low estimate made the planner read every unsent row with a
 // bitmap scan and sort them, on every claim: 80 ms instead of 8 ms per
 // 1,000 rows with 200,000 unsent, and a relay that fell behind its
 // inserts. The settings end with the transaction.
 const claimPlanSQL = `SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)`
-
-func (r *Relay) claim(ctx context.Context) (claimed, error) {
-	var c claimed
-	batch := &pgx.Batch{}
-	batch.Queue(claimPlanSQL)
-	batch.Queue(claimSQL, r.cfg.ID, r.cfg.BatchSize, r.cfg.Lease.Milliseconds())
-	br := r.pool.SendBatch(ctx, batch)
-	_, err := br.Exec()
-	if err == nil {
-		var rows pgx.Rows
-		if rows, err = br.Query(); err == nil {
-			c.rows, err = pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-				var rw row
-				err := cr.Scan(&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &c.until, &rw.traceparent, &rw.priority)
-				return rw, err
-			})
-		}
-	}
-	if err = errors.Join(err, br.Close()); err != nil {
-		return claimed{}, fmt.Errorf("claim outbox rows: %w", err)
-	}
-	return c, nil
-}
 
 // publish hands one message per row to the relay's Publisher (one round
 // trip), times it, and returns each message's id or error.
@@ -595,8 +572,8 @@ const claimedSQL = `
 // (the whole backlog, which its predicate matches) instead of the key.
 const claimedGuard = `CASE WHEN o.claimed_by = $1 AND o.claimed_until = $2 AND o.status IN ('NEW', 'RETRYING') THEN true ELSE false END`
 
-// markSentSQL marks published rows SENT ($4: their entry ids). The guard is
-// the claim: rows whose claim was taken over (claimed_by or claimed_until
+// markSentSQL marks published rows of a direct claim SENT ($4: their entry
+// ids; a pass's rows: markSentLockedSQL). The guard is the claim: rows whose claim was taken over (claimed_by or claimed_until
 // changed) are left alone. It returns each row's publish delay, from when
 // it became due (dueSinceSQL: its creation or, for a row written due later
 // (a delayed task) and never failed, its due time).
@@ -642,8 +619,8 @@ func (r *Relay) dest(rw row) string {
 	return rw.stream
 }
 
-// markFailedSQL records a failed publish of rows $3 (errors $4) claimed by
-// ($1, $2): attempt_count + 1, then DEAD (no retry time) when that reaches
+// markFailedSQL records a failed publish of rows $3 (errors $4) of a direct
+// claim ($1, $2; a pass's rows: markFailedLockedSQL): attempt_count + 1, then DEAD (no retry time) when that reaches
 // $5 (max attempts), else RETRYING due after package backoff's delay for
 // that many failures, with base $6 and max $7 in (fractional) ms and
 // jitter $8. The claim is released. The decision is made here against the
@@ -673,8 +650,14 @@ func failedStatusSQL(attempts, max string) string {
 // package backoff's delay for that many failures (base, maxDelay in ms,
 // jitter: SQL expressions) from now.
 func failedRetryAtSQL(attempts, max, base, maxDelay, jitter string) string {
+	return failedRetryFromSQL("now()", attempts, max, base, maxDelay, jitter)
+}
+
+// failedRetryFromSQL is failedRetryAtSQL from the time from (an SQL
+// expression) instead of now().
+func failedRetryFromSQL(from, attempts, max, base, maxDelay, jitter string) string {
 	return `CASE WHEN ` + attempts + ` >= ` + max + ` THEN NULL
-                         ELSE now() + ` + backoff.SQL(attempts, base, maxDelay, jitter, "random()") + ` END`
+                         ELSE ` + from + ` + ` + backoff.SQL(attempts, base, maxDelay, jitter, "random()") + ` END`
 }
 
 // countFailed counts the statuses that failed rows were left in, DEAD or

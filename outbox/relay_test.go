@@ -180,7 +180,14 @@ func TestRelayStalledPastLeaseChangesNothing(t *testing.T) {
 		}()
 		<-stalled
 		testenv.Eventually(t, 5*time.Second, "the stalled relay's lease to expire", func() bool {
-			return b.count(t, `claimed_until < now()`) == 1
+			var n int
+			err := b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = 'ingest-outbox-pass stalled'
+				  AND state = 'idle in transaction' AND state_change < now() - interval '300 milliseconds'`).Scan(&n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
 		})
 		return func() { close(unblock) }, out
 	}
