@@ -12,7 +12,7 @@ import (
 )
 
 // partitions keeps the audit table's partitions (ingest_task_transition,
-// partitioned by RANGE (created_at) since migration 00026): each pass
+// partitioned by RANGE (created_at) since migration 00024): each pass
 // creates the partitions that reach Ahead past now (transition.Extend),
 // then drops the past partitions that no task still needs, oldest first.
 //

@@ -329,7 +329,7 @@ func TestUpgradeGroupLimits(t *testing.T) {
 }
 
 // TestUpgradeAuditPartitions upgrades a live database to the partitioned
-// audit table (migration 26) while tasks are being created, and checks
+// audit table (migration 24) while tasks are being created, and checks
 // that no audit row is lost or changed, that the triggers the table had
 // (the statement triggers with transition tables, and one of the
 // operator's, disabled) and its grants are on the partitioned table, that
@@ -348,7 +348,7 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := versions[slices.Index(versions, 26)-1] // the version before migration 26
+	before := versions[slices.Index(versions, 24)-1] // the version before migration 24
 	if _, err := p.UpTo(ctx, before); err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +373,7 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 		return trigs
 	}
 	// Whatever triggers the table has before the upgrade: those of the
-	// migrations before 26 and the operator's, disabled.
+	// migrations before 24 and the operator's, disabled.
 	want := triggers()
 	if !slices.Contains(want, "audit_probe:D") || len(want) < 2 {
 		t.Fatalf("triggers before the upgrade: %v", want)

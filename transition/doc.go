@@ -9,7 +9,7 @@
 // (task/transitions.go), so that change and audit row stay one round trip;
 // see docs/ARCHITECTURE.md §2.2.
 //
-// The table is partitioned by RANGE (created_at) (migration 00026):
+// The table is partitioned by RANGE (created_at) (migration 00024):
 // partitions.go has the steps the leader's upkeep (package maintenance)
 // takes: list the partitions, create them ahead (Extend), and drop a past
 // one (DropPartition) once no transaction can still write to it

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// The audit table is partitioned by RANGE (created_at) (migration 00026):
+// The audit table is partitioned by RANGE (created_at) (migration 00024):
 // retention drops whole partitions instead of deleting rows. The functions
 // below are the leader's steps (package maintenance): keep partitions
 // ahead of time (Extend) and drop a past partition once no task that
