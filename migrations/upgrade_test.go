@@ -26,17 +26,7 @@ import (
 func TestUpgradeWithLiveTasks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.NewEmptyDatabase(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 11); err != nil {
-		t.Fatal(err)
-	}
+	db, p := migratedTo(t, 11)
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
@@ -158,17 +148,7 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 func TestUpgradeParkedMark(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.NewEmptyDatabase(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 12); err != nil {
-		t.Fatal(err)
-	}
+	db, p := migratedTo(t, 12)
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
@@ -275,17 +255,7 @@ func TestUpgradeParkedMark(t *testing.T) {
 func TestUpgradeGroupLimits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.NewEmptyDatabase(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.UpTo(ctx, 17); err != nil {
-		t.Fatal(err)
-	}
+	db, p := migratedTo(t, 17)
 	running, parked := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
 	for _, q := range []string{
 		`INSERT INTO ingest_kind (kind, paused, concurrency, updated_by) VALUES ('up', false, 1, 'op')`,
@@ -340,18 +310,8 @@ func TestUpgradeGroupLimits(t *testing.T) {
 func TestUpgradeAuditPartitions(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.NewEmptyDatabase(t)
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer sqlDB.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
-		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := versions[slices.Index(versions, 24)-1] // the version before migration 24
-	if _, err := p.UpTo(ctx, before); err != nil {
-		t.Fatal(err)
-	}
+	const before = 23 // the version before migration 24
+	db, p := migratedTo(t, before)
 	exec := func(q string, args ...any) {
 		t.Helper()
 		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
@@ -536,4 +496,22 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 		t.Fatalf("Up again = %v, %v; want %v", applied, err, versions[before:])
 	}
 	checkTriggers("after the upgrade again")
+}
+
+// migratedTo returns an empty database of the test's own migrated up to
+// version v, and the goose provider that moves it between versions.
+func migratedTo(t *testing.T, v int64) (*testenv.Database, *goose.Provider) {
+	t.Helper()
+	db := testenv.NewEmptyDatabase(t)
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.Files(),
+		goose.WithTableName(migrations.VersionTable), goose.WithDisableGlobalRegistry(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.UpTo(context.Background(), v); err != nil {
+		t.Fatal(err)
+	}
+	return db, p
 }
