@@ -33,9 +33,9 @@ type admission struct {
 	lease time.Duration // lease of the starts
 	// unflushed: the starts of kinds without limits do not wait for the
 	// WAL flush (task.Store.StartUnflushed), for a transport that
-	// delivers an unsettled message again by itself (Redis: a pending
-	// entry is claimed again), so that a start a crash of PostgreSQL
-	// undoes is run again (docs/ARCHITECTURE.md §2.4).
+	// delivers an unsettled message again by itself (transport.redelivers),
+	// so that a start a crash of PostgreSQL undoes is run again
+	// (docs/ARCHITECTURE.md §2.4).
 	unflushed bool
 
 	mu     sync.Mutex

@@ -144,10 +144,7 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 		inflight:      newInflight(cfg.Concurrency),
 		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
 	}
-	// A pending Redis entry is claimed again by itself; a Kafka record
-	// whose start a crash undid would wait, uncommitted, for the next
-	// rebalance: there the start stays durable.
-	_, p.admission.unflushed = deps.tr.(*redisTransport)
+	p.admission.unflushed = deps.tr.redelivers()
 	p.ioCtx, p.stopIO = context.WithCancel(context.Background())
 	p.handlerCtx, p.stopHandlers = context.WithCancelCause(p.ioCtx)
 	p.completer = newCompleter(p.ioCtx, cfg, deps.store, p, p.admission, deps.log)

@@ -188,6 +188,10 @@ func (t *kafkaTransport) deadLetter(ctx context.Context, e dlq.Entry) (bool, err
 
 // touch has nothing to do: a record is never redelivered to a live member
 // of the group while its partition stays assigned.
+// redelivers: a record whose start a crash undid would wait, uncommitted,
+// for the next rebalance.
+func (t *kafkaTransport) redelivers() bool { return false }
+
 func (t *kafkaTransport) touch(context.Context, []string) error { return nil }
 
 // handBack leaves records delivered during shutdown unsettled: the

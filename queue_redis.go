@@ -155,6 +155,9 @@ func (t *redisTransport) deadLetter(ctx context.Context, e dlq.Entry) (bool, err
 	return id != "", err
 }
 
+// redelivers: a pending entry is claimed again once idle (the reclaimer).
+func (t *redisTransport) redelivers() bool { return true }
+
 func (t *redisTransport) touch(ctx context.Context, ids []string) error {
 	return t.group.Touch(ctx, ids...)
 }

@@ -39,6 +39,12 @@ type transport interface {
 	touch(ctx context.Context, ids []string) error
 	handBack(ctx context.Context, ids []string) error
 	abandon(ctx context.Context, ids []string) error
+	// redelivers reports whether a message that is neither settled nor
+	// touched is delivered again by the queue itself: then a start that a
+	// crash of PostgreSQL undid need not have been durable, since its
+	// message brings the task back (task.Store.StartUnflushed,
+	// docs/ARCHITECTURE.md §2.4).
+	redelivers() bool
 }
 
 // deferral asks for a message's task to be delivered again at a time.
