@@ -138,18 +138,18 @@ d AS (SELECT t.id, t.status,
 }
 
 // expiredSQL deletes up to $4 finished tasks whose state's window has
-// passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms;
-// -1 keeps forever), oldest id first, with their outbox rows. Their
-// audit rows stay: the audit table is partitioned by created_at, and the
-// leader drops a whole partition once no task that still exists has a
-// row in it (package maintenance, transition.DropPartition), which costs
-// a few WAL records where deleting the rows cost several per row. The candidates are read on the
-// primary key below the UUIDv7 of now() minus the shortest window ($5
-// ms): a task finished before its cutoff was created before it, and a
-// task's id is a UUIDv7 of its creation time. FOR UPDATE SKIP LOCKED: a
-// task a worker or an operator holds is skipped (taken by a later pass),
-// never waited on, and a worker waits on a picked row for one statement
-// at most.
+// passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms; -1
+// keeps forever), oldest id first, with their outbox rows. Their audit
+// rows stay: the audit table is partitioned by created_at, and the leader
+// drops a whole partition once no task that still exists has a row in it
+// (package maintenance, transition.DropPartition), which costs a few WAL
+// records where deleting the rows cost several per row. The candidates are
+// read on the primary key below the UUIDv7 of now() minus the shortest
+// window ($5 ms): a task finished before its cutoff was created before it,
+// and a task's id is a UUIDv7 of its creation time. FOR UPDATE SKIP
+// LOCKED: a task a worker or an operator holds is skipped (taken by a
+// later pass), never waited on, and a worker waits on a picked row for one
+// statement at most.
 var expiredSQL = `
 WITH pick AS (
     SELECT id FROM ingest_task
@@ -164,13 +164,14 @@ WITH pick AS (
     FOR UPDATE SKIP LOCKED),` + finishedCTEs(false) + `
 SELECT id, status, streams, stream_ids FROM d`
 
-// DeleteExpired deletes up to limit finished tasks whose window (by
-// state, from finished_at) has passed, each with its outbox rows (its
-// audit rows go with their partition, see expiredSQL), in one statement, and returns those it deleted with the stream
-// entries they had. Tasks locked by another transaction are skipped.
-// Removing those entries from their streams (stream.Forget) and the DLQ
-// entries of the DEAD ones (dlq.RemoveTasks) is the caller's, after the
-// commit. With every window negative it deletes nothing.
+// DeleteExpired deletes up to limit finished tasks whose window (by state,
+// from finished_at) has passed, each with its outbox rows (its audit rows
+// go with their partition, see expiredSQL), in one statement, and returns
+// those it deleted with the stream entries they had. Tasks locked by
+// another transaction are skipped. Removing those entries from their
+// streams (stream.Forget) and the DLQ entries of the DEAD ones
+// (dlq.RemoveTasks) is the caller's, after the commit. With every window
+// negative it deletes nothing.
 func DeleteExpired(ctx context.Context, db DB, w Windows, limit int) ([]Deleted, error) {
 	s, c, d := w.ms()
 	least := int64(-1)
