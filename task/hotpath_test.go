@@ -38,7 +38,8 @@ func TestStartIsOneHOTUpdate(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if vals[len(vals)-1] == true && vals[len(vals)-2] == string(task.Queued) {
+		// The last three columns: the state left, started, raced.
+		if vals[len(vals)-2] == true && vals[len(vals)-3] == string(task.Queued) && vals[len(vals)-1] == false {
 			started++
 		}
 	}

@@ -48,10 +48,12 @@ type StartResult struct {
 //
 // The guard is wrapped in CASE so that no plan uses it to scan a status
 // index (see targetGuard). Rows it refuses come back unchanged with
-// started = false, as the statement's snapshot holds them: a row that
-// another transaction changed after it began reports its earlier state,
-// whose outcome only defers or acknowledges the entry (the task went on
-// without it).
+// started = false, as the statement's snapshot holds them, and raced =
+// true when that snapshot's row passes the guard: then another
+// transaction changed the row after the statement began (another
+// worker's start of the same task), and startInto sends the statement
+// again for those ids, whose new snapshot sees the change (as a row lock
+// before the update would have waited for it).
 var startSQL = `
 WITH x AS (
     SELECT x.id FROM unnest($1::uuid[]) AS x(id) ORDER BY x.id
@@ -82,9 +84,9 @@ WITH x AS (
            CASE WHEN status = 'CANCELLED' THEN cancel_requested_by ELSE $2 END
     FROM upd
 )
-SELECT ` + taskColumns + `, started_from, true FROM upd
+SELECT ` + taskColumns + `, started_from, true, false FROM upd
 UNION ALL
-SELECT ` + taskColumns + `, status, false
+SELECT ` + taskColumns + `, status, false, CASE WHEN ` + startable("r", " ") + ` THEN true ELSE false END
 FROM (SELECT t.* FROM x JOIN ingest_task t ON t.id = x.id) r WHERE r.id NOT IN (SELECT id FROM upd)`
 
 // Start moves each due task of ids to RUNNING under owner's lease and
@@ -160,24 +162,49 @@ func (s *Store) flushWAL(ctx context.Context, ids []uuid.UUID) error {
 }
 
 // startInto runs startSQL for ids on q and records each row's result in
-// byID (ids without a row are left out). Unless durable, the statement's
+// byID (ids without a row are left out), sending it again for the ids
+// that raced (startOnce). Unless durable, the statement's
 // transaction commits without waiting for the WAL flush (StartUnflushed).
 func (s *Store) startInto(ctx context.Context, q DB, durable bool, owner string, lease time.Duration, ids []uuid.UUID, byID map[uuid.UUID]StartResult) error {
 	send := pgplan.Query
 	if !durable {
 		send = pgplan.QueryUnflushed
 	}
+	for range maxStartRaces {
+		raced, err := s.startOnce(ctx, q, send, owner, lease, ids, byID)
+		if err != nil || len(raced) == 0 {
+			return err
+		}
+		ids = raced
+	}
+	return nil
+}
+
+// maxStartRaces bounds how many times startInto sends the start of ids
+// that raced with another transaction (see startSQL); past it they keep
+// the outcome their last snapshot gave.
+const maxStartRaces = 3
+
+// startOnce runs startSQL for ids once, records each row's result in
+// byID, and returns the ids whose row changed under the statement
+// (raced: their results are those of the statement's snapshot).
+func (s *Store) startOnce(ctx context.Context, q DB, send func(context.Context, pgplan.Batcher, string, ...any) (pgx.Rows, error),
+	owner string, lease time.Duration, ids []uuid.UUID, byID map[uuid.UUID]StartResult) ([]uuid.UUID, error) {
 	rows, err := send(ctx, q, startSQL, ids, owner, lease.Milliseconds(), MaxErrorBytes/4, s.cfg.MaxAttempts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
+	var raced []uuid.UUID
 	for rows.Next() {
 		var from State
-		var started bool
-		t, err := scanTask(rows, &from, &started)
+		var started, race bool
+		t, err := scanTask(rows, &from, &started, &race)
 		if err != nil {
-			return err
+			return nil, err
+		}
+		if race {
+			raced = append(raced, t.ID)
 		}
 		r := StartResult{ID: t.ID, Task: &t}
 		switch {
@@ -203,7 +230,7 @@ func (s *Store) startInto(ctx context.Context, q DB, durable bool, owner string,
 		}
 		byID[t.ID] = r
 	}
-	return rows.Err()
+	return raced, rows.Err()
 }
 
 // Result is the outcome of a guarded transition for one id.
