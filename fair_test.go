@@ -241,3 +241,46 @@ WHERE t.kind = $1`, kind)
 		t.Errorf("the burst group never had more than %d run at once", fair.burstAtOnce)
 	}
 }
+
+// TestGroupWeightsShare: two groups that both keep a kind busy, of
+// weights 3 and 1, on a worker: of the first starts (from the audit
+// trail), the heavy group's are about three times the light one's. The
+// bounds are loose (2 to 4.5): the weights fix the windows, which the
+// end of each run refills, and the stream serves them in order.
+func TestGroupWeightsShare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newServiceBundle(t)
+	w := 4
+	if _, err := b.store.SetKind(ctx, "test", "weighted", task.KindUpdate{GroupWindow: &w, GroupWeights: map[string]int{"heavy": 3}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.fastConfig("w0")
+	cfg.Concurrency = 2
+	b.run(cfg, map[string]ingest.Handler{"weighted": func(context.Context, ingest.Task) error { return nil }}, slog.LevelError)
+	const each = 150
+	for _, g := range []string{"heavy", "light"} {
+		nts := make([]task.NewTask, each)
+		for i := range nts {
+			nts[i] = task.NewTask{Kind: "weighted", GroupKey: g, Payload: json.RawMessage(`{}`)}
+		}
+		if _, err := b.store.CreateBatch(ctx, nts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Until one group runs out of parked tasks, both keep their windows
+	// full: count the starts while the light group's backlog lasts.
+	const counted = 120
+	b.eventually(time.Minute, "the first starts", func() bool {
+		return b.query(`SELECT count(*) FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+			WHERE t.kind = 'weighted' AND tr.to_status = 'RUNNING'`) >= counted
+	})
+	heavy := b.query(fmt.Sprintf(`SELECT count(*) FILTER (WHERE g = 'heavy') FROM (
+		SELECT t.group_key AS g FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+		WHERE t.kind = 'weighted' AND tr.to_status = 'RUNNING' ORDER BY tr.id LIMIT %d) s`, counted))
+	light := counted - heavy
+	if light == 0 || float64(heavy)/float64(light) < 2 || float64(heavy)/float64(light) > 4.5 {
+		t.Errorf("of the first %d starts, heavy (weight 3) %d and light (weight 1) %d; want about 3:1", counted, heavy, light)
+	}
+	t.Logf("of the first %d starts: heavy %d, light %d", counted, heavy, light)
+}
