@@ -271,18 +271,14 @@ func (c *completer) complete(batch []outcome) {
 	c.settler.settle(acks, later, settle, metric)
 	c.settler.deadLetter(letters)
 	done := map[string][]uuid.UUID{}
-	grouped := map[string]int{}
 	for _, res := range results {
 		if o, ok := byTask[res.ID]; ok && res.Applied {
 			done[o.r.task.Kind] = append(done[o.r.task.Kind], res.ID)
-			if o.r.task.GroupKey != "" {
-				grouped[o.r.task.Kind]++
-			}
 		}
 	}
 	// Off the completer's path: the next outcomes need not wait (shutdown
 	// waits for it).
-	c.admission.freeKindSlots(c.ioCtx, done, grouped)
+	c.admission.freeKindSlots(c.ioCtx, done)
 }
 
 // conflict reports a completion whose guard matched nothing: the lease was

@@ -109,12 +109,16 @@ func TestNoisyNeighbour(t *testing.T) {
 	type run struct {
 		quiet               bool
 		created, start, end time.Time
+		queued, sent        time.Time // the task's first outbox row: written, published
 	}
 	runs := func(kind string) []run {
 		rows, err := b.db.Pool.Query(ctx, `
 SELECT coalesce(t.group_key, '') LIKE 'quiet-%', t.created_at, tr.created_at,
-       (SELECT min(e.created_at) FROM ingest_task_transition e WHERE e.task_id = tr.task_id AND e.id > tr.id)
-FROM ingest_task t JOIN LATERAL (
+       (SELECT min(e.created_at) FROM ingest_task_transition e WHERE e.task_id = tr.task_id AND e.id > tr.id),
+       coalesce(o.created_at, t.created_at), coalesce(o.sent_at, tr.created_at)
+FROM ingest_task t LEFT JOIN LATERAL (
+    SELECT created_at, sent_at FROM outbox_event x WHERE x.task_id = t.id ORDER BY x.id LIMIT 1) o ON true
+JOIN LATERAL (
     SELECT id, task_id, created_at FROM ingest_task_transition x WHERE x.task_id = t.id AND x.to_status = 'RUNNING' ORDER BY x.id LIMIT 1) tr ON true
 WHERE t.kind = $1`, kind)
 		if err != nil {
@@ -124,7 +128,7 @@ WHERE t.kind = $1`, kind)
 		var out []run
 		for rows.Next() {
 			var r run
-			if err := rows.Scan(&r.quiet, &r.created, &r.start, &r.end); err != nil {
+			if err := rows.Scan(&r.quiet, &r.created, &r.start, &r.end, &r.queued, &r.sent); err != nil {
 				t.Fatal(err)
 			}
 			out = append(out, r)
@@ -139,25 +143,37 @@ WHERE t.kind = $1`, kind)
 		ahead95, ahead int // burst starts during a quiet task's wait: p95, most
 		burstAtOnce    int
 		burstSpan      time.Duration // the burst's first start to its last end
+		// Where a quiet task's wait went: held back (parked) tasks,
+		// commit to publish (p95) and publish to start (p95).
+		parked                int
+		publish95, inStream95 time.Duration
 	}
 	measure := func(kind string) figures {
 		rs := runs(kind)
-		var waits []time.Duration
+		var waits, publish, inStream []time.Duration
 		var burstStarts []time.Time
 		var burst []run
+		var f figures
 		for _, r := range rs {
 			if r.quiet {
 				waits = append(waits, r.start.Sub(r.created))
+				publish = append(publish, r.sent.Sub(r.created))
+				inStream = append(inStream, r.start.Sub(r.sent))
+				if r.queued.After(r.created) {
+					f.parked++
+				}
 			} else {
 				burstStarts = append(burstStarts, r.start)
 				burst = append(burst, r)
 			}
 		}
-		sort.Slice(waits, func(i, j int) bool { return waits[i] < waits[j] })
+		for _, ds := range [][]time.Duration{waits, publish, inStream} {
+			sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		}
 		sort.Slice(burstStarts, func(i, j int) bool { return burstStarts[i].Before(burstStarts[j]) })
-		var f figures
 		if len(waits) > 0 {
 			f.p50, f.p95 = waits[len(waits)/2], waits[len(waits)*95/100]
+			f.publish95, f.inStream95 = publish[len(publish)*95/100], inStream[len(inStream)*95/100]
 		}
 		var ahead []int
 		for _, r := range rs {
@@ -203,6 +219,12 @@ WHERE t.kind = $1`, kind)
 	t.Logf("N=%d (burst %d, quiet %d in %d groups), %d workers x %d slots, window %d; commit->start of the quiet groups, measured under load:",
 		n, burstN, perGroup*quietN, quietN, workers, slots, window)
 	t.Logf("  no burst:           p50 %v p95 %v", base.p50, base.p95)
+	for _, x := range []struct {
+		name string
+		f    figures
+	}{{"no burst", base}, {"burst, fair", fair}, {"burst, no fairness", fifo}} {
+		t.Logf("  %-19s quiet tasks held back %d; commit->publish p95 %v, publish->start p95 %v", x.name+":", x.f.parked, x.f.publish95, x.f.inStream95)
+	}
 	t.Logf("  burst, fair:        p50 %v p95 %v; burst starts during a quiet wait p95 %d, most %d; burst runs at once %d, burst took %v",
 		fair.p50, fair.p95, fair.ahead95, fair.ahead, fair.burstAtOnce, fair.burstSpan)
 	t.Logf("  burst, no fairness: p50 %v p95 %v; burst starts during a quiet wait p95 %d, most %d; burst runs at once %d, burst took %v",
@@ -218,4 +240,47 @@ WHERE t.kind = $1`, kind)
 	if fair.burstAtOnce < 2 {
 		t.Errorf("the burst group never had more than %d run at once", fair.burstAtOnce)
 	}
+}
+
+// TestGroupWeightsShare: two groups that both keep a kind busy, of
+// weights 3 and 1, on a worker: of the first starts (from the audit
+// trail), the heavy group's are about three times the light one's. The
+// bounds are loose (2 to 4.5): the weights fix the windows, which the
+// end of each run refills, and the stream serves them in order.
+func TestGroupWeightsShare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newServiceBundle(t)
+	w := 4
+	if _, err := b.store.SetKind(ctx, "test", "weighted", task.KindUpdate{GroupWindow: &w, GroupWeights: map[string]int{"heavy": 3}}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.fastConfig("w0")
+	cfg.Concurrency = 2
+	b.run(cfg, map[string]ingest.Handler{"weighted": func(context.Context, ingest.Task) error { return nil }}, slog.LevelError)
+	const each = 150
+	for _, g := range []string{"heavy", "light"} {
+		nts := make([]task.NewTask, each)
+		for i := range nts {
+			nts[i] = task.NewTask{Kind: "weighted", GroupKey: g, Payload: json.RawMessage(`{}`)}
+		}
+		if _, err := b.store.CreateBatch(ctx, nts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Until one group runs out of parked tasks, both keep their windows
+	// full: count the starts while the light group's backlog lasts.
+	const counted = 120
+	b.eventually(time.Minute, "the first starts", func() bool {
+		return b.query(`SELECT count(*) FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+			WHERE t.kind = 'weighted' AND tr.to_status = 'RUNNING'`) >= counted
+	})
+	heavy := b.query(fmt.Sprintf(`SELECT count(*) FILTER (WHERE g = 'heavy') FROM (
+		SELECT t.group_key AS g FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
+		WHERE t.kind = 'weighted' AND tr.to_status = 'RUNNING' ORDER BY tr.id LIMIT %d) s`, counted))
+	light := counted - heavy
+	if light == 0 || float64(heavy)/float64(light) < 2 || float64(heavy)/float64(light) > 4.5 {
+		t.Errorf("of the first %d starts, heavy (weight 3) %d and light (weight 1) %d; want about 3:1", counted, heavy, light)
+	}
+	t.Logf("of the first %d starts: heavy %d, light %d", counted, heavy, light)
 }

@@ -43,11 +43,6 @@ type admission struct {
 	cached map[string]task.Limits
 	// freeing tracks the frees of kind slots under way (see freeKindSlots).
 	freeing sync.WaitGroup
-	// windowing holds, by kind, whether a release of tasks held back by
-	// their group's window is under way (false) or under way and asked
-	// for again (true): one at a time per kind and process.
-	wmu       sync.Mutex
-	windowing map[string]bool
 }
 
 // limits returns the paused and limited kinds, reading them again when
@@ -149,23 +144,19 @@ func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, l
 // (task.Store.FreeSlots): done lists the tasks whose runs ended, by kind;
 // only concurrency-limited kinds hold slots. The leader's releaser does
 // the same for slots freed otherwise (an expired lease) and for rate
-// limits; this makes a freed slot used at once. grouped counts, by kind,
-// the runs that ended of tasks with a group: each frees room in its
-// group's window, handed at once to parked tasks of the kind's groups
-// (task.Store.ReleaseParked) when the kind holds no slots. ctx is the
-// worker's I/O; wait waits for the frees under way.
-func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UUID, grouped map[string]int) {
+// limits; this makes a freed slot used at once. (The room a run frees in
+// its group's window is handed on by the statement that records its end:
+// see task/group.go.) ctx is the worker's I/O; wait waits for the frees
+// under way.
+func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UUID) {
 	limits := a.limits(ctx)
 	freed := map[string][]uuid.UUID{}
-	windows := map[string]bool{}
 	for kind, ids := range done {
 		if limits[kind].HoldsSlots() {
 			freed[kind] = ids
-		} else if grouped[kind] > 0 && !limits[kind].Paused {
-			windows[kind] = true
 		}
 	}
-	if len(freed) == 0 && len(windows) == 0 {
+	if len(freed) == 0 {
 		return
 	}
 	a.freeing.Add(1)
@@ -176,43 +167,8 @@ func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UU
 				a.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
 			}
 		}
-		for kind := range windows {
-			a.releaseWindows(ctx, kind)
-		}
 	}()
 }
 
 // wait waits for the frees of kind slots under way.
 func (a *admission) wait() { a.freeing.Wait() }
-
-// releaseWindows releases the parked tasks of kind that its groups'
-// windows have room for (task.Store.ReleaseParked fills each window),
-// unless a release of kind is under way in this process: then that one
-// runs once more when it ends, so that concurrent completions do not
-// queue up on the kind's lock.
-func (a *admission) releaseWindows(ctx context.Context, kind string) {
-	a.wmu.Lock()
-	if a.windowing == nil {
-		a.windowing = map[string]bool{}
-	}
-	if _, busy := a.windowing[kind]; busy {
-		a.windowing[kind] = true
-		a.wmu.Unlock()
-		return
-	}
-	a.windowing[kind] = false
-	a.wmu.Unlock()
-	for {
-		if _, err := a.store.ReleaseParked(ctx, kind, 0, 0); err != nil {
-			a.log.Warn("releasing the tasks held back by their group's window failed; the leader's releaser releases them", "kind", kind, "err", err)
-		}
-		a.wmu.Lock()
-		if !a.windowing[kind] {
-			delete(a.windowing, kind)
-			a.wmu.Unlock()
-			return
-		}
-		a.windowing[kind] = false
-		a.wmu.Unlock()
-	}
-}

@@ -162,6 +162,7 @@ func New(cfg Config, store *task.Store, ready Checks, gatherer prometheus.Gather
 		{"POST /v1/tasks/{id}/progress", s.auth(s.setProgress)},
 		{"GET /v1/periodic", s.auth(s.periodic)},
 		{"GET /v1/kinds", s.auth(s.listKinds)},
+		{"GET /v1/kinds/{kind}", s.auth(s.getKind)},
 		{"PUT /v1/kinds/{kind}", s.auth(s.putKind)},
 		{"GET /v1/sequences/blocked", s.auth(s.listBlockedSequences)},
 	}

@@ -391,6 +391,9 @@ func TestOpenAPIContract(t *testing.T) {
 		c.expect(t, http.StatusNoContent, "", "DELETE", id, "")
 		c.expect(t, http.StatusNotFound, "id", "GET", id, "")
 		c.expect(t, http.StatusOK, "", "GET", "/v1/kinds", "")
+		c.expect(t, http.StatusOK, "", "PUT", "/v1/kinds/held", `{"group_weights":{"tenant-a":3}}`)
+		c.expect(t, http.StatusOK, "", "GET", "/v1/kinds/held", "")
+		c.expect(t, http.StatusNotFound, "kind", "GET", "/v1/kinds/none-such", "")
 		c.expect(t, http.StatusOK, "", "GET", "/v1/sequences/blocked?kind=held&limit=10", "")
 
 		// A RUNNING task's cancel: 202, and it ends CANCELLED.

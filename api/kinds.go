@@ -29,6 +29,9 @@ type KindRequest struct {
 	ConcurrencyPerGroup *int    `json:"concurrency_per_group"`
 	RatePerGroup        *string `json:"rate_per_group"`
 	GroupWindow         *int    `json:"group_window"`
+	// GroupWeights sets the weights of the groups it names (1 to 100; 1
+	// resets a group to the default); groups not named keep theirs.
+	GroupWeights map[string]int `json:"group_weights"`
 }
 
 // KindResponse answers PUT /v1/kinds/{kind}: the kind after the change
@@ -53,10 +56,30 @@ func (s *Server) listKinds(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, KindsResponse{Kinds: kinds})
 }
 
+// getKind answers GET /v1/kinds/{kind}: the kind as GET /v1/kinds lists
+// it; 404 when it has neither tasks nor settings.
+func (s *Server) getKind(w http.ResponseWriter, r *http.Request) {
+	kind := r.PathValue("kind")
+	if ferr := task.CheckName("kind", kind, task.MaxKindLength); ferr != nil {
+		writeError(w, http.StatusBadRequest, ferr.Msg, ferr.Field)
+		return
+	}
+	k, ok, err := s.store.Kind(r.Context(), kind)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("kind %q has neither tasks nor settings", kind), "kind")
+		return
+	}
+	writeJSON(w, http.StatusOK, k)
+}
+
 // putKind answers PUT /v1/kinds/{kind} {"paused": bool, "concurrency":
 // n, "rate": "5/s", "concurrency_per_group": n, "rate_per_group": "1/s",
-// "group_window": n, "sequence_on_failure": "block"}: 200 with the kind; 400
-// naming a bad field.
+// "group_window": n, "group_weights": {"tenant": 3}, "sequence_on_failure":
+// "block"}: 200 with the kind; 400 naming a bad field.
 func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 	kind := r.PathValue("kind")
 	var req KindRequest
@@ -65,7 +88,7 @@ func (s *Server) putKind(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := task.KindUpdate{Paused: req.Paused, Concurrency: req.Concurrency, SequenceOnFailure: req.SequenceOnFailure,
-		ConcurrencyPerGroup: req.ConcurrencyPerGroup, GroupWindow: req.GroupWindow}
+		ConcurrencyPerGroup: req.ConcurrencyPerGroup, GroupWindow: req.GroupWindow, GroupWeights: req.GroupWeights}
 	if req.Rate != nil {
 		rate, err := task.ParseRate(*req.Rate)
 		if err != nil {

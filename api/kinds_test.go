@@ -62,6 +62,14 @@ func TestKinds(t *testing.T) {
 		{`{}`, "paused"},
 		{`{"paused":"yes"}`, "paused"},
 		{`{"paused":true,"bogus":1}`, "bogus"},
+		{`{"group_weights":{"a":0}}`, "group_weights"},
+		{`{"group_weights":{"a":101}}`, "group_weights"},
+		{`{"group_weights":{"a":1.5}}`, "group_weights"},
+		{`{"group_weights":{"a":"3"}}`, "group_weights"},
+		{`{"group_weights":{"a":1e30}}`, "group_weights"},
+		{`{"group_weights":{"":2}}`, "group_weights"},
+		{`{"group_weights":{"` + strings.Repeat("x", task.MaxGroupKeyLength+1) + `":2}}`, "group_weights"},
+		{`{"group_weights":[3]}`, "group_weights"},
 	} {
 		r := b.do(t, "PUT", "/v1/kinds/embed", tc.body)
 		if _, field := r.errorBody(t); r.code != http.StatusBadRequest || field != tc.field {
@@ -70,6 +78,36 @@ func TestKinds(t *testing.T) {
 	}
 	if r := b.do(t, "PUT", "/v1/kinds/%20", `{"paused":true}`); r.code != http.StatusBadRequest {
 		t.Errorf("a blank kind: %d %s, want 400", r.code, r.body)
+	}
+}
+
+// TestKindGroupWeights: PUT /v1/kinds/{kind} sets group weights (merged
+// into the kind's, 1 removing one), GET /v1/kinds/{kind} and GET
+// /v1/kinds show them; an unknown kind is a 404.
+func TestKindGroupWeights(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	r := b.do(t, "PUT", "/v1/kinds/embed", `{"group_weights":{"tenant-a":3,"tenant-b":2}}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || len(k.GroupWeights) != 2 || k.GroupWeights["tenant-a"] != 3 {
+		t.Fatalf("set weights: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "PUT", "/v1/kinds/embed", `{"group_weights":{"tenant-b":1}}`)
+	if k := decode[api.KindResponse](t, r); r.code != http.StatusOK || len(k.GroupWeights) != 1 || k.GroupWeights["tenant-a"] != 3 {
+		t.Fatalf("reset one weight: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "GET", "/v1/kinds/embed", "")
+	if k := decode[task.KindInfo](t, r); r.code != http.StatusOK || k.Kind != "embed" || len(k.GroupWeights) != 1 || k.GroupWeights["tenant-a"] != 3 {
+		t.Fatalf("get the kind: %d %s", r.code, r.body)
+	}
+	r = b.do(t, "GET", "/v1/kinds", "")
+	if l := decode[api.KindsResponse](t, r); r.code != http.StatusOK || len(l.Kinds) != 1 || l.Kinds[0].GroupWeights["tenant-a"] != 3 {
+		t.Fatalf("list: %d %s", r.code, r.body)
+	}
+	if r := b.do(t, "GET", "/v1/kinds/nothing", ""); r.code != http.StatusNotFound {
+		t.Errorf("an unknown kind: %d %s, want 404", r.code, r.body)
+	}
+	if r := b.do(t, "PUT", "/v1/kinds/plain", `{"paused":false}`); r.code != http.StatusOK || !strings.Contains(string(r.body), `"group_weights":{}`) {
+		t.Errorf("a kind without weights: %d %s, want group_weights {}", r.code, r.body)
 	}
 }
 

@@ -22,12 +22,25 @@ import (
 // Fair scheduling: at most a kind's group window (its group_window, or
 // DefaultGroupWindow) of a group's tasks are in the stream or running at
 // once. A due task created beyond its group's window, or while its group
-// has parked tasks, is created parked, without an outbox event; releases
-// (ReleaseParked, through unparkGroupsSQL) serve the kind's groups
-// round-robin as their windows free. So the stream holds at most a
-// window of each group's tasks, and a task of a quiet group waits behind
-// at most a window of each busier group's tasks, whatever their backlog.
-// Tasks without a group and delayed tasks are never held back.
+// has parked tasks, is created parked, without an outbox event. The end
+// of a run of a group hands its room in the window on at once: the
+// statement that records the end (its audit rows' trigger,
+// ingest_task_ended, migration 00026) releases as many of the group's
+// oldest parked tasks as it ended runs, with their outbox events, in the
+// same transaction (for kinds neither paused nor limited, whose releases
+// go through ReleaseParked). Releases (ReleaseParked, through
+// unparkGroupsSQL: the leader's releaser every 100 ms, a change of the
+// kind) fill what room is left, serving the kind's groups round-robin. So
+// the stream holds at most a window of each group's tasks, and a task of
+// a quiet group waits behind at most a window of each busier group's
+// tasks, whatever their backlog. Tasks without a group and delayed tasks
+// are never held back.
+//
+// Weights: a kind's group_weights gives a group a weight from 1 to
+// MaxGroupWeight (a group not listed weighs 1). Its window is the kind's
+// group window times its weight, and each round of a release takes up to
+// its weight of its parked tasks, so that groups that keep the kind busy
+// share its starts in proportion to their weights.
 
 // DefaultGroupWindow is the group window of a kind whose group_window is
 // 0: enough tasks of one group in flight to keep a few workers' handler
@@ -39,6 +52,40 @@ var GroupWindowRange = Range{Field: "group_window", Min: 0, Max: MaxConcurrency}
 
 // MaxGroupKeyLength is the longest group key accepted.
 const MaxGroupKeyLength = 200
+
+// Limits on a kind's group weights.
+const (
+	// MaxGroupWeight is the largest weight of a group.
+	MaxGroupWeight = 100
+	// MaxWeightedGroups is the most groups of one kind with a weight
+	// other than 1.
+	MaxWeightedGroups = 1000
+)
+
+// GroupWeightRange bounds the weight of a group (1: the default).
+var GroupWeightRange = Range{Field: "group_weights", Min: 1, Max: MaxGroupWeight}
+
+// checkGroupWeights checks a change of a kind's group weights: group keys
+// as CheckGroupKey has them, weights in GroupWeightRange, at most
+// MaxWeightedGroups of them. Its errors name group_weights.
+func checkGroupWeights(w map[string]int) error {
+	if len(w) > MaxWeightedGroups {
+		return &FieldError{Field: "group_weights", Msg: fmt.Sprintf("group_weights names %d groups, at most %d may have a weight", len(w), MaxWeightedGroups)}
+	}
+	for g, n := range w {
+		if g == "" {
+			return &FieldError{Field: "group_weights", Msg: "group_weights: a group key is empty (the tasks without a group weigh 1)"}
+		}
+		if ferr := CheckGroupKey(g); ferr != nil {
+			return &FieldError{Field: "group_weights", Msg: "group_weights: " + ferr.Msg}
+		}
+		if !GroupWeightRange.Contains(int64(n)) {
+			return &FieldError{Field: "group_weights", Msg: fmt.Sprintf("group_weights: the weight of %q must be a whole number from %d to %d (1: the default), got %d",
+				g, GroupWeightRange.Min, GroupWeightRange.Max, n)}
+		}
+	}
+	return nil
+}
 
 // ConcurrencyPerGroupRange bounds a kind's per-group concurrency limit
 // (0: none).
@@ -164,10 +211,16 @@ SELECT count(*)::int FROM (SELECT task_id FROM a UNION SELECT task_id FROM b) AS
 // per-group limits looks at.
 const maxReleaseGroups = 1000
 
-// windowSQL is the group window of kind k (an SQL expression) with the
-// default $n.
-func windowSQL(k, n string) string {
-	return `coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `)`
+// windowSQL is the group window of group g of kind k (SQL expressions)
+// with the default window $n: the kind's window times the group's weight.
+func windowSQL(k, g, n string) string {
+	return `coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `) * ` + weightSQL(k, g)
+}
+
+// weightSQL is the weight of group g of kind k (SQL expressions): its
+// entry in the kind's group_weights, else 1.
+func weightSQL(k, g string) string {
+	return `coalesce((SELECT (w.group_weights ->> ` + g + `)::int FROM ingest_kind w WHERE w.kind = ` + k + `), 1)`
 }
 
 // admittedSQL counts the tasks of group g of kind k in the stream or
@@ -184,7 +237,7 @@ func admittedSQL(k, g string) string {
 // locks (groupLockSQL).
 var createRoomSQL = `
 SELECT CASE WHEN EXISTS (SELECT 1 FROM ingest_task p WHERE p.kind = x.k AND p.group_key = x.g AND ` + parkedSQL("p") + `) THEN 0
-            ELSE greatest(` + windowSQL("x.k", "$3") + ` - ` + admittedSQL("x.k", "x.g") + `, 0) END
+            ELSE greatest(` + windowSQL("x.k", "x.g", "$3") + ` - ` + admittedSQL("x.k", "x.g") + `, 0) END
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(k, g, ord) ORDER BY x.ord`
 
 // groupLockSQL takes the transaction-scoped advisory lock of each (kind
@@ -272,7 +325,8 @@ WITH RECURSIVE gs AS (
            coalesce(max(rate_per_group_period_ms), 1000) AS rate_per_group_period_ms FROM ingest_kind WHERE kind = $1
 ), room AS (
     SELECT gr.g, least(` + groupRoomSQL("gr.g", "true") + `, $2,
-        CASE WHEN gr.g <> '' THEN greatest(` + windowSQL("$1", "$3") + ` - ` + admittedSQL("$1", "gr.g") + `, 0) END) AS n
+        CASE WHEN gr.g <> '' THEN greatest(` + windowSQL("$1", "gr.g", "$3") + ` - ` + admittedSQL("$1", "gr.g") + `, 0) END) AS n,
+        CASE WHEN gr.g <> '' THEN ` + weightSQL("$1", "gr.g") + ` ELSE 1 END AS w
     FROM groups gr, k
 ), picked AS (
     SELECT p.id FROM room CROSS JOIN LATERAL (
@@ -284,7 +338,7 @@ WITH RECURSIVE gs AS (
             (SELECT t.id FROM ingest_task t
              WHERE room.g = '' AND t.kind = $1 AND t.group_key IS NULL AND ` + parkedSQL("t") + `
              ORDER BY t.id LIMIT greatest(room.n, 0))) AS q) AS p
-    ORDER BY p.rn, md5(room.g || now()::text) LIMIT $2
+    ORDER BY (p.rn - 1) / room.w, md5(room.g || now()::text), p.rn LIMIT $2
 )
 UPDATE ingest_task t SET parked_at = NULL, updated_at = now()
 FROM picked p WHERE t.id = p.id AND CASE WHEN ` + parkedSQL("t") + ` AND t.status IN ` + waitingSQL + ` THEN true ELSE false END

@@ -100,16 +100,13 @@ func TestGroupWindowHoldsBackAndReleasesRoundRobin(t *testing.T) {
 		}
 	}
 
-	// Run the tasks in flight to the end: every window is free.
-	var live []uuid.UUID
+	// End the tasks in flight before they run (the end of a run hands
+	// its room on at once: TestGroupWindowRefilledByEnd): every window is
+	// free for the release.
 	for _, tk := range append(append(append(big[:w:w], quiet...), mid[:w]...), plain...) {
-		live = append(live, tk.ID)
-	}
-	if _, err := b.store.Start(b.ctx, "w", time.Minute, live...); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.Succeed(b.ctx, "w", live...); err != nil {
-		t.Fatal(err)
+		if _, err := b.store.Cancel(b.ctx, "test", "", tk.ID); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// A release of 2 takes one of each of the two groups with parked
 	// tasks, not two of one.
@@ -213,5 +210,215 @@ func TestGroupLimitsStartLimited(t *testing.T) {
 	}
 	if g := group[woken[0]]; g == "b" {
 		t.Errorf("a freed slot released a task of group %q, which is at its limit", g)
+	}
+}
+
+// TestGroupWeights: a group of weight 3 has three times the window of a
+// group of weight 1 and three turns in each round of a release; two
+// groups kept busy through a FIFO stream (each run's end refilling its
+// group's window) start about 3:1.
+func TestGroupWeights(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	w := 2
+	if _, err := b.store.SetKind(b.ctx, "test", "wf", task.KindUpdate{GroupWindow: &w, GroupWeights: map[string]int{"heavy": 3}}); err != nil {
+		t.Fatal(err)
+	}
+	k, ok, err := b.store.Kind(b.ctx, "wf")
+	if err != nil || !ok || len(k.GroupWeights) != 1 || k.GroupWeights["heavy"] != 3 {
+		t.Fatalf("the kind's weights: %v (%v, %v), want heavy=3", k.GroupWeights, ok, err)
+	}
+	var audited int
+	if err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM ingest_kind_change WHERE kind = 'wf' AND group_weights = '{"heavy": 3}'`).Scan(&audited); err != nil || audited != 1 {
+		t.Errorf("the change's audit row: %d (%v), want 1 with the weights", audited, err)
+	}
+	heavy, light := groupTasks(t, b, "wf", "heavy", 60), groupTasks(t, b, "wf", "light", 60)
+	parked := func(ts []task.Task) (n int) {
+		for _, tk := range ts {
+			if tk.ParkedAt != nil {
+				n++
+			}
+		}
+		return n
+	}
+	if p, q := parked(heavy), parked(light); p != 60-3*w || q != 60-w {
+		t.Errorf("created parked: heavy %d, light %d; want %d and %d (windows %d and %d)", p, q, 60-3*w, 60-w, 3*w, w)
+	}
+	group := map[uuid.UUID]string{}
+	for _, tk := range heavy {
+		group[tk.ID] = "heavy"
+	}
+	for _, tk := range light {
+		group[tk.ID] = "light"
+	}
+	// A worker that takes the oldest entry of the stream (the task with
+	// the oldest unsent outbox event), runs it and refills the windows.
+	next := func() uuid.UUID {
+		t.Helper()
+		var id uuid.UUID
+		if err := b.db.QueryRow(b.ctx, `SELECT o.task_id FROM outbox_event o JOIN ingest_task t ON t.id = o.task_id
+			WHERE t.kind = 'wf' AND t.status = 'QUEUED' AND t.parked_at IS NULL ORDER BY o.id LIMIT 1`).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	starts := map[string]int{}
+	for range 40 {
+		id := next()
+		if _, err := b.store.Start(b.ctx, "w", time.Minute, id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.Succeed(b.ctx, "w", id); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.store.ReleaseParked(b.ctx, "wf", 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		starts[group[id]]++
+	}
+	if h, l := starts["heavy"], starts["light"]; l == 0 || float64(h)/float64(l) < 2 || float64(h)/float64(l) > 4.5 {
+		t.Errorf("starts of 40: heavy %d, light %d; want about 3:1 (weights 3 and 1)", h, l)
+	}
+
+	// A release into empty windows takes 3 of heavy per 1 of light.
+	if _, err := b.db.Exec(b.ctx, `UPDATE ingest_task SET status = 'SUCCEEDED', finished_at = now() WHERE kind = 'wf' AND parked_at IS NULL AND finished_at IS NULL`); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := b.store.ReleaseParked(b.ctx, "wf", 0, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, id := range ids {
+		got[group[id]]++
+	}
+	if got["heavy"] != 3 || got["light"] != 1 {
+		t.Errorf("a release of 4 into empty windows took %v, want heavy 3 and light 1 (one round)", got)
+	}
+
+	// Weight 1 removes a group's weight; other groups keep theirs.
+	if _, err := b.store.SetKind(b.ctx, "test", "wf", task.KindUpdate{GroupWeights: map[string]int{"heavy": 1, "other": 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if k, _, err := b.store.Kind(b.ctx, "wf"); err != nil || len(k.GroupWeights) != 1 || k.GroupWeights["other"] != 2 {
+		t.Errorf("after heavy=1 other=2: weights %v (%v), want other=2 only", k.GroupWeights, err)
+	}
+}
+
+func TestGroupWeightsValidation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	many := map[string]int{}
+	for range task.MaxWeightedGroups + 1 {
+		many[uuid.NewString()] = 2
+	}
+	for _, c := range []struct {
+		w    map[string]int
+		want string
+	}{
+		{map[string]int{"a": 0}, "from 1 to 100"},
+		{map[string]int{"a": 101}, "from 1 to 100"},
+		{map[string]int{"": 2}, "empty"},
+		{map[string]int{strings.Repeat("x", task.MaxGroupKeyLength+1): 2}, "longer than"},
+		{map[string]int{"a\nb": 2}, "control"},
+		{many, "at most"},
+	} {
+		_, err := b.store.SetKind(b.ctx, "test", "wv", task.KindUpdate{GroupWeights: c.w})
+		var ferr *task.FieldError
+		if !errors.As(err, &ferr) || ferr.Field != "group_weights" || !strings.Contains(ferr.Msg, c.want) {
+			t.Errorf("weights of %d groups: %v, want an error on group_weights saying %q", len(c.w), err, c.want)
+		}
+	}
+}
+
+// TestGroupWindowRefilledByEnd: the statement that ends a run of a group
+// hands its room in the group's window to the group's oldest parked task,
+// in the same transaction, with an outbox event due now on the stream the
+// ended run came from (the base stream, not the ended task's priority
+// stream); a retry keeps its room, and a paused kind's end releases
+// nothing (its resume does).
+func TestGroupWindowRefilledByEnd(t *testing.T) {
+	t.Parallel()
+	const base = "fair:refill"
+	b := setup(t, task.Config{Stream: base})
+	w := 2
+	if _, err := b.store.SetKind(b.ctx, "test", "rf", task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+	nts := make([]task.NewTask, 6)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: "rf", GroupKey: "big", Priority: 1, Payload: json.RawMessage(`{}`)}
+	}
+	res, err := b.store.CreateBatch(b.ctx, nts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, len(res))
+	for i, r := range res {
+		ids[i] = r.Task.ID
+	}
+	parked := func(id uuid.UUID) bool {
+		t.Helper()
+		var p bool
+		if err := b.db.QueryRow(b.ctx, `SELECT parked_at IS NOT NULL FROM ingest_task WHERE id = $1`, id).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for i, id := range ids {
+		if parked(id) != (i >= w) {
+			t.Fatalf("task %d: parked %v, want %v", i, parked(id), i >= w)
+		}
+	}
+	if _, err := b.store.Start(b.ctx, "w", time.Minute, ids[0], ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	// The first run's event was published to its priority's stream.
+	if _, err := b.db.Exec(b.ctx, `UPDATE outbox_event SET status = 'SENT', sent_at = now(), stream_id = '1-0', stream = $2 WHERE task_id = $1`,
+		ids[0], base+":p1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Succeed(b.ctx, "w", ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if parked(ids[2]) || !parked(ids[3]) {
+		t.Fatalf("after a run's success: task 2 parked %v, task 3 parked %v; want the oldest parked one released, only it", parked(ids[2]), parked(ids[3]))
+	}
+	var stream string
+	var due bool
+	if err := b.db.QueryRow(b.ctx, `SELECT stream, next_retry_at <= now() FROM outbox_event WHERE task_id = $1 AND status = 'NEW'`, ids[2]).Scan(&stream, &due); err != nil {
+		t.Fatalf("the released task's outbox event: %v", err)
+	}
+	if stream != base || !due {
+		t.Errorf("the released task's outbox event: stream %q, due %v; want %q, due now", stream, due, base)
+	}
+	// A DEAD end refills too; a retry keeps its room.
+	if _, err := b.store.Fail(b.ctx, "w", task.Failure{ID: ids[1], Error: "bad", Permanent: true}); err != nil {
+		t.Fatal(err)
+	}
+	if parked(ids[3]) {
+		t.Error("a DEAD end did not release the next parked task")
+	}
+	if _, err := b.store.Start(b.ctx, "w", time.Minute, ids[2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Fail(b.ctx, "w", task.Failure{ID: ids[2], Error: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	if !parked(ids[4]) {
+		t.Error("a retry released a parked task: its entry stays in the window")
+	}
+	// A paused kind's end releases nothing.
+	if _, err := b.store.Start(b.ctx, "w", time.Minute, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SetPaused(b.ctx, "test", "rf", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.Succeed(b.ctx, "w", ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	if !parked(ids[4]) {
+		t.Error("the end of a run of a paused kind released a parked task")
 	}
 }

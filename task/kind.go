@@ -171,6 +171,9 @@ type KindInfo struct {
 	ConcurrencyPerGroup int    `json:"concurrency_per_group"`
 	RatePerGroup        string `json:"rate_per_group"`
 	GroupWindow         int    `json:"group_window"`
+	// GroupWeights are the weights of the kind's groups that weigh more
+	// than 1, the default (empty: none).
+	GroupWeights map[string]int `json:"group_weights"`
 	// Counts are the kind's tasks by status (states without tasks are
 	// left out).
 	Counts map[State]int64 `json:"counts"`
@@ -209,7 +212,7 @@ SELECT coalesce(c.kind, k.kind), coalesce(k.paused, false), k.updated_at, coales
        coalesce(k.concurrency, 0), coalesce(k.rate_count, 0), coalesce(k.rate_period_ms, 1000),
        coalesce(k.sequence_on_failure, 'block'), coalesce(c.status, ''), coalesce(c.n, 0), coalesce(c.running, 0), coalesce(c.parked, 0),
        coalesce(k.concurrency_per_group, 0), coalesce(k.rate_per_group_count, 0), coalesce(k.rate_per_group_period_ms, 1000),
-       coalesce(k.group_window, 0)
+       coalesce(k.group_window, 0), coalesce(k.group_weights, '{}')
 FROM c FULL JOIN (SELECT * FROM ingest_kind WHERE $1 = '' OR kind = $1) k ON k.kind = c.kind
 ORDER BY 1, 9`
 
@@ -242,7 +245,7 @@ func (s *Store) kinds(ctx context.Context, kind string) ([]KindInfo, error) {
 			periodMS, gMS     int64
 		)
 		if err := rows.Scan(&k.Kind, &k.Paused, &k.UpdatedAt, &k.UpdatedBy, &k.Concurrency, &rate.Count, &periodMS,
-			&k.SequenceOnFailure, &status, &n, &running, &parks, &k.ConcurrencyPerGroup, &groupRate.Count, &gMS, &k.GroupWindow); err != nil {
+			&k.SequenceOnFailure, &status, &n, &running, &parks, &k.ConcurrencyPerGroup, &groupRate.Count, &gMS, &k.GroupWindow, &k.GroupWeights); err != nil {
 			return nil, fmt.Errorf("list kinds: %w", err)
 		}
 		rate.Per = time.Duration(periodMS) * time.Millisecond

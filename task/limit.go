@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -125,6 +126,10 @@ type KindUpdate struct {
 	// GroupWindow is the most tasks of one group in the stream or
 	// running at once (fair scheduling; 0: DefaultGroupWindow).
 	GroupWindow *int
+	// GroupWeights sets the weights of the groups it names (1..
+	// MaxGroupWeight; 1 resets a group to the default); the other groups
+	// keep theirs. nil or empty: unchanged.
+	GroupWeights map[string]int
 	// SequenceOnFailure is SequenceBlock or SequenceContinue (see
 	// sequence.go).
 	SequenceOnFailure *string
@@ -180,8 +185,20 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 		return 0, fmt.Errorf("%w: changing a kind's settings needs an actor", ErrInvalidTask)
 	}
 	if u.Paused == nil && u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil && u.GroupWindow == nil &&
-		u.SequenceOnFailure == nil {
-		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate, concurrency_per_group, rate_per_group, group_window or sequence_on_failure"}
+		u.SequenceOnFailure == nil && len(u.GroupWeights) == 0 {
+		return 0, &FieldError{Field: "paused", Msg: "nothing to change: give paused, concurrency, rate, concurrency_per_group, rate_per_group, group_window, group_weights or sequence_on_failure"}
+	}
+	if err := checkGroupWeights(u.GroupWeights); err != nil {
+		return 0, err
+	}
+	var weights *string // the change's weights as JSON; nil: unchanged
+	if len(u.GroupWeights) > 0 {
+		b, err := json.Marshal(u.GroupWeights)
+		if err != nil {
+			return 0, fmt.Errorf("change kind %q: %w", kind, err)
+		}
+		w := string(b)
+		weights = &w
 	}
 	if err := checkSequenceOnFailure(u.SequenceOnFailure); err != nil {
 		return 0, err
@@ -213,28 +230,36 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 	var changeID int64
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		var periodMS, groupMS int64
+		var weighted int
 		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind AS k (kind, paused, concurrency, rate_count, rate_period_ms, updated_by,
-				concurrency_per_group, rate_per_group_count, rate_per_group_period_ms, group_window, sequence_on_failure)
+				concurrency_per_group, rate_per_group_count, rate_per_group_period_ms, group_window, sequence_on_failure, group_weights)
 			VALUES ($1, coalesce($2, false), coalesce($3, 0), coalesce($4, 0), coalesce($5, 1000), $6, coalesce($7, 0), coalesce($8, 0), coalesce($9, 1000),
-				coalesce($10, 0), coalesce($11, 'block'))
+				coalesce($10, 0), coalesce($11, 'block'), `+mergeWeightsSQL("'{}'::jsonb", "$12")+`)
 			ON CONFLICT (kind) DO UPDATE SET paused = coalesce($2, k.paused), concurrency = coalesce($3, k.concurrency),
 				rate_count = coalesce($4, k.rate_count), rate_period_ms = coalesce($5, k.rate_period_ms),
 				concurrency_per_group = coalesce($7, k.concurrency_per_group),
 				rate_per_group_count = coalesce($8, k.rate_per_group_count), rate_per_group_period_ms = coalesce($9, k.rate_per_group_period_ms),
 				group_window = coalesce($10, k.group_window),
 				sequence_on_failure = coalesce($11, k.sequence_on_failure),
+				group_weights = `+mergeWeightsSQL("k.group_weights", "$12")+`,
 				updated_at = now(), updated_by = $6
-			RETURNING paused, concurrency, rate_count, rate_period_ms, concurrency_per_group, rate_per_group_count, rate_per_group_period_ms`,
-			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.ConcurrencyPerGroup, groupCount, groupPeriod, u.GroupWindow, u.SequenceOnFailure).Scan(
-			&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS, &lim.ConcurrencyPerGroup, &lim.RatePerGroup.Count, &groupMS); err != nil {
+			RETURNING paused, concurrency, rate_count, rate_period_ms, concurrency_per_group, rate_per_group_count, rate_per_group_period_ms,
+				(SELECT count(*) FROM jsonb_object_keys(k.group_weights))`,
+			kind, u.Paused, u.Concurrency, rateCount, ratePeriod, actor, u.ConcurrencyPerGroup, groupCount, groupPeriod, u.GroupWindow, u.SequenceOnFailure,
+			weights).Scan(
+			&lim.Paused, &lim.Concurrency, &lim.Rate.Count, &periodMS, &lim.ConcurrencyPerGroup, &lim.RatePerGroup.Count, &groupMS, &weighted); err != nil {
 			return err
+		}
+		if weighted > MaxWeightedGroups {
+			return &FieldError{Field: "group_weights", Msg: fmt.Sprintf("group_weights: the kind would have %d groups with a weight, at most %d may (a weight of 1 removes one)",
+				weighted, MaxWeightedGroups)}
 		}
 		lim.Rate.Per = time.Duration(periodMS) * time.Millisecond
 		lim.RatePerGroup.Per = time.Duration(groupMS) * time.Millisecond
 		if err := tx.QueryRow(ctx, `INSERT INTO ingest_kind_change (kind, actor, paused, concurrency, rate, concurrency_per_group, rate_per_group, group_window,
-				sequence_on_failure)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
-			kind, actor, u.Paused, u.Concurrency, rateText, u.ConcurrencyPerGroup, groupText, u.GroupWindow, u.SequenceOnFailure).Scan(&changeID); err != nil {
+				sequence_on_failure, group_weights)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb) RETURNING id`,
+			kind, actor, u.Paused, u.Concurrency, rateText, u.ConcurrencyPerGroup, groupText, u.GroupWindow, u.SequenceOnFailure, weights).Scan(&changeID); err != nil {
 			return err
 		}
 		if err := releaseOnContinue(ctx, tx, kind, u.SequenceOnFailure); err != nil {
@@ -280,6 +305,15 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 		}
 	}
 	return released, nil
+}
+
+// mergeWeightsSQL is the group weights old (an SQL expression) with the
+// weights of change (a jsonb parameter; NULL: none) set over them, the
+// groups of weight 1 (the default) left out.
+func mergeWeightsSQL(old, change string) string {
+	return `CASE WHEN ` + change + `::jsonb IS NULL THEN ` + old + ` ELSE (
+		SELECT coalesce(jsonb_object_agg(e.key, e.value), '{}') FROM jsonb_each(` + old + ` || ` + change + `::jsonb) AS e
+		WHERE e.value <> '1'::jsonb) END`
 }
 
 // reserveGrace is how long a slot reserved for a task that has not

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -134,9 +135,10 @@ a kind whose tasks are still to come.`,
 func (a *app) kindSetCommand() *cobra.Command {
 	var concurrency, perGroup, window int
 	var rate, groupRate, onFailure string
+	var weights []string
 	var force bool
 	cmd := &cobra.Command{
-		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD] [--concurrency-per-group N] [--rate-per-group COUNT/PERIOD] [--group-window N] [--sequence-on-failure block|continue]",
+		Use:   "set KIND [--concurrency N] [--rate COUNT/PERIOD] [--concurrency-per-group N] [--rate-per-group COUNT/PERIOD] [--group-window N] [--group-weight GROUP=W]... [--sequence-on-failure block|continue]",
 		Short: "Limit a kind across all workers: concurrency and start rate, per kind and per group (0: no limit); its sequences' failure policy",
 		Long: `Sets the kind's limits, applied by every worker within about a second:
 --concurrency N: at most N tasks of the kind RUNNING at once (a slot freed by
@@ -146,7 +148,11 @@ limit. --concurrency-per-group and --rate-per-group limit each group of the
 kind (a task's group_key; the tasks without one are one group) the same way,
 together with the kind's limits. --group-window N: at most N tasks of one
 group in the stream or running at once; ready tasks are served round-robin
-across groups (0: the default, 100). Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
+across groups (0: the default, 100). --group-weight GROUP=W (repeatable) gives
+a group a weight from 1 to 100: its window is W times the kind's, and it
+gets W turns in each round of the release, so groups kept busy share the
+kind in proportion to their weights (1, the default, removes a weight;
+other groups keep theirs). Tasks beyond a limit wait parked in PostgreSQL (no failed attempt, no
 consumer slot) and start as slots and starts free. A kind that has no tasks
 and no settings yet is set with a warning on stderr (a typo would otherwise
 succeed silently); --force silences it, for a kind whose tasks are still to
@@ -185,8 +191,15 @@ continue lets them go on (and releases those waiting now).`,
 			if cmd.Flags().Changed("group-window") {
 				u.GroupWindow = &window
 			}
-			if u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil && u.GroupWindow == nil && u.SequenceOnFailure == nil {
-				return usagef("kind set needs --concurrency, --rate, --concurrency-per-group, --rate-per-group or --group-window (0 removes a limit), or --sequence-on-failure")
+			if len(weights) > 0 {
+				var err error
+				if u.GroupWeights, err = parseGroupWeights(weights); err != nil {
+					return err
+				}
+			}
+			if u.Concurrency == nil && u.Rate == nil && u.ConcurrencyPerGroup == nil && u.RatePerGroup == nil && u.GroupWindow == nil && u.SequenceOnFailure == nil &&
+				u.GroupWeights == nil {
+				return usagef("kind set needs --concurrency, --rate, --concurrency-per-group, --rate-per-group or --group-window (0 removes a limit), --group-weight or --sequence-on-failure")
 			}
 			k, released, err := a.changeKind(cmd.Context(), args[0], u, force)
 			if err != nil {
@@ -195,12 +208,15 @@ continue lets them go on (and releases those waiting now).`,
 			if a.json {
 				return a.printJSON(map[string]any{"kind": args[0], "paused": k.Paused, "concurrency": k.Concurrency, "rate": k.Rate,
 					"concurrency_per_group": k.ConcurrencyPerGroup, "rate_per_group": k.RatePerGroup, "group_window": k.GroupWindow,
-					"sequence_on_failure": k.SequenceOnFailure, "released": released})
+					"group_weights": orEmptyMap(k.GroupWeights), "sequence_on_failure": k.SequenceOnFailure, "released": released})
 			}
 			a.printf("kind %s: concurrency %s, rate %s, sequence on failure %s; %d parked tasks released\n", args[0],
 				limitText(strconv.Itoa(k.Concurrency)), limitText(k.Rate), k.SequenceOnFailure, released)
-			if k.ConcurrencyPerGroup > 0 || k.RatePerGroup != "0" || k.GroupWindow > 0 {
+			if k.ConcurrencyPerGroup > 0 || k.RatePerGroup != "0" || k.GroupWindow > 0 || len(k.GroupWeights) > 0 {
 				a.printf("  per group: concurrency %s, rate %s, window %s\n", limitText(strconv.Itoa(k.ConcurrencyPerGroup)), limitText(k.RatePerGroup), windowText(k.GroupWindow))
+			}
+			if len(k.GroupWeights) > 0 {
+				a.printf("  group weights (others 1): %s\n", weightsText(k.GroupWeights))
 			}
 			return nil
 		},
@@ -211,8 +227,49 @@ continue lets them go on (and releases those waiting now).`,
 	rangeFlag(cmd.Flags(), &perGroup, "concurrency-per-group", "", task.ConcurrencyPerGroupRange, 0, "most tasks of one group of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&groupRate, "rate-per-group", "", "most starts of one group per period across all workers: 5/s, 300/m (0: no limit)")
 	rangeFlag(cmd.Flags(), &window, "group-window", "", task.GroupWindowRange, 0, "most tasks of one group in the stream or running at once (0: the default, 100)")
+	cmd.Flags().StringArrayVar(&weights, "group-weight", nil, "GROUP=W: the group's weight, 1 to 100 (1: the default); repeat for several groups")
 	cmd.Flags().BoolVar(&force, "force", false, "set a kind that has no tasks and no settings yet without a warning")
 	return cmd
+}
+
+// parseGroupWeights reads --group-weight values, GROUP=W each (the
+// group key may itself hold '=': the weight follows the last one).
+func parseGroupWeights(vals []string) (map[string]int, error) {
+	out := make(map[string]int, len(vals))
+	for _, v := range vals {
+		i := strings.LastIndexByte(v, '=')
+		if i < 0 {
+			return nil, usagef("--group-weight %q: want GROUP=WEIGHT, e.g. tenant-a=3", v)
+		}
+		w, err := strconv.Atoi(v[i+1:])
+		if err != nil {
+			return nil, usagef("--group-weight %q: the weight %q is not a whole number from %d to %d", v, v[i+1:], task.GroupWeightRange.Min, task.GroupWeightRange.Max)
+		}
+		out[v[:i]] = w
+	}
+	return out, nil
+}
+
+// weightsText shows group weights as "a=3, b=2", by group key.
+func weightsText(w map[string]int) string {
+	keys := make([]string, 0, len(w))
+	for k := range w {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + strconv.Itoa(w[k])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// orEmptyMap is m, or an empty map for nil (JSON {} rather than null).
+func orEmptyMap(m map[string]int) map[string]int {
+	if m == nil {
+		return map[string]int{}
+	}
+	return m
 }
 
 // limitDash shows a limit, "0" as "" (none).
