@@ -78,6 +78,24 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- outbox_event_index builds the indexes of a partition before it is
+-- attached, each named after it as the partition of the table from before
+-- the partitioning has them (<partition>_pkey, _claim_idx, _task_idx,
+-- _stream_id_idx, _created_idx): ATTACH takes them as the partitions of
+-- the parent's indexes of the same definition.
+-- +goose StatementBegin
+CREATE FUNCTION outbox_event_index(part text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I PRIMARY KEY (id)', part, part || '_pkey');
+    EXECUTE format($f$CREATE INDEX %I ON %I (next_retry_at, id) WHERE status IN ('NEW', 'RETRYING')$f$, part || '_claim_idx', part);
+    EXECUTE format('CREATE INDEX %I ON %I (task_id, id)', part || '_task_idx', part);
+    EXECUTE format('CREATE INDEX %I ON %I (stream, stream_id) WHERE stream_id IS NOT NULL', part || '_stream_id_idx', part);
+    EXECUTE format('CREATE INDEX %I ON %I (created_at DESC)', part || '_created_idx', part);
+END;
+$$;
+-- +goose StatementEnd
+
 -- outbox_event_extend opens the partitions from the upper bound of the
 -- newest one until they reach the ids that ahead of time takes at the
 -- rate ids were taken over the last width (at least min_ids past the last
@@ -86,8 +104,8 @@ $$;
 -- written within the last width (outbox_event_created_idx) and the
 -- sequence. Each new partition is built alone (the settings of the newest
 -- partition, a CHECK of its bounds), takes the rows the DEFAULT partition
--- holds for its range, and is attached, which builds its indexes:
--- ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which writers of
+-- holds for its range, gets its indexes (outbox_event_index) and is
+-- attached: ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which writers of
 -- outbox rows do not wait on.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_event_extend(width interval, ahead interval, min_ids bigint) RETURNS integer
@@ -139,6 +157,7 @@ BEGIN
             EXECUTE format('WITH m AS (DELETE FROM outbox_event_default WHERE id >= %s AND id < %s RETURNING *)
                             INSERT INTO %I SELECT * FROM m', lo, hi, part);
         END IF;
+        PERFORM outbox_event_index(part);
         EXECUTE format('ALTER TABLE outbox_event ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%s)', part, lo, hi);
         EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', part, part || '_bounds');
         n := n + 1;
@@ -251,11 +270,13 @@ BEGIN
     CREATE INDEX outbox_event_task_idx ON outbox_event (task_id, id);
     CREATE INDEX outbox_event_stream_id_idx ON outbox_event (stream, stream_id) WHERE stream_id IS NOT NULL;
     CREATE INDEX outbox_event_created_idx ON outbox_event (created_at DESC);
-    CREATE TABLE outbox_event_default PARTITION OF outbox_event DEFAULT;
+    CREATE TABLE outbox_event_default (LIKE outbox_event INCLUDING CONSTRAINTS);
     SELECT array_to_string(c.reloptions, ', ') INTO s FROM pg_class c WHERE c.oid = 'outbox_event_history'::regclass;
     IF s IS NOT NULL THEN
         EXECUTE format('ALTER TABLE outbox_event_default SET (%s)', s);
     END IF;
+    PERFORM outbox_event_index('outbox_event_default');
+    ALTER TABLE outbox_event ATTACH PARTITION outbox_event_default DEFAULT;
     PERFORM outbox_event_extend(interval '1 day', interval '2 days', 10000);
 
     FOREACH s IN ARRAY grants LOOP
@@ -340,6 +361,7 @@ $$;
 -- +goose StatementEnd
 DROP FUNCTION ingest_partition_retire(regclass, regclass, bigint);
 DROP FUNCTION outbox_event_extend(interval, interval, bigint);
+DROP FUNCTION outbox_event_index(text);
 DROP FUNCTION outbox_event_last_id();
 DROP FUNCTION outbox_event_partitions();
 DROP FUNCTION ingest_partition_bounds(regclass);
