@@ -585,16 +585,16 @@ func TestUpgradeOutboxPartitions(t *testing.T) {
 		Stream    string
 		Status    string
 		Attempts  int
-		Retry     *time.Time
-		Err       *string
-		StreamID  *string
+		Retry     string
+		Err       string
+		StreamID  string
 		CreatedAt time.Time
-		SentAt    *time.Time
+		SentAt    string
 	}
 	rows := func() []row {
 		t.Helper()
-		rs, err := db.Pool.Query(ctx, `SELECT id, task_id, stream, status, attempt_count, next_retry_at, last_error, stream_id,
-			created_at, sent_at FROM outbox_event ORDER BY id`)
+		rs, err := db.Pool.Query(ctx, `SELECT id, task_id, stream, status, attempt_count, coalesce(next_retry_at::text, '-'),
+			coalesce(last_error, '-'), coalesce(stream_id, '-'), created_at, coalesce(sent_at::text, '-') FROM outbox_event ORDER BY id`)
 		if err != nil {
 			t.Fatal(err)
 		}
