@@ -31,10 +31,19 @@
 -- its own when it is attached. Whatever triggers the table has (the
 -- NOTIFY of new rows) are carried over to the parent, built from the
 -- catalog with their enabled state, and so are its grants, as in 00024.
+-- The functions that list partitions with their bounds are PL/pgSQL, so
+-- that no caller's condition on a bound cast to the table's type (WHERE
+-- hi IS NOT NULL) is pushed down to the catalog scan and evaluated on the
+-- bounds of another table's partitions (a timestamp cast to bigint, or an
+-- id to timestamptz), which fails. ingest_task_transition_partitions, an
+-- SQL function until now, is redefined so too: the outbox's partitions
+-- are the first other partitions in the catalog.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_partition_bounds(parent regclass)
 RETURNS TABLE (name text, lo text, hi text, is_default boolean)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
     SELECT c.relname::text,
            CASE WHEN b.expr = 'DEFAULT' OR b.expr LIKE 'FOR VALUES FROM (MINVALUE)%' THEN NULL
                 ELSE substring(b.expr FROM $re$FROM \('([^']+)'\)$re$) END,
@@ -44,7 +53,8 @@ LANGUAGE sql STABLE AS $$
     FROM pg_inherits i
     JOIN pg_class c ON c.oid = i.inhrelid
     CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
-    WHERE i.inhparent = parent
+    WHERE i.inhparent = parent;
+END;
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION ingest_partition_bounds(regclass) IS
@@ -53,10 +63,29 @@ COMMENT ON FUNCTION ingest_partition_bounds(regclass) IS
 -- +goose StatementBegin
 CREATE FUNCTION outbox_event_partitions()
 RETURNS TABLE (name text, lo bigint, hi bigint, is_default boolean)
-LANGUAGE sql STABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
     SELECT b.name, b.lo::bigint, b.hi::bigint, b.is_default
     FROM ingest_partition_bounds('outbox_event') b
-    ORDER BY b.is_default, b.hi NULLS LAST, b.lo NULLS FIRST
+    ORDER BY b.is_default, b.hi::bigint NULLS LAST, b.lo::bigint NULLS FIRST;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_task_transition_partitions()
+RETURNS TABLE (name text, lo timestamptz, hi timestamptz, is_default boolean)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY
+    SELECT b.name,
+           CASE WHEN b.is_default OR b.lo IS NULL THEN '-infinity'::timestamptz ELSE b.lo::timestamptz END,
+           CASE WHEN b.is_default OR b.hi IS NULL THEN 'infinity'::timestamptz ELSE b.hi::timestamptz END,
+           b.is_default
+    FROM ingest_partition_bounds('ingest_task_transition') b
+    ORDER BY 3, 2;
+END;
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION outbox_event_partitions() IS
@@ -357,6 +386,23 @@ BEGIN
         END IF;
     END LOOP;
 END;
+$$;
+-- +goose StatementEnd
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_task_transition_partitions()
+RETURNS TABLE (name text, lo timestamptz, hi timestamptz, is_default boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT c.relname::text,
+           CASE WHEN b.expr = 'DEFAULT' OR b.expr LIKE 'FOR VALUES FROM (MINVALUE)%' THEN '-infinity'::timestamptz
+                ELSE substring(b.expr FROM $re$FROM \('([^']+)'\)$re$)::timestamptz END,
+           CASE WHEN b.expr = 'DEFAULT' OR b.expr LIKE '%TO (MAXVALUE)' THEN 'infinity'::timestamptz
+                ELSE substring(b.expr FROM $re$TO \('([^']+)'\)$re$)::timestamptz END,
+           b.expr = 'DEFAULT'
+    FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    CROSS JOIN LATERAL (SELECT pg_get_expr(c.relpartbound, c.oid) AS expr) b
+    WHERE i.inhparent = 'ingest_task_transition'::regclass
+    ORDER BY 3, 2
 $$;
 -- +goose StatementEnd
 DROP FUNCTION ingest_partition_retire(regclass, regclass, bigint);
