@@ -190,6 +190,10 @@ func TestRetentionReadsByKey(t *testing.T) {
 	} {
 		st := task.RetentionStatements()[name]
 		nodes, plan := testenv.GenericPlan(t, db, st[0], st[1])
+		// Probes by task, never a join over a whole partition's index.
+		if bad := testenv.TableReads(nodes, "outbox_event"); len(bad) > 0 {
+			t.Errorf("%s reads the outbox whole: %v:\n%s", name, bad, plan)
+		}
 		seen := map[string]bool{}
 		for _, p := range nodes {
 			idx, ok := index[p.Relation]

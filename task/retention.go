@@ -91,8 +91,13 @@ func entryRefs(streams, ids []string) []stream.EntryRef {
 // they go with their partitions) and an operator's delete by id
 // (deleteTerminalSQL, with them).
 func finishedCTEs(rows bool) string {
+	// Without the rows, each task's outbox rows are read by a probe of
+	// outbox_event_task_idx in each partition: a LATERAL subquery that
+	// OFFSET 0 keeps from being flattened into a join, which the planner
+	// made a hash join over every partition's index, read whole.
 	a, o := "", `
-o AS (SELECT o.id, o.task_id, o.stream, o.stream_id FROM t JOIN outbox_event o ON o.task_id = t.id),`
+o AS (SELECT e.id, e.task_id, e.stream, e.stream_id FROM t CROSS JOIN LATERAL (
+          SELECT e.id, e.task_id, e.stream, e.stream_id FROM outbox_event e WHERE e.task_id = t.id OFFSET 0) e),`
 	if rows {
 		a = `
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),`
