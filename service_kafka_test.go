@@ -177,7 +177,7 @@ func TestKafkaServiceKeepsItsConfig(t *testing.T) {
 		Maintenance: maintenance.Config{
 			Releaser:         maintenance.ReleaserConfig{Interval: 7 * time.Second},
 			ReleaserDisabled: false,
-			Retention:        maintenance.RetentionConfig{Age: 5 * time.Hour, Interval: 11 * time.Second},
+			Retention:        maintenance.RetentionConfig{BatchSize: 5, Interval: 11 * time.Second},
 		},
 	}
 	kcfg := kafka.Config{Brokers: []string{"127.0.0.1:1"}, Topic: "tasks-k", Group: "group-k"}
@@ -192,7 +192,7 @@ func TestKafkaServiceKeepsItsConfig(t *testing.T) {
 	}
 	m := svc.Maintainer().Config()
 	if m.Releaser.Interval != 7*time.Second || m.ReleaserDisabled || m.Listen != listen ||
-		m.Retention.Age != 5*time.Hour || m.Retention.Interval != 11*time.Second || m.Elector.ID != "k-1" {
+		m.Retention.BatchSize != 5 || m.Retention.Interval != 11*time.Second || m.Elector.ID != "k-1" {
 		t.Errorf("maintainer config %+v: the releaser, Listen, retention or elector settings given were dropped", m)
 	}
 	if !m.RescuerDisabled || !m.ConsumersDisabled || !m.Retention.DisableTrim || m.Retention.DLQ != "" ||

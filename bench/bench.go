@@ -452,7 +452,7 @@ func (b *run) serviceConfig() ingest.Config {
 	}
 	if o.Retention > 0 {
 		cfg.Maintenance.Retention = maintenance.RetentionConfig{
-			Tasks: task.Windows{Succeeded: o.Retention}, Age: o.Retention,
+			Tasks:    task.Windows{Succeeded: o.Retention},
 			Interval: min(o.Retention, 10*time.Second), Streams: []string{b.stream},
 		}
 	}

@@ -46,11 +46,12 @@ type Config struct {
 	Retention         RetentionConfig
 	RetentionDisabled bool
 
-	// Partitions configures the audit table's partitions (created ahead,
-	// dropped once no task that exists has a row in one);
-	// PartitionsDisabled runs none (then the audit rows of days not
-	// created ahead land in the DEFAULT partition, and retention's
-	// deleted tasks leave their audit rows behind).
+	// Partitions configures the partitions of the audit table and of the
+	// outbox (created ahead, dropped once no longer written to, the rows
+	// of the tasks that still exist moved out first);
+	// PartitionsDisabled runs none (then the rows beyond the partitions
+	// created ahead land in the DEFAULT partitions, and retention's
+	// deleted tasks leave their audit and outbox rows behind).
 	Partitions         PartitionsConfig
 	PartitionsDisabled bool
 
@@ -260,10 +261,8 @@ func (c RescuerConfig) validate() error {
 
 // Retention defaults.
 const (
-	DefaultRetentionAge           = 24 * time.Hour
-	DefaultRetentionInterval      = time.Minute
-	DefaultRetentionBatchSize     = 1000
-	DefaultRetentionBatchesPerRun = 10
+	DefaultRetentionInterval  = time.Minute
+	DefaultRetentionBatchSize = 1000
 
 	// Finished tasks are kept this long after finished_at, by state.
 	DefaultRetentionSucceeded = 24 * time.Hour
@@ -271,28 +270,25 @@ const (
 	DefaultRetentionDead      = 168 * time.Hour
 )
 
-// RetentionConfig configures the retention of finished tasks, of SENT
-// outbox rows and stream trimming. Zero fields take the Default* values.
+// RetentionConfig configures the retention of finished tasks and stream
+// trimming (the audit and outbox rows go with their partitions:
+// PartitionsConfig). Zero fields take the Default* values.
 type RetentionConfig struct {
 	// Tasks are how long finished tasks are kept after finished_at, by
 	// state (zero: DefaultRetentionSucceeded, DefaultRetentionCancelled,
 	// DefaultRetentionDead; task.KeepForever: never deleted). An expired
-	// task goes with its outbox rows, a DEAD one with its entry in the DLQ
-	// stream; its audit rows go with their partition (PartitionsConfig).
+	// task goes with its task-stream entries, a DEAD one with its entry in
+	// the DLQ stream; its audit and outbox rows go with their partitions
+	// (PartitionsConfig).
 	Tasks task.Windows
 	// DLQ is the dead-letter stream the entries of deleted DEAD tasks are
 	// removed from ("": none, as with the DLQ in Kafka).
 	DLQ string
-	// Age: SENT outbox rows whose sent_at is older are deleted.
-	Age time.Duration
 	// Interval is the period of the passes.
 	Interval time.Duration
-	// BatchSize is how many rows (tasks, or SENT outbox rows) one DELETE
-	// removes; each is its own short transaction.
+	// BatchSize is how many tasks one DELETE removes; each is its own
+	// short transaction.
 	BatchSize int
-	// BatchesPerRun bounds the DELETEs of SENT rows of one pass (tasks
-	// are deleted until a batch is short).
-	BatchesPerRun int
 	// Streams are the task streams to trim (default: the default stream),
 	// each with the streams of its other priorities (stream.Keys).
 	Streams []string
@@ -306,10 +302,8 @@ func (c RetentionConfig) WithDefaults() RetentionConfig {
 	c.Tasks.Succeeded = cmp.Or(c.Tasks.Succeeded, DefaultRetentionSucceeded)
 	c.Tasks.Cancelled = cmp.Or(c.Tasks.Cancelled, DefaultRetentionCancelled)
 	c.Tasks.Dead = cmp.Or(c.Tasks.Dead, DefaultRetentionDead)
-	c.Age = cmp.Or(c.Age, DefaultRetentionAge)
 	c.Interval = cmp.Or(c.Interval, DefaultRetentionInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultRetentionBatchSize)
-	c.BatchesPerRun = cmp.Or(c.BatchesPerRun, DefaultRetentionBatchesPerRun)
 	if len(c.Streams) == 0 {
 		c.Streams = []string{stream.DefaultStream}
 	}
@@ -324,14 +318,10 @@ func (c RetentionConfig) validate() error {
 		return configErr("Retention.Tasks.Cancelled", "must be more than 0s or task.KeepForever, got %s", c.Tasks.Cancelled)
 	case c.Tasks.Dead < 0 && c.Tasks.Dead != task.KeepForever:
 		return configErr("Retention.Tasks.Dead", "must be more than 0s or task.KeepForever, got %s", c.Tasks.Dead)
-	case c.Age < time.Millisecond:
-		return configErr("Retention.Age", "must be at least 1ms, got %s", c.Age)
 	case c.Interval < time.Millisecond:
 		return configErr("Retention.Interval", "must be at least 1ms, got %s", c.Interval)
 	case c.BatchSize < 1 || c.BatchSize > 100000:
 		return configErr("Retention.BatchSize", "must be from 1 to 100000, got %d", c.BatchSize)
-	case c.BatchesPerRun < 1:
-		return configErr("Retention.BatchesPerRun", "must be at least 1, got %d", c.BatchesPerRun)
 	}
 	for i, s := range c.Streams {
 		if s == "" {
@@ -341,31 +331,47 @@ func (c RetentionConfig) validate() error {
 	return nil
 }
 
-// Audit partition defaults: daily partitions, two days ahead, checked
-// every minute.
+// Partition defaults: daily partitions, two days ahead, checked every
+// minute; a past partition is dropped when at most 10,000 of its rows
+// belong to tasks that still exist (they move to the DEFAULT partition);
+// an outbox partition holds at least 10,000 ids.
 const (
-	DefaultPartitionWidth       = 24 * time.Hour
-	DefaultPartitionAhead       = 48 * time.Hour
-	DefaultPartitionInterval    = time.Minute
-	DefaultPartitionLockTimeout = time.Second
+	DefaultPartitionWidth        = 24 * time.Hour
+	DefaultPartitionAhead        = 48 * time.Hour
+	DefaultPartitionInterval     = time.Minute
+	DefaultPartitionLockTimeout  = time.Second
+	DefaultPartitionKeepMax      = 10000
+	DefaultPartitionOutboxMinIDs = 10000
 )
 
-// PartitionsConfig configures the leader's upkeep of the audit table's
-// partitions (partitions.go). Zero fields take the Default* values.
+// PartitionsConfig configures the leader's upkeep of the partitions of
+// the audit table and of the outbox (partitions.go). Zero fields take the
+// Default* values.
 type PartitionsConfig struct {
 	// Width is the time range of each partition created (from the end of
 	// the newest one: a change applies to the partitions created after
-	// it). A partition is dropped whole, so Width is the grain of audit
-	// retention: a row stays up to Width longer than its task.
+	// it); an outbox partition holds the ids Width of time took, at the
+	// rate of the last Width. A partition is dropped whole, so Width is
+	// the grain of retention: a row stays up to Width longer than its
+	// task.
 	Width time.Duration
 	// Ahead is how far past now the partitions reach after each pass.
 	Ahead time.Duration
 	// Interval is the period of the passes.
 	Interval time.Duration
 	// LockTimeout bounds the wait of each DDL statement for its lock
-	// (ATTACH, DROP), and so how long writers of audit rows can wait
-	// behind it; a statement that times out is retried at the next pass.
+	// (ATTACH, DROP), and so how long writers of audit or outbox rows
+	// can wait behind it; a statement that times out is retried at the
+	// next pass.
 	LockTimeout time.Duration
+	// KeepMax is the most rows of tasks that still exist a past
+	// partition may hold and still be dropped: they are moved into the
+	// DEFAULT partition first. A partition with more stays until enough
+	// of its tasks are gone.
+	KeepMax int
+	// OutboxMinIDs is the fewest ids an outbox partition holds, however
+	// slowly ids are taken.
+	OutboxMinIDs int
 }
 
 // WithDefaults returns the configuration with every zero field set to
@@ -375,6 +381,8 @@ func (c PartitionsConfig) WithDefaults() PartitionsConfig {
 	c.Ahead = cmp.Or(c.Ahead, DefaultPartitionAhead)
 	c.Interval = cmp.Or(c.Interval, DefaultPartitionInterval)
 	c.LockTimeout = cmp.Or(c.LockTimeout, DefaultPartitionLockTimeout)
+	c.KeepMax = cmp.Or(c.KeepMax, DefaultPartitionKeepMax)
+	c.OutboxMinIDs = cmp.Or(c.OutboxMinIDs, DefaultPartitionOutboxMinIDs)
 	return c
 }
 
@@ -388,6 +396,10 @@ func (c PartitionsConfig) validate() error {
 		return configErr("Partitions.Interval", "must be at least 1ms, got %s", c.Interval)
 	case c.LockTimeout < time.Millisecond:
 		return configErr("Partitions.LockTimeout", "must be at least 1ms, got %s", c.LockTimeout)
+	case c.KeepMax < 0:
+		return configErr("Partitions.KeepMax", "must not be negative, got %d", c.KeepMax)
+	case c.OutboxMinIDs < 1:
+		return configErr("Partitions.OutboxMinIDs", "must be at least 1, got %d", c.OutboxMinIDs)
 	}
 	return nil
 }

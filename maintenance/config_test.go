@@ -25,7 +25,8 @@ func TestConfigValidationNamesTheField(t *testing.T) {
 		{"RescuerGrace", maintenance.Config{Rescuer: maintenance.RescuerConfig{Grace: -time.Second}}, "Rescuer.Grace"},
 		{"RescuerDisabledIsNotChecked", maintenance.Config{Rescuer: maintenance.RescuerConfig{Grace: -time.Second}, RescuerDisabled: true}, ""},
 		{"RetentionStreams", maintenance.Config{Retention: maintenance.RetentionConfig{Streams: []string{"a", ""}}}, "Retention.Streams[1]"},
-		{"RetentionAge", maintenance.Config{Retention: maintenance.RetentionConfig{Age: -time.Hour}}, "Retention.Age"},
+		{"RetentionBatchSize", maintenance.Config{Retention: maintenance.RetentionConfig{BatchSize: -1}}, "Retention.BatchSize"},
+		{"PartitionsKeepMax", maintenance.Config{Partitions: maintenance.PartitionsConfig{KeepMax: -1}}, "Partitions.KeepMax"},
 		{"ConsumerIdleTimeoutNegative", maintenance.Config{Consumers: maintenance.ConsumersConfig{IdleTimeout: -time.Hour}}, "Consumers.IdleTimeout"},
 		{"ConsumerCheckIntervalNegative", maintenance.Config{Consumers: maintenance.ConsumersConfig{Interval: -1}}, "Consumers.Interval"},
 		{"TTLTooShort", maintenance.Config{Elector: maintenance.ElectorConfig{TTL: time.Millisecond}}, "Elector.TTL"},
@@ -76,8 +77,8 @@ func TestNewDefaultsAndRequirements(t *testing.T) {
 		r.BatchSize != 100 || r.PagesPerRun != 10 || r.Grace != time.Minute {
 		t.Errorf("rescuer defaults %+v", r)
 	}
-	if r := got.Retention; r.Age != 24*time.Hour || r.Interval != time.Minute || r.BatchSize != 1000 ||
-		r.BatchesPerRun != 10 || len(r.Streams) != 1 || r.Streams[0] != "ingest:tasks" {
+	if r := got.Retention; r.Interval != time.Minute || r.BatchSize != 1000 ||
+		len(r.Streams) != 1 || r.Streams[0] != "ingest:tasks" {
 		t.Errorf("retention defaults %+v", r)
 	}
 	if c := got.Consumers; c.Stream != "ingest:tasks" || c.Group != "ingest-workers" || c.IdleTimeout != time.Hour || c.Interval != time.Minute {

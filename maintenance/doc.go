@@ -60,7 +60,6 @@
 //
 // Metrics: ingest_leader{name} (1 while this process leads);
 // outbox_rescued_total, ingest_task_retention_deleted_total{status},
-// outbox_retention_deleted_total,
 // outbox_stream_trimmed_total{stream} and
 // outbox_maintenance_errors_total{component} (rescuer, retention,
 // partitions); the

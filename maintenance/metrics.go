@@ -21,7 +21,6 @@ const (
 // counter, as it did when the reclaimer ran it.
 type metrics struct {
 	rescued        prometheus.Counter     // outbox_rescued_total
-	deleted        prometheus.Counter     // outbox_retention_deleted_total
 	tasksDeleted   *prometheus.CounterVec // ingest_task_retention_deleted_total{status}
 	trimmed        *prometheus.CounterVec // outbox_stream_trimmed_total{stream}
 	failures       *prometheus.CounterVec // outbox_maintenance_errors_total{component}
@@ -38,13 +37,9 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 			Name: "outbox_rescued_total",
 			Help: "Tasks the rescuer found missing from Redis and gave a new outbox row.",
 		}),
-		deleted: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_retention_deleted_total",
-			Help: "SENT outbox rows deleted by retention.",
-		}),
 		tasksDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ingest_task_retention_deleted_total",
-			Help: "Finished tasks deleted by retention (with their outbox rows; their audit rows go with their partition) after their state's retention window, by state.",
+			Help: "Finished tasks deleted by retention (their audit and outbox rows go with their partitions) after their state's retention window, by state.",
 		}, []string{"status"}),
 		trimmed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_stream_trimmed_total",
@@ -52,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 		}, []string{"stream"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_maintenance_errors_total",
-			Help: "Failed passes of the outbox rescuer, retention and the audit partitions' upkeep.",
+			Help: "Failed passes of the outbox rescuer, retention and the upkeep of the audit and outbox partitions.",
 		}, []string{"component"}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ingest_leader",
@@ -61,9 +56,6 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 	}
 	var err error
 	if m.rescued, err = promreg.Register(reg, m.rescued); err != nil {
-		return nil, err
-	}
-	if m.deleted, err = promreg.Register(reg, m.deleted); err != nil {
 		return nil, err
 	}
 	if m.tasksDeleted, err = promreg.Register(reg, m.tasksDeleted); err != nil {

@@ -178,18 +178,20 @@ func TestPartitionsCreatedAhead(t *testing.T) {
 	}
 }
 
-// TestPartitionsDroppedOnceNoTaskNeedsThem: two past partitions hold rows
-// of tasks that retention deletes and of a task in flight whose history
-// spans both. While that task exists, through its completion, both stay
-// and its trail is whole; once retention has deleted it too, a pass drops
-// both, and never the current partition, those ahead or the DEFAULT one.
-func TestPartitionsDroppedOnceNoTaskNeedsThem(t *testing.T) {
+// TestPartitionsDroppedKeepingTheHistoryOfTasksThatExist: two past
+// partitions hold rows of tasks that retention deletes and of a task in
+// flight whose history spans both. A pass drops both all the same, never
+// the current partition, those ahead or the DEFAULT one: the rows of the
+// deleted tasks go with them, and the spanning task keeps its whole trail
+// (the same rows, ids and times, now in the DEFAULT partition) through
+// its completion. With more rows of existing tasks than KeepMax, a
+// partition stays instead.
+func TestPartitionsDroppedKeepingTheHistoryOfTasksThatExist(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
 	past := pastLayout(t, b.db, -2*time.Hour, -time.Hour)
 	_, now := listPartitions(t, b.db)
-	p := b.partitions(t, maintenance.PartitionsConfig{})
 	windows := task.Windows{Succeeded: time.Hour, Cancelled: time.Hour, Dead: time.Hour}
 	expire := func() []task.Deleted {
 		t.Helper()
@@ -204,46 +206,40 @@ func TestPartitionsDroppedOnceNoTaskNeedsThem(t *testing.T) {
 	y := b.agedTask(t, task.Dead, 3*time.Hour)      // rows in the second
 	s := b.agedTask(t, task.Running, 4*time.Hour)   // in flight, rows in both
 	gone := []int64{auditAt(t, b.db, x, now.Add(-150*time.Minute)), auditAt(t, b.db, y, now.Add(-90*time.Minute))}
-	sRows := []int64{auditAt(t, b.db, s, now.Add(-150*time.Minute)), auditAt(t, b.db, s, now.Add(-90*time.Minute))}
-	if p0, p1 := partitionOf(t, b.db, sRows[0]), partitionOf(t, b.db, sRows[1]); p0 != past[0] || p1 != past[1] {
-		t.Fatalf("the spanning task's rows are in %s and %s, want %v", p0, p1, past)
+	sRows := []int64{auditAt(t, b.db, s, now.Add(-150*time.Minute)), auditAt(t, b.db, s, now.Add(-140*time.Minute)),
+		auditAt(t, b.db, s, now.Add(-90*time.Minute))}
+	for i, want := range []string{past[0], past[0], past[1]} {
+		if got := partitionOf(t, b.db, sRows[i]); got != want {
+			t.Fatalf("the spanning task's row %d is in %s, want %s", sRows[i], got, want)
+		}
 	}
-	trail := trailIDs(t, b.db, s)
+	trail := auditTrail(t, b.db, s)
 	if d := expire(); len(d) != 2 {
 		t.Fatalf("retention deleted %+v, want the two finished tasks", d)
 	}
 
-	pass := func(wantDropped ...string) {
-		t.Helper()
-		res, err := p.RunOnce(ctx)
-		if err != nil {
-			t.Fatal(err)
+	// A KeepMax below the spanning task's rows in the first partition
+	// (two) keeps it; the second, with one, goes.
+	strict := b.partitions(t, maintenance.PartitionsConfig{KeepMax: 1})
+	res, err := strict.RunOnce(ctx)
+	if err != nil || !slices.Equal(res.Dropped, past[1:]) || res.Held != 1 || res.Kept != 1 {
+		t.Fatalf("pass with KeepMax 1 = %+v, %v; want %s held and %s dropped with 1 row kept", res, err, past[0], past[1])
+	}
+	if got := auditTrail(t, b.db, s); !slices.Equal(got, trail) {
+		t.Fatalf("the spanning task's trail after a drop: %v, want %v", got, trail)
+	}
+	res, err = b.partitions(t, maintenance.PartitionsConfig{}).RunOnce(ctx)
+	if err != nil || !slices.Equal(res.Dropped, past[:1]) || res.Held != 0 || res.Kept != 2 {
+		t.Fatalf("pass = %+v, %v; want %s dropped with 2 rows kept", res, err, past[0])
+	}
+	if got := auditTrail(t, b.db, s); !slices.Equal(got, trail) {
+		t.Fatalf("the spanning task's trail after both drops: %v, want %v", got, trail)
+	}
+	for _, id := range sRows {
+		if got := partitionOf(t, b.db, id); got != "ingest_task_transition_default" {
+			t.Errorf("the spanning task's row %d is in %s, want the DEFAULT partition", id, got)
 		}
-		slices.Sort(res.Dropped)
-		if !slices.Equal(res.Dropped, wantDropped) {
-			t.Fatalf("pass dropped %v, want %v", res.Dropped, wantDropped)
-		}
 	}
-	pass()
-	if got := trailIDs(t, b.db, s); !slices.Equal(got, trail) {
-		t.Fatalf("the spanning task's trail after a pass: %v, want %v", got, trail)
-	}
-	// It completes: still there, its partitions too.
-	if res, err := b.store.Succeed(ctx, "w", s); err != nil || len(res) != 1 || !res[0].Applied {
-		t.Fatalf("Succeed = %+v, %v", res, err)
-	}
-	pass()
-	if got := trailIDs(t, b.db, s); len(got) != len(trail)+1 || !slices.Equal(got[:len(trail)], trail) {
-		t.Fatalf("the spanning task's trail after its completion: %v, want %v and the completion", got, trail)
-	}
-	// Its window passes: retention deletes it, the next pass drops both.
-	if _, err := b.db.Exec(ctx, `UPDATE ingest_task SET finished_at = now() - interval '2 hours' WHERE id = $1`, s); err != nil {
-		t.Fatal(err)
-	}
-	if d := expire(); len(d) != 1 || d[0].ID != s {
-		t.Fatalf("retention deleted %+v, want the spanning task", d)
-	}
-	pass(past...)
 	parts, _ := listPartitions(t, b.db)
 	names := partitionNames(parts)
 	for _, gone := range past {
@@ -255,18 +251,45 @@ func TestPartitionsDroppedOnceNoTaskNeedsThem(t *testing.T) {
 		t.Errorf("partitions after the drop: %v; want the current one, those ahead and the DEFAULT one", names)
 	}
 	var n int
-	if err := b.db.QueryRow(ctx, `SELECT count(*) FROM ingest_task_transition WHERE id = ANY($1)`, append(gone, sRows...)).Scan(&n); err != nil || n != 0 {
-		t.Errorf("%d rows of the dropped partitions are still there, %v", n, err)
+	if err := b.db.QueryRow(ctx, `SELECT count(*) FROM ingest_task_transition WHERE id = ANY($1)`, gone).Scan(&n); err != nil || n != 0 {
+		t.Errorf("%d rows of the deleted tasks are still there, %v", n, err)
 	}
-	pass()
+	// It completes: its trail grows on.
+	if res, err := b.store.Succeed(ctx, "w", s); err != nil || len(res) != 1 || !res[0].Applied {
+		t.Fatalf("Succeed = %+v, %v", res, err)
+	}
+	if got := auditTrail(t, b.db, s); len(got) != len(trail)+1 || !slices.Equal(got[:len(trail)], trail) {
+		t.Fatalf("the spanning task's trail after its completion: %v, want %v and the completion", got, trail)
+	}
+}
+
+// auditTrail is a task's audit rows as the documented query reads them.
+func auditTrail(t *testing.T, db *pgxpool.Pool, id uuid.UUID) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT * FROM ingest_task_transition WHERE task_id = $1 ORDER BY id`, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, fmt.Sprint(vals...))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // TestPartitionsKeptWhileATransactionFromBeforeTheirEndIsOpen: a
 // transaction that began before a partition's end writes an audit row
 // into it after the end has passed. Until it commits the partition is not
-// dropped (its row is not visible yet, so the task check alone would miss
-// it); after, the row's task holds it; once that task is gone, it is
-// dropped.
+// dropped (its row is not visible yet, so it would be lost); after, it is
+// dropped and the row, whose task exists, kept.
 func TestPartitionsKeptWhileATransactionFromBeforeTheirEndIsOpen(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -318,14 +341,11 @@ func TestPartitionsKeptWhileATransactionFromBeforeTheirEndIsOpen(t *testing.T) {
 	if got := partitionOf(t, b.db, rowID); got != past[0] {
 		t.Fatalf("the late row is in %s, want %s", got, past[0])
 	}
-	if res, err := p.RunOnce(ctx); err != nil || len(res.Dropped) != 0 || res.Held != 1 {
-		t.Fatalf("pass after the commit = %+v, %v; want the partition held by the task", res, err)
+	if res, err := p.RunOnce(ctx); err != nil || !slices.Equal(res.Dropped, past) || res.Kept != 1 {
+		t.Fatalf("pass after the commit = %+v, %v; want %v dropped, its row kept", res, err, past)
 	}
-	if _, err := b.db.Exec(ctx, `DELETE FROM ingest_task WHERE id = $1`, tk.Task.ID); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := p.RunOnce(ctx); err != nil || !slices.Equal(res.Dropped, past) {
-		t.Fatalf("pass after the task is gone = %+v, %v; want %v dropped", res, err, past)
+	if ids := trailIDs(t, b.db, tk.Task.ID); len(ids) != 2 || ids[1] != rowID || partitionOf(t, b.db, rowID) != "ingest_task_transition_default" {
+		t.Fatalf("the task's trail %v; want its creation and the late row %d, in the DEFAULT partition", ids, rowID)
 	}
 }
 

@@ -18,24 +18,21 @@ import (
 
 // retentionResult counts what one retention pass did.
 type retentionResult struct {
-	// Tasks deleted (with their outbox rows), by state.
+	// Tasks deleted, by state.
 	Tasks map[task.State]int
 	// DLQ entries of deleted DEAD tasks removed.
 	DLQRemoved int
 	// Task-stream entries of deleted tasks removed.
 	EntriesRemoved int
-	// Deleted SENT outbox rows.
-	Deleted int
 	// Trimmed stream entries, over all streams.
 	Trimmed int64
 }
 
-// retention deletes expired finished tasks, old SENT outbox rows and
-// trims the task streams.
+// retention deletes expired finished tasks and trims the task streams.
 //
 // A finished task is deleted once its state's window (Tasks) has passed
-// since finished_at, with its outbox rows (its audit rows go with their
-// partition: partitions.go), in batches of
+// since finished_at (its audit and outbox rows go with their partitions:
+// partitions.go), in batches of
 // BatchSize tasks, one statement each (task.DeleteExpired), until a batch
 // is short: a task a
 // worker or an operator holds locked is skipped until a later pass, and
@@ -48,11 +45,6 @@ type retentionResult struct {
 // (dlq.RemoveTasks); an entry whose removal failed stays in the DLQ
 // stream, where a redrive of it finds no task. Without a Redis client
 // (Kafka mode) only rows are deleted.
-//
-// A SENT row is deleted once older than Age, unless it is the latest
-// outbox row of a task that is not finished: the rescuer needs that row's
-// stream_id to tell whether the task's entry is still in Redis. DEAD rows
-// are kept (task.DeleteSentOutbox).
 //
 // A stream is trimmed (XTRIM MINID) below the oldest entry any consumer
 // group still needs: the smallest pending id (XPENDING summary) and the
@@ -83,11 +75,11 @@ func (r *retention) service() *service {
 			for _, n := range res.Tasks {
 				tasks += n
 			}
-			if tasks == 0 && res.Deleted == 0 && res.Trimmed == 0 {
+			if tasks == 0 && res.Trimmed == 0 {
 				return nil, err
 			}
 			return []any{"tasks_deleted", tasks, "entries_removed", res.EntriesRemoved, "dlq_removed", res.DLQRemoved,
-				"deleted", res.Deleted, "trimmed", res.Trimmed}, err
+				"trimmed", res.Trimmed}, err
 		},
 		failed: func() { r.metrics.failures.WithLabelValues(componentRetention).Inc() },
 	}
@@ -99,9 +91,6 @@ func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 	var res retentionResult
 	var errs []error
 	res.Tasks, res.EntriesRemoved, res.DLQRemoved, errs = r.deleteTasks(ctx)
-	n, err := r.deleteSent(ctx)
-	res.Deleted = n
-	errs = append(errs, err)
 	if !r.cfg.DisableTrim {
 		for _, base := range r.cfg.Streams {
 			for _, key := range stream.Keys(base) { // every priority's stream
@@ -123,11 +112,10 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, i
 	var dead []uuid.UUID
 	var errs []error
 	forgotten := 0
-	// Unlike SENT rows (BatchesPerRun), tasks are deleted until a batch
-	// is short: a deployment that finishes more tasks in an Interval than
-	// BatchesPerRun batches hold would otherwise never catch up. Each
-	// batch is its own short statement; the loop stops with ctx (the
-	// leader stepping down).
+	// Tasks are deleted until a batch is short: a deployment that
+	// finishes more tasks in an Interval than a fixed number of batches
+	// hold would otherwise never catch up. Each batch is its own short
+	// statement; the loop stops with ctx (the leader stepping down).
 	//
 	// After a full batch the loop rests as long as the batch took, so
 	// that retention uses at most half of one database backend's time and
@@ -175,22 +163,6 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, i
 		}
 	}
 	return byState, forgotten, removed, errs
-}
-
-func (r *retention) deleteSent(ctx context.Context) (int, error) {
-	total := 0
-	for range r.cfg.BatchesPerRun {
-		n, err := task.DeleteSentOutbox(ctx, r.pool, r.cfg.Age, r.cfg.BatchSize)
-		if err != nil {
-			return total, err
-		}
-		total += n
-		r.metrics.deleted.Add(float64(n))
-		if n < r.cfg.BatchSize {
-			break
-		}
-	}
-	return total, nil
 }
 
 // trimBound returns the id below which no group of stream needs an entry,

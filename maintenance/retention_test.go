@@ -3,12 +3,10 @@ package maintenance_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/maintenance"
-	"github.com/ingest-worker/ingest/outbox"
 )
 
 func (b *bundle) retention(t *testing.T, cfg maintenance.RetentionConfig) *maintenance.Retention {
@@ -112,47 +110,4 @@ func TestRetentionTrimNeverDropsPendingOrUndelivered(t *testing.T) {
 	got := read("g2", 2)
 	b.rdb.XAck(ctx, b.stream, "g2", got[0])
 	check("g2 pending 10", 1, ids[9:])
-}
-
-func TestRetentionDeletesOldSentRows(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	b := setup(t)
-	ids := b.create(t, 6)
-	b.publishAll(t)
-	old := `UPDATE outbox_event SET sent_at = now() - interval '2 days', created_at = now() - interval '49 hours' WHERE task_id = $1`
-	// 0, 1: finished, sent long ago: deleted.
-	// 2: finished, sent just now: kept.
-	// 3: unfinished, its only row sent long ago: kept (the rescuer needs it).
-	// 4: unfinished, an old SENT row and a newer one: the old one goes.
-	// 5: an old DEAD row: kept for forensics.
-	for _, i := range []int{0, 1, 2} {
-		b.setState(t, ids[i], "SUCCEEDED")
-	}
-	for _, i := range []int{0, 1, 3, 4} {
-		b.exec(t, old, ids[i])
-	}
-	if err := outbox.Insert(ctx, b.db, b.stream, ids[4]); err != nil {
-		t.Fatal(err)
-	}
-	b.exec(t, `UPDATE outbox_event SET status = 'DEAD', sent_at = NULL, stream_id = NULL, created_at = now() - interval '3 days' WHERE task_id = $1`, ids[5])
-	b.setState(t, ids[5], "SUCCEEDED")
-
-	r := b.retention(t, maintenance.RetentionConfig{Age: 24 * time.Hour, BatchSize: 1, DisableTrim: true})
-	res, err := r.RunOnce(ctx)
-	if err != nil || res.Deleted != 3 {
-		t.Fatalf("RunOnce = %+v, %v; want 3 rows deleted", res, err)
-	}
-	want := []int{0, 0, 1, 1, 1, 1}
-	for i, id := range ids {
-		if all, _ := b.rows(t, id); all != want[i] {
-			t.Errorf("task %d: %d outbox rows left, want %d", i, all, want[i])
-		}
-	}
-	if n := b.count(t, `task_id = $1 AND status = 'NEW'`, ids[4]); n != 1 {
-		t.Errorf("task 4's newer row was deleted")
-	}
-	if res, err := r.RunOnce(ctx); err != nil || res.Deleted != 0 {
-		t.Fatalf("second pass = %+v, %v; want nothing deleted", res, err)
-	}
 }

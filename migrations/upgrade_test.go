@@ -515,3 +515,219 @@ func migratedTo(t *testing.T, v int64) (*testenv.Database, *goose.Provider) {
 	}
 	return db, p
 }
+
+// TestUpgradeOutboxPartitions upgrades a live database to the outbox
+// partitioned by id ranges (migration 27) while tasks are being created,
+// and checks that no outbox row is lost or changed, that the existing
+// table became the first partition (its rows not copied) with partitions
+// opened ahead past the last id, that the table's triggers (the NOTIFY of
+// new rows, and one of the operator's, disabled) and grants are on the
+// partitioned table and fire, that the operator's query works as written
+// and ids continue the sequence into a partition of their own; then it
+// downgrades (a plain table with the rows of the tasks that exist) and
+// upgrades again.
+func TestUpgradeOutboxPartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const before = 26 // the version before migration 27
+	var want []int64  // the versions after it
+	for _, v := range versions {
+		if v > before {
+			want = append(want, v)
+		}
+	}
+	db, p := migratedTo(t, before)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	exec(`CREATE FUNCTION outbox_probe() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
+	exec(`CREATE TRIGGER outbox_probe AFTER DELETE ON outbox_event FOR EACH STATEMENT EXECUTE FUNCTION outbox_probe()`)
+	exec(`ALTER TABLE outbox_event DISABLE TRIGGER outbox_probe`)
+	exec(`GRANT SELECT ON outbox_event TO PUBLIC`)
+	triggers := func() []string {
+		t.Helper()
+		var trigs []string
+		if err := db.Pool.QueryRow(ctx, `SELECT array_agg(tgname::text || ':' || tgenabled::text ORDER BY tgname) FROM pg_trigger
+			WHERE tgrelid = 'outbox_event'::regclass AND NOT tgisinternal`).Scan(&trigs); err != nil {
+			t.Fatal(err)
+		}
+		return trigs
+	}
+	wantTrigs := triggers()
+	if !slices.Contains(wantTrigs, "outbox_probe:D") || !slices.Contains(wantTrigs, "outbox_event_notify:O") {
+		t.Fatalf("triggers before the upgrade: %v", wantTrigs)
+	}
+
+	store, err := task.NewStore(task.Config{}, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for range 5 {
+		r, err := store.Create(ctx, task.NewTask{Kind: "up", Payload: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Task.ID)
+	}
+	// Two published, one failed for good; one of a task deleted by hand,
+	// which the downgrade leaves out.
+	exec(`UPDATE outbox_event SET status = 'SENT', stream_id = '1-' || id, sent_at = now() WHERE task_id = ANY($1)`, ids[:2])
+	exec(`UPDATE outbox_event SET status = 'DEAD', attempt_count = 5, next_retry_at = NULL, last_error = 'boom' WHERE task_id = $1`, ids[2])
+	exec(`DELETE FROM ingest_task WHERE id = $1`, ids[4])
+
+	type row struct {
+		ID        int64
+		TaskID    uuid.UUID
+		Stream    string
+		Status    string
+		Attempts  int
+		Retry     string
+		Err       string
+		StreamID  string
+		CreatedAt time.Time
+		SentAt    string
+	}
+	rows := func() []row {
+		t.Helper()
+		rs, err := db.Pool.Query(ctx, `SELECT id, task_id, stream, status, attempt_count, coalesce(next_retry_at::text, '-'),
+			coalesce(last_error, '-'), coalesce(stream_id, '-'), created_at, coalesce(sent_at::text, '-') FROM outbox_event ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(rs, pgx.RowToStructByPos[row])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	old := rows()
+
+	stop := make(chan struct{})
+	done := make(chan []uuid.UUID)
+	go func() {
+		var ids []uuid.UUID
+		defer func() { done <- ids }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r, err := store.Create(ctx, task.NewTask{Kind: "live", Payload: []byte(`{}`)})
+			if err != nil {
+				t.Errorf("create during the upgrade: %v", err)
+				return
+			}
+			ids = append(ids, r.Task.ID)
+		}
+	}()
+	testenv.Eventually(t, 30*time.Second, "tasks to be created before the upgrade", func() bool {
+		var n int
+		return db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE kind = 'live'`).Scan(&n) == nil && n >= 3
+	})
+	applied, err := migrations.Up(ctx, db.Pool)
+	if err != nil || !slices.Equal(applied, want) {
+		close(stop)
+		<-done
+		t.Fatalf("Up = %v, %v; want %v", applied, err, want)
+	}
+	var liveDuring int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE kind = 'live'`).Scan(&liveDuring); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "tasks to be created after the upgrade", func() bool {
+		var n int
+		return db.Pool.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE kind = 'live'`).Scan(&n) == nil && n >= liveDuring+3
+	})
+	close(stop)
+	live := <-done
+
+	var kind string
+	if err := db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'outbox_event'::regclass`).Scan(&kind); err != nil || kind != "p" {
+		t.Fatalf("outbox_event relkind %q, %v; want a partitioned table", kind, err)
+	}
+	after := rows()
+	if len(after) < len(old) || !slices.Equal(after[:len(old)], old) {
+		t.Fatalf("the rows of before the upgrade changed:\n%v\nwant\n%v", after[:min(len(old), len(after))], old)
+	}
+	var missing int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM unnest($1::uuid[]) i
+		WHERE NOT EXISTS (SELECT 1 FROM outbox_event o WHERE o.task_id = i)`, live).Scan(&missing); err != nil || missing != 0 {
+		t.Fatalf("%d of the %d tasks created around the upgrade lack their outbox row, %v", missing, len(live), err)
+	}
+	// The old rows are in the first partition, the table as it was; the
+	// partitions reach past the last id.
+	var inHistory int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event_history WHERE id <= $1`, old[len(old)-1].ID).Scan(&inHistory); err != nil || inHistory != len(old) {
+		t.Fatalf("%d of the %d rows of before in outbox_event_history, %v", inHistory, len(old), err)
+	}
+	var reach, last int64
+	if err := db.Pool.QueryRow(ctx, `SELECT max(hi), outbox_event_last_id() FROM outbox_event_partitions()`).Scan(&reach, &last); err != nil || reach <= last {
+		t.Fatalf("partitions reach %d, last id %d, %v; want them past it", reach, last, err)
+	}
+	checkTriggers := func(stage string) {
+		t.Helper()
+		if trigs := triggers(); !slices.Equal(trigs, wantTrigs) {
+			t.Errorf("triggers %s: %v, want %v", stage, trigs, wantTrigs)
+		}
+		var public bool
+		if err := db.Pool.QueryRow(ctx, `SELECT has_table_privilege('public', 'outbox_event', 'SELECT')`).Scan(&public); err != nil || !public {
+			t.Errorf("SELECT granted to PUBLIC %s: %v, %v", stage, public, err)
+		}
+	}
+	checkTriggers("after the upgrade")
+
+	// A new row is announced, takes the next id, and lands in a
+	// partition of its own range, not the DEFAULT one.
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN ingest_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	r, err := store.Create(ctx, task.NewTask{Kind: "up", Payload: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := conn.Conn().WaitForNotification(wctx); err != nil {
+		t.Fatalf("no notification of the new outbox row: %v", err)
+	}
+	var newID int64
+	var part string
+	if err := db.Pool.QueryRow(ctx, `SELECT id, tableoid::regclass::text FROM outbox_event WHERE task_id = $1`, r.Task.ID).Scan(&newID, &part); err != nil ||
+		newID <= after[len(after)-1].ID || part == "outbox_event_default" || part == "outbox_event_history" {
+		t.Fatalf("new row %d in %s, %v; want an id after %d in a partition opened ahead", newID, part, err, after[len(after)-1].ID)
+	}
+	if _, err := db.Pool.Exec(ctx, `SELECT id,status,attempt_count,next_retry_at,last_error,created_at,sent_at FROM outbox_event ORDER BY created_at DESC LIMIT 20`); err != nil {
+		t.Fatalf("the operator's query: %v", err)
+	}
+
+	// Down: a plain table with the rows of the tasks that exist.
+	if _, err := p.DownTo(ctx, before); err != nil {
+		t.Fatalf("down to %d: %v", before, err)
+	}
+	if err := db.Pool.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = 'outbox_event'::regclass`).Scan(&kind); err != nil || kind != "r" {
+		t.Fatalf("relkind after the downgrade %q, %v; want a plain table", kind, err)
+	}
+	checkTriggers("after the downgrade")
+	var total, orphans int
+	if err := db.Pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE task_id = $1) FROM outbox_event`, ids[4]).Scan(&total, &orphans); err != nil ||
+		orphans != 0 || total != len(after) {
+		t.Fatalf("after the downgrade: %d rows, %d of the deleted task, %v; want %d (those of before, less the deleted task's one, and the new one)", total, orphans, err, len(after))
+	}
+	if _, err := store.Create(ctx, task.NewTask{Kind: "up", Payload: []byte(`{}`)}); err != nil {
+		t.Fatalf("create after the downgrade: %v", err)
+	}
+	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, want) {
+		t.Fatalf("Up again = %v, %v; want %v", applied, err, want)
+	}
+	checkTriggers("after the upgrade again")
+}

@@ -82,11 +82,11 @@
 // statements other components need that select tasks by state live here as
 // functions on a DB (a pool or a transaction): the rescuer's
 // (RescueCandidates, Rescue), the reclaimer's republishing of deleted
-// stream entries (RepublishDeleted), outbox retention
-// (DeleteSentOutbox) and the deletion of finished tasks with their audit
-// and outbox rows (DeleteExpired, DeleteTerminal, which return the
-// stream entries those outbox rows had published, for the caller to
-// remove with stream.Forget). Their guards (a task is due, startable, terminal)
+// stream entries (RepublishDeleted) and the deletion of finished tasks
+// (DeleteExpired, whose audit and outbox rows go with their partitions;
+// DeleteTerminal, with them), which return the stream entries their
+// outbox rows had published, for the caller to remove with
+// stream.Forget). Their guards (a task is due, startable, terminal)
 // are SQL fragments written once (guards.go), shared with Start.
 //
 // The store also owns the rules of its input (fields.go), which the HTTP

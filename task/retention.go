@@ -11,35 +11,6 @@ import (
 	"github.com/ingest-worker/ingest/stream"
 )
 
-// deleteSentSQL deletes up to $2 SENT outbox rows sent more than $1 ms
-// ago, oldest first, except the latest row of an unfinished task: the
-// rescuer needs that row's stream_id to tell whether the task's entry is
-// still in Redis. The rows are read in creation order, on
-// outbox_event_created_idx: a row sent before the cutoff was created
-// before it.
-var deleteSentSQL = `
-DELETE FROM outbox_event WHERE id = ANY(ARRAY(
-    SELECT o.id FROM outbox_event o
-    WHERE o.created_at < now() - $1 * interval '1 millisecond'
-      AND o.status = 'SENT' AND o.sent_at < now() - $1 * interval '1 millisecond'
-      AND ((SELECT t.status FROM ingest_task t WHERE t.id = o.task_id) IN ` + terminalSQL + `
-           OR EXISTS (SELECT 1 FROM outbox_event n WHERE n.task_id = o.task_id AND n.id > o.id))
-    ORDER BY o.created_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED))`
-
-// DeleteSentOutbox deletes up to limit SENT outbox rows sent more than age
-// ago, oldest first, in one statement, and returns how many it deleted. The
-// latest row of a task that is not finished is kept (the rescuer reads its
-// stream_id), and so are DEAD rows (forensics).
-func DeleteSentOutbox(ctx context.Context, db DB, age time.Duration, limit int) (int, error) {
-	tag, err := db.Exec(ctx, deleteSentSQL, age.Milliseconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("delete sent outbox rows: %w", err)
-	}
-	return int(tag.RowsAffected()), nil
-}
-
 // deleteKindSQL deletes every task of kind $1 with its audit and outbox
 // rows (no foreign key cascades them: package task writes them with the
 // task and deletes them with it).
@@ -83,8 +54,8 @@ func (w Windows) ms() (succeeded, cancelled, dead int64) {
 	return f(w.Succeeded), f(w.Cancelled), f(w.Dead)
 }
 
-// Deleted is a task deleted with its outbox rows (and its audit rows by
-// DeleteTerminal; see expiredSQL for retention's).
+// Deleted is a task deleted, by DeleteTerminal with its audit and outbox
+// rows, by DeleteExpired without them (see expiredSQL).
 type Deleted struct {
 	ID     uuid.UUID
 	Status State
@@ -107,29 +78,36 @@ func entryRefs(streams, ids []string) []stream.EntryRef {
 }
 
 // finishedCTEs deletes the tasks of the CTE pick (a column id) that are
-// finished, with their outbox rows and, when audit is true, their audit
-// rows (no foreign key cascades them: package task writes them with the
-// task and deletes them with it);
-// the CTE t holds the id and state of each task deleted, and the CTE d
-// the same with the stream entries its outbox rows had published
-// (streams and stream_ids, parallel arrays in outbox row order; empty
-// when none was published). A task that is not finished is never
-// deleted, whatever pick holds: the guard is on the DELETE itself, so a
-// task redriven concurrently is re-checked on its new version and kept.
-// The one deletion of tasks: retention's batches (expiredSQL, without
-// the audit rows: they go with their partition) and an operator's delete
-// by id (deleteTerminalSQL, with them).
-func finishedCTEs(audit bool) string {
-	a := ""
-	if audit {
+// finished and, when rows is true, their audit and outbox rows (no
+// foreign key cascades them: package task writes them with the task and
+// deletes them with it); the CTE t holds the id and state of each task
+// deleted, and the CTE d the same with the stream entries its outbox rows
+// had published (streams and stream_ids, parallel arrays in outbox row
+// order; empty when none was published), read whether or not the rows
+// are deleted. A task that is not finished is never deleted, whatever
+// pick holds: the guard is on the DELETE itself, so a task redriven
+// concurrently is re-checked on its new version and kept. The one
+// deletion of tasks: retention's batches (expiredSQL, without the rows:
+// they go with their partitions) and an operator's delete by id
+// (deleteTerminalSQL, with them).
+func finishedCTEs(rows bool) string {
+	// Without the rows, each task's outbox rows are read by a probe of
+	// outbox_event_task_idx in each partition: a LATERAL subquery that
+	// OFFSET 0 keeps from being flattened into a join, which the planner
+	// made a hash join over every partition's index, read whole.
+	a, o := "", `
+o AS (SELECT e.id, e.task_id, e.stream, e.stream_id FROM t CROSS JOIN LATERAL (
+          SELECT e.id, e.task_id, e.stream, e.stream_id FROM outbox_event e WHERE e.task_id = t.id OFFSET 0) e),`
+	if rows {
 		a = `
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),`
+		o = `
+o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t)
+      RETURNING id, task_id, stream, stream_id),`
 	}
 	return `
 t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + terminalSQL + `
-      RETURNING id, status),` + a + `
-o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t)
-      RETURNING id, task_id, stream, stream_id),
+      RETURNING id, status),` + a + o + `
 d AS (SELECT t.id, t.status,
              coalesce(array_agg(o.stream ORDER BY o.id) FILTER (WHERE o.stream_id IS NOT NULL), '{}') AS streams,
              coalesce(array_agg(o.stream_id ORDER BY o.id) FILTER (WHERE o.stream_id IS NOT NULL), '{}') AS stream_ids
@@ -139,11 +117,14 @@ d AS (SELECT t.id, t.status,
 
 // expiredSQL deletes up to $4 finished tasks whose state's window has
 // passed since finished_at ($1 SUCCEEDED, $2 CANCELLED, $3 DEAD, in ms; -1
-// keeps forever), oldest id first, with their outbox rows. Their audit
-// rows stay: the audit table is partitioned by created_at, and the leader
-// drops a whole partition once no task that still exists has a row in it
-// (package maintenance, transition.DropPartition), which costs a few WAL
-// records where deleting the rows cost several per row. The candidates are
+// keeps forever), oldest id first, and reads the stream entries their
+// outbox rows had published. Their audit and outbox rows stay: both
+// tables are partitioned by time, and the leader drops a whole partition
+// once no row can land in it, moving the few rows of the tasks that still
+// exist out first (package maintenance, partition.Retire), which costs a
+// few WAL records where deleting the rows cost several per row. The
+// outbox rows of a deleted task are read through outbox_event_task_idx
+// in each partition. The candidates are
 // read on the primary key below the UUIDv7 of now() minus the shortest
 // window ($5 ms): a task finished before its cutoff was created before it,
 // and a task's id is a UUIDv7 of its creation time. FOR UPDATE SKIP
@@ -165,8 +146,8 @@ WITH pick AS (
 SELECT id, status, streams, stream_ids FROM d`
 
 // DeleteExpired deletes up to limit finished tasks whose window (by state,
-// from finished_at) has passed, each with its outbox rows (its audit rows
-// go with their partition, see expiredSQL), in one statement, and returns
+// from finished_at) has passed (their audit and outbox rows go with their
+// partitions, see expiredSQL), in one statement, and returns
 // those it deleted with the stream entries they had. Tasks locked by
 // another transaction are skipped. Removing those entries from their
 // streams (stream.Forget) and the DLQ entries of the DEAD ones

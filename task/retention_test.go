@@ -97,9 +97,10 @@ func TestDeleteExpiredDeletesOnlyFinishedTasksPastTheirWindow(t *testing.T) {
 	for i, c := range cases {
 		rows := b.taskRows(t, ids[i])
 		if c.gone {
-			// The audit row stays until its partition is dropped.
-			if got[ids[i]] != c.st || rows != [3]int{0, 1, 0} {
-				t.Errorf("%s finished %s ago: returned %q, rows %v; want deleted with its outbox rows, its audit row kept", c.st, c.ago, got[ids[i]], rows)
+			// The audit and outbox rows stay until their partitions
+			// are dropped.
+			if got[ids[i]] != c.st || rows != [3]int{0, 1, 1} {
+				t.Errorf("%s finished %s ago: returned %q, rows %v; want deleted, its audit and outbox rows kept", c.st, c.ago, got[ids[i]], rows)
 			}
 		} else if _, ok := got[ids[i]]; ok || rows != [3]int{1, 1, 1} {
 			t.Errorf("%s %s old: returned %v, rows %v; want kept", c.st, c.ago, ok, rows)
