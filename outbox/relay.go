@@ -248,7 +248,8 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 
 // Run publishes until ctx is cancelled, then returns nil once the pass in
 // flight has finished. It wakes on every NOTIFY of a committed outbox row,
-// polls every PublishInterval besides, and after every pass, whatever woke
+// polls every PublishInterval besides (a poll's claim reads the claim
+// index from the front, see scan.go), and after every pass, whatever woke
 // it, sets a timer for the earliest unpublished row when that falls due
 // before the next poll (see armDue); while a pass claims a full batch it
 // goes on at once. A lost LISTEN connection is re-established with backoff
@@ -291,6 +292,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+			// The poll reads the claim index from the front (scan.go).
+			r.from.reset()
 		case <-wake:
 		case <-due.C:
 		}

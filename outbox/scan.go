@@ -32,13 +32,14 @@ import (
 // transaction, or a due time in the past, and a transaction that took
 // longer than the slack to commit), a row locked by another relay's pass
 // that then failed, a direct claim that expired, a row another relay left
-// claimed as an orphan. None is lost or kept long: once every
-// PublishInterval (the poll's period, the bound on publishing a row whose
-// NOTIFY was lost) a claim reads from the front of the index again, and so
-// does the next claim after a pass of this relay failed, lost its rows, or
-// took over a stalled pass. A relay that has not claimed anything yet reads
-// from the front, as do other processes' relays, each keeping its own
-// bound; SKIP LOCKED keeps their batches apart as before.
+// claimed as an orphan. None is lost or kept long: the relay's poll, every
+// PublishInterval (the bound on publishing a row whose NOTIFY was lost),
+// reads from the front of the index again, and so does a claim when none
+// has for PublishInterval (a backlog keeps passes running without a poll),
+// and the next claim after a pass of this relay failed, lost its rows, or
+// took over a stalled pass. A relay starts with no bound: its first claim
+// reads from the front. Every relay, in this process or another, keeps a
+// bound of its own; SKIP LOCKED keeps their batches apart as before.
 
 // lateCommitSlack is how far before the earliest row a claim locked the
 // next claim begins: a row whose transaction commits within this long of
@@ -99,9 +100,9 @@ func (s *scanFrom) found(first pgtype.Timestamptz) {
 	s.at = pgtype.Timestamptz{Time: first.Time.Add(-lateCommitSlack), Valid: true}
 }
 
-// reset makes the next claim and due-timer query read from the front: rows
-// may be free again before the bound (a pass failed or lost its rows, or a
-// stalled pass was taken over).
+// reset makes the next claim and due-timer query read from the front: at
+// the relay's poll, and when rows may be free again before the bound (a
+// pass failed or lost its rows, or a stalled pass was taken over).
 func (s *scanFrom) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
