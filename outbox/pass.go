@@ -166,7 +166,8 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	batch.Queue(takeOverSQL, lease, r.cfg.PublishTimeout.Milliseconds())
 	batch.Queue("BEGIN")
 	batch.Queue(passSettingsSQL, r.appName(), strconv.FormatInt(abandonAfter*lease, 10))
-	batch.Queue(claimSQL, r.cfg.BatchSize, r.from.claim())
+	bound, token := r.from.claim()
+	batch.Queue(claimSQL, r.cfg.BatchSize, bound)
 	var c claimed
 	var taken int64
 	var first pgtype.Timestamptz
@@ -207,7 +208,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 		r.from.reset()
 		r.logger.Warn("outbox relay took over passes stalled past their lease: their rows are published again", "passes", taken)
 	case first.Valid:
-		r.from.found(first)
+		r.from.found(first, token)
 	}
 	if len(c.rows) == 0 && len(c.orphans) == 0 {
 		endPass(conn)

@@ -61,20 +61,24 @@ type scanFrom struct {
 	at pgtype.Timestamptz
 	// fullAt is when a claim last read from the front.
 	fullAt time.Time
+	// resets counts the calls of reset: a claim that began before one
+	// does not set the bound (found).
+	resets uint64
 }
 
-// claim returns the bound of a claim: fromStart when none is known or the
-// last claim from the front was every ago or more (this claim is then the
-// one from the front of its period), else the bound.
-func (s *scanFrom) claim() pgtype.Timestamptz {
+// claim returns the bound of a claim, and the token to give found with
+// what it locked: fromStart when none is known or the last claim from the
+// front was every ago or more (this claim is then the one from the front
+// of its period), else the bound.
+func (s *scanFrom) claim() (bound pgtype.Timestamptz, token uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	if !s.at.Valid || s.fullAt.IsZero() || now.Sub(s.fullAt) >= s.every || now.Before(s.fullAt) {
 		s.fullAt = now
-		return fromStart
+		return fromStart, s.resets
 	}
-	return s.at
+	return s.at, s.resets
 }
 
 // due returns the bound of the due timer's query: the claims' bound, or
@@ -89,10 +93,15 @@ func (s *scanFrom) due() pgtype.Timestamptz {
 }
 
 // found records first, the earliest next_retry_at among the rows a claim
-// locked: later claims read from lateCommitSlack before it.
-func (s *scanFrom) found(first pgtype.Timestamptz) {
+// locked (token: claim's): later claims read from lateCommitSlack before
+// it. A claim that began before the last reset changes nothing: the rows
+// freed then may sort before first, and it did not see them.
+func (s *scanFrom) found(first pgtype.Timestamptz, token uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if token != s.resets {
+		return
+	}
 	if !first.Valid || first.InfinityModifier != pgtype.Finite {
 		s.at = pgtype.Timestamptz{}
 		return
@@ -107,4 +116,5 @@ func (s *scanFrom) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.at = pgtype.Timestamptz{}
+	s.resets++
 }
