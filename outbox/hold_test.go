@@ -132,7 +132,8 @@ func drainAll(t *testing.T, r *outbox.Relay) {
 
 // indexBuffers runs sql with args under EXPLAIN (ANALYZE, BUFFERS) after
 // settings, in a transaction it rolls back, and returns the shared
-// buffers its scans of outbox_event_claim_idx read (index and heap pages).
+// buffers its scans of the claim index read (index and heap pages; of a
+// partitioned outbox_event, every partition's claim index).
 func indexBuffers(t *testing.T, db *pgxpool.Pool, settings, sql string, args []any) int {
 	t.Helper()
 	ctx := context.Background()
@@ -164,7 +165,7 @@ func indexBuffers(t *testing.T, db *pgxpool.Pool, settings, sql string, args []a
 	n, found := 0, false
 	var walk func(node)
 	walk = func(p node) {
-		if p.Index == "outbox_event_claim_idx" {
+		if strings.HasSuffix(p.Index, "_claim_idx") {
 			n, found = n+p.Hit+p.Read, true
 		}
 		for _, c := range p.Plans {
@@ -173,7 +174,7 @@ func indexBuffers(t *testing.T, db *pgxpool.Pool, settings, sql string, args []a
 	}
 	walk(root[0].Plan)
 	if !found {
-		t.Fatalf("the statement does not read outbox_event_claim_idx: %s", plan)
+		t.Fatalf("the statement does not read the claim index: %s", plan)
 	}
 	return n
 }
