@@ -20,7 +20,12 @@
 // a pass that stalls in its transaction past its lease is terminated by
 // the next relay's claim, after which its marking changes nothing.
 // Relays wake on NOTIFY within milliseconds of a commit and poll as a
-// fallback.
+// fallback. A relay's claims read the claim index from a bound it keeps
+// near the unsent rows, and from the front once every PublishInterval, so
+// that a transaction held open, which keeps the index entries of every row
+// sent since it began, does not make every claim read them; a row that
+// sorts before the bound is published at most a poll period late (see
+// scan.go).
 //
 // Delivery to the stream is at-least-once: a relay that stalls past its
 // lease, or fails after its XADD, causes the row to be published again

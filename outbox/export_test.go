@@ -1,6 +1,11 @@
 package outbox
 
-import "github.com/ingest-worker/ingest/internal/pgplan"
+import (
+	"context"
+	"time"
+
+	"github.com/ingest-worker/ingest/internal/pgplan"
+)
 
 // Test seams for the external test package (which may import task; this
 // package may not, since task imports it).
@@ -12,8 +17,9 @@ func SetAfterPublish(r *Relay, f func()) { r.afterPublish = f }
 // Listens reports how many LISTEN connections r has established.
 func Listens(r *Relay) int64 { return r.listens.Load() }
 
-// ClaimStatements are the relay's claim ($1 batch size) and the planner
-// settings sent before it in its transaction (for the plan test).
+// ClaimStatements are the relay's claim ($1 batch size, $2 its bound on
+// the claim index) and the planner settings sent before it in its
+// transaction (for the plan test).
 func ClaimStatements() (settings, claim string) { return claimPlanSQL, claimSQL }
 
 // Running reports whether r's Run is running (and takes direct claims).
@@ -29,7 +35,7 @@ func ClaimLen(c Claim) int { return len(c.c.rows) }
 func HotPathStatements() map[string][3]string {
 	const ids, taskIDs = `'{1,2}'`, `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`
 	return map[string][3]string{
-		"claim":          {claimPlanSQL, claimSQL, `1000`},
+		"claim":          {claimPlanSQL, claimSQL, `1000, '-infinity'`},
 		"mark-sent-pass": {pgplan.Settings, markSentLockedSQL, `'r', ` + ids + `, '{1-1,1-2}', '{s,s:p1}'`},
 		"mark-fail-pass": {pgplan.Settings, markFailedLockedSQL, ids + `, '{boom,boom}', 10, 1, 1000, 0.1`},
 		"mark-sent":      {pgplan.Settings, markSentSQL, `'r', now(), ` + ids + `, '{1-1,1-2}', '{s,s:p1}'`},
@@ -38,6 +44,22 @@ func HotPathStatements() map[string][3]string {
 		"insert-claimed": {"", insertClaimedSQL, taskIDs + `, '{s,s}', 'r', 60000`},
 		"insert-sent":    {"", insertSentSQL, taskIDs + `, '{s,s}', '{1-1,1-2}'`},
 		"insert-failed":  {"", insertFailedSQL, taskIDs + `, '{s,s}', '{boom,boom}', 10, 1, 1000, 0.1`},
-		"next-due":       {"", nextDueSQL, ``},
+		"next-due":       {"", nextDueSQL, `'-infinity'`},
 	}
+}
+
+// SetClock makes r read the time from now when it decides whether a claim
+// reads the claim index from the front (scan.go).
+func SetClock(r *Relay, now func() time.Time) {
+	r.from.mu.Lock()
+	defer r.from.mu.Unlock()
+	r.from.now = now
+}
+
+// NextDue runs r's due-timer query: seconds until its earliest unsent row
+// falls due.
+func NextDue(ctx context.Context, r *Relay) (float64, error) {
+	var secs float64
+	err := r.nextDue(ctx, &secs)
+	return secs, err
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ingest-worker/ingest/internal/pgplan"
@@ -72,23 +73,26 @@ const passSettingsSQL = `
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),
        set_config('application_name', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`
 
-// claimSQL locks up to $1 due rows, oldest due first, and reads what their
-// messages need. A row is due when unsent, next_retry_at has come, and it
-// is not under a live claim of direct publishing. SKIP LOCKED lets
-// concurrent passes take disjoint batches; a row another pass marked
-// meanwhile is re-checked against the WHERE clause after locking, so it is
-// skipped. A row whose task is gone comes back with orphan true.
+// claimSQL locks up to $1 due rows, oldest due first, among those due at
+// or after $2 (the relay's bound on the claim index, scan.go; -infinity:
+// all), and reads what their messages need. A row is due when unsent,
+// next_retry_at has come, and it is not under a live claim of direct
+// publishing. SKIP LOCKED lets concurrent passes take disjoint batches; a
+// row another pass marked meanwhile is re-checked against the WHERE clause
+// after locking, so it is skipped. A row whose task is gone comes back
+// with orphan true. Each row comes with its next_retry_at, the first
+// one's being the relay's next bound.
 const claimSQL = `
 WITH due AS (
     SELECT id, task_id, stream, next_retry_at, created_at FROM outbox_event
-    WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now()
+    WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $2 AND next_retry_at <= now()
       AND (claimed_until IS NULL OR claimed_until < now())
     ORDER BY next_retry_at, id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 SELECT d.id, d.task_id, d.stream, coalesce(t.kind, ''), d.created_at, coalesce(t.traceparent, ''),
-       coalesce(t.priority, 2), t.id IS NULL
+       coalesce(t.priority, 2), t.id IS NULL, d.next_retry_at
 FROM due d LEFT JOIN ingest_task t ON t.id = d.task_id
 ORDER BY d.next_retry_at, d.id`
 
@@ -148,9 +152,10 @@ func (r *Relay) appName() string {
 }
 
 // claim takes over stalled passes, opens a pass's transaction and locks
-// up to BatchSize due rows in it, in one round trip. With rows, the
-// returned claimed holds the connection and its open transaction (conn);
-// finish ends it. Without, the transaction is ended here and conn is nil.
+// up to BatchSize due rows in it, in one round trip, reading the claim
+// index from the relay's bound (scan.go). With rows, the returned claimed
+// holds the connection and its open transaction (conn); finish ends it.
+// Without, the transaction is ended here and conn is nil.
 func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	conn, err := r.pool.Acquire(ctx)
 	if err != nil {
@@ -161,9 +166,11 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	batch.Queue(takeOverSQL, lease, r.cfg.PublishTimeout.Milliseconds())
 	batch.Queue("BEGIN")
 	batch.Queue(passSettingsSQL, r.appName(), strconv.FormatInt(abandonAfter*lease, 10))
-	batch.Queue(claimSQL, r.cfg.BatchSize)
+	bound, token := r.from.claim()
+	batch.Queue(claimSQL, r.cfg.BatchSize, bound)
 	var c claimed
 	var taken int64
+	var first pgtype.Timestamptz
 	br := conn.SendBatch(ctx, batch)
 	err = br.QueryRow().Scan(&taken)
 	for range 2 {
@@ -176,7 +183,11 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 		if rows, err = br.Query(); err == nil {
 			var rw row
 			var orphan bool
-			_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &rw.traceparent, &rw.priority, &orphan}, func() error {
+			var due pgtype.Timestamptz
+			_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &rw.traceparent, &rw.priority, &orphan, &due}, func() error {
+				if !first.Valid {
+					first = due
+				}
 				if orphan {
 					c.orphans = append(c.orphans, rw.id)
 				} else {
@@ -188,10 +199,16 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	}
 	if err = errors.Join(err, br.Close()); err != nil {
 		endPass(conn)
+		r.from.reset()
 		return claimed{}, fmt.Errorf("claim outbox rows: %w", err)
 	}
-	if taken > 0 {
+	switch {
+	case taken > 0:
+		// The stalled passes' rows are free again, wherever they sort.
+		r.from.reset()
 		r.logger.Warn("outbox relay took over passes stalled past their lease: their rows are published again", "passes", taken)
+	case first.Valid:
+		r.from.found(first, token)
 	}
 	if len(c.rows) == 0 && len(c.orphans) == 0 {
 		endPass(conn)

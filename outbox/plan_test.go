@@ -34,7 +34,7 @@ func TestRelayClaimReadsClaimIndexInOrder(t *testing.T) {
 	// in one implicit transaction.
 	batch := &pgx.Batch{}
 	batch.Queue(settings)
-	batch.Queue(`EXPLAIN (FORMAT JSON) `+claim, 1000)
+	batch.Queue(`EXPLAIN (FORMAT JSON) `+claim, 1000, "-infinity")
 	conn, err := db.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

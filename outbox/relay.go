@@ -193,6 +193,10 @@ type Relay struct {
 
 	listens atomic.Int64 // LISTEN connections established, for tests
 
+	// from is where the claims and the due timer read the claim index
+	// (scan.go).
+	from *scanFrom
+
 	// Direct publishing (see Writer): running is set while Run
 	// runs; directSlots holds one token per claim taken and not yet
 	// published or discarded; direct carries committed claims to Run.
@@ -235,6 +239,7 @@ func NewRelayWith(cfg RelayConfig, pool *pgxpool.Pool, pub Publisher, logger *sl
 		return nil, err
 	}
 	return &Relay{cfg: cfg, pool: pool, pub: pub, logger: logger, metrics: m,
+		from:        &scanFrom{every: cfg.PublishInterval, now: time.Now},
 		directSlots: make(chan struct{}, cfg.DirectBacklog), direct: make(chan claimed, cfg.DirectBacklog)}, nil
 }
 
@@ -243,7 +248,8 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 
 // Run publishes until ctx is cancelled, then returns nil once the pass in
 // flight has finished. It wakes on every NOTIFY of a committed outbox row,
-// polls every PublishInterval besides, and after every pass, whatever woke
+// polls every PublishInterval besides (a poll's claim reads the claim
+// index from the front, see scan.go), and after every pass, whatever woke
 // it, sets a timer for the earliest unpublished row when that falls due
 // before the next poll (see armDue); while a pass claims a full batch it
 // goes on at once. A lost LISTEN connection is re-established with backoff
@@ -286,21 +292,24 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
+			// The poll reads the claim index from the front (scan.go).
+			r.from.reset()
 		case <-wake:
 		case <-due.C:
 		}
 	}
 }
 
-// nextDueSQL returns how long until the earliest unsent row that no live
-// claim holds falls due (negative: it is due already), by the database's
-// clock, reading outbox_event_claim_idx in order; no row: none. It takes
+// nextDueSQL returns how long until the earliest unsent row due at or
+// after $1 (the relay's bound, scan.go) that no live claim holds falls due
+// (negative: it is due already), by the database's clock, reading
+// outbox_event_claim_idx in order from the bound; no row: none. It takes
 // no lock: a row that another relay's pass holds looks due, the pass that
 // follows finds nothing to lock, and armDue leaves the relay to its poll
 // (stuck).
 const nextDueSQL = `
 SELECT extract(epoch FROM next_retry_at - now())::float8 FROM outbox_event
-WHERE status IN ('NEW', 'RETRYING') AND (claimed_until IS NULL OR claimed_until < now())
+WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $1 AND (claimed_until IS NULL OR claimed_until < now())
 ORDER BY next_retry_at, id LIMIT 1`
 
 // armDue sets timer to wake the relay when the earliest unpublished row
@@ -342,7 +351,7 @@ func (r *Relay) armDue(ctx context.Context, timer *time.Timer, stuck bool) (atOn
 func (r *Relay) nextDue(ctx context.Context, secs *float64) error {
 	batch := &pgx.Batch{}
 	batch.Queue(claimPlanSQL)
-	batch.Queue(nextDueSQL)
+	batch.Queue(nextDueSQL, r.from.due())
 	br := r.pool.SendBatch(ctx, batch)
 	_, err := br.Exec()
 	if err == nil {
@@ -409,7 +418,13 @@ func (r *Relay) DrainOnce(ctx context.Context) (DrainResult, error) {
 	if err != nil || c.conn == nil {
 		return DrainResult{}, err
 	}
-	return r.finish(ctx, c)
+	res, err := r.finish(ctx, c)
+	if err != nil || res.Stale > 0 {
+		// The rows it could not mark are free again, and may sort
+		// before the bound that claims since its own have set.
+		r.from.reset()
+	}
+	return res, err
 }
 
 // finish publishes the rows of claim c and marks them: the part of a pass

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/ingest-worker/ingest/maintenance"
@@ -503,8 +504,11 @@ var claimProbes = []struct {
 	// statement's batch does (the rescuer's task.RescuePlanSQL).
 	settings string
 }{
-	{"outbox claim", `SELECT id FROM outbox_event
-		WHERE status IN ('NEW', 'RETRYING') AND next_retry_at <= now() AND (claimed_until IS NULL OR claimed_until < now())
+	// The relay's claim reads from its bound ($1), as a relay keeps it
+	// (outboxBound).
+	{"outbox claim", `SELECT id, next_retry_at FROM outbox_event
+		WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $1 AND next_retry_at <= now()
+		  AND (claimed_until IS NULL OR claimed_until < now())
 		ORDER BY next_retry_at, id LIMIT 50`, ""},
 	// The rescuer's pages (task/rescue.go, rescueWindowSQL): a window of
 	// the unfinished tasks in id order, then the class among them.
@@ -519,12 +523,45 @@ var claimProbes = []struct {
 	{"rescuer page", "", ""},
 }
 
+// outboxBound is where the outbox claim probe reads the claim index, as
+// a relay does (outbox/scan.go): a second before the first row the last
+// probe read, and from the front (-infinity) at first and once a second
+// (the relay's default poll).
+type outboxBound struct {
+	at     pgtype.Timestamptz
+	fullAt time.Time
+}
+
+func (b *outboxBound) next() pgtype.Timestamptz {
+	if !b.at.Valid || time.Since(b.fullAt) >= time.Second {
+		b.fullAt = time.Now()
+		return pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	}
+	return b.at
+}
+
+func (b *outboxBound) found(first pgtype.Timestamptz) {
+	if first.Valid && first.InfinityModifier == pgtype.Finite {
+		b.at = pgtype.Timestamptz{Time: first.Time.Add(-time.Second), Valid: true}
+	}
+}
+
+// probeArgs are the arguments of probe sql: the outbox claim's bound, or
+// none.
+func probeArgs(sql string, bound *outboxBound) []any {
+	if strings.Contains(sql, "$1") {
+		return []any{bound.next()}
+	}
+	return nil
+}
+
 // probeClaims runs every claim probe every 20 ms until ctx is done and
 // returns their latencies.
 func (c *cluster) probeClaims(ctx context.Context) map[string][]time.Duration {
 	lat := map[string][]time.Duration{}
 	cursors := map[task.RescueClass]task.RescueCursor{}
 	class := 0
+	var bound outboxBound
 	for ctx.Err() == nil {
 		for _, p := range claimProbes {
 			t0 := time.Now()
@@ -547,11 +584,20 @@ func (c *cluster) probeClaims(ctx context.Context) map[string][]time.Duration {
 						return err
 					}
 				}
-				rows, err := tx.Query(ctx, p.sql)
+				args := probeArgs(p.sql, &bound)
+				rows, err := tx.Query(ctx, p.sql, args...)
 				if err != nil {
 					return err
 				}
-				for rows.Next() {
+				for first := true; rows.Next(); first = false {
+					if first && args != nil {
+						var id int64
+						var due pgtype.Timestamptz
+						if err := rows.Scan(&id, &due); err != nil {
+							return err
+						}
+						bound.found(due)
+					}
 				}
 				rows.Close()
 				return rows.Err()
@@ -579,7 +625,7 @@ func (c *cluster) plan(sql, settings string) string {
 				return err
 			}
 		}
-		rows, err := tx.Query(ctx, "EXPLAIN "+sql)
+		rows, err := tx.Query(ctx, "EXPLAIN "+sql, probeArgs(sql, &outboxBound{})...)
 		if err != nil {
 			return err
 		}
