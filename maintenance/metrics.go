@@ -13,6 +13,7 @@ const (
 	componentRescuer    = "rescuer"
 	componentRetention  = "retention"
 	componentPartitions = "partitions"
+	componentLowWater   = "low_water"
 )
 
 // metrics are the maintainer's metrics. The rescuer's and retention's
@@ -52,7 +53,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 		}, []string{"stream"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_maintenance_errors_total",
-			Help: "Failed passes of the outbox rescuer, retention and the audit partitions' upkeep.",
+			Help: "Failed passes of the outbox rescuer, retention, the audit partitions' upkeep and the low water's raise.",
 		}, []string{"component"}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ingest_leader",
@@ -78,7 +79,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 	if m.failures, err = promreg.Register(reg, m.failures); err != nil {
 		return nil, err
 	}
-	for _, c := range []string{componentRescuer, componentRetention, componentPartitions} {
+	for _, c := range []string{componentRescuer, componentRetention, componentPartitions, componentLowWater} {
 		m.failures.WithLabelValues(c) // export zeros from the start
 	}
 	if m.leader, err = promreg.Register(reg, m.leader); err != nil {
