@@ -62,9 +62,13 @@ INSERT INTO ingest_task_low_water DEFAULT VALUES;
 
 -- ingest_task_pending_cutoff is the pending cutoff as the smallest UUIDv7
 -- of its millisecond: a task with an id below it is created lingering.
+-- pg_sequence_last_value reads the sequence without a scan (a scan of it
+-- would cost a statement sent with sequential scans disabled the
+-- setting's penalty, and JIT compilation) and without a snapshot; NULL
+-- until the first cutoff is published.
 -- +goose StatementBegin
 CREATE FUNCTION ingest_task_pending_cutoff() RETURNS uuid LANGUAGE sql VOLATILE AS $$
-    SELECT (lpad(to_hex(last_value), 12, '0') || '00000000000000000000')::uuid FROM ingest_task_pending_ms
+    SELECT (lpad(to_hex(coalesce(pg_sequence_last_value('ingest_task_pending_ms'), 0)), 12, '0') || '00000000000000000000')::uuid
 $$;
 -- +goose StatementEnd
 

@@ -90,8 +90,12 @@ func sqlList(states []State) string {
 
 // lowWaterSQL is the low-water id (migration 00025): every unfinished
 // task with an id below it is lingering. A reader whose snapshot predates
-// a raise reads the lower one, and finds a superset of the tasks.
-const lowWaterSQL = `(SELECT lw.low FROM ingest_task_low_water lw)`
+// a raise reads the lower one, and finds a superset of the tasks. The one
+// row is read on its primary key: statements sent with sequential scans
+// disabled (RescuePlanSQL, pgplan) would otherwise cost a scan of it at
+// the penalty the setting adds, past the threshold of JIT compilation
+// (seconds a statement).
+const lowWaterSQL = `(SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one)`
 
 // liveTasks is a FROM item of the tasks that are not finished (QUEUED,
 // RUNNING, RETRYING), with every column of ingest_task, aliased a: the

@@ -40,7 +40,7 @@ import (
 // and whether a transaction it waits for is still open.
 const lowWaterReadSQL = `
 SELECT w.low, w.pending, EXISTS (SELECT 1 FROM pg_locks l WHERE l.virtualtransaction = ANY(w.pending_wait))
-FROM ingest_task_low_water w`
+FROM ingest_task_low_water w WHERE w.one`
 
 // lowWaterCutoffSQL is the cutoff for a lag of $1 ms: the smallest UUIDv7
 // of the millisecond $1 ms before the database's now(), and that
@@ -52,7 +52,7 @@ FROM (SELECT floor(extract(epoch FROM now() - $1::bigint * interval '1 milliseco
 // publishCutoffSQL sets the sequence the inserts read to the cutoff's
 // millisecond $1, never lowering it. A sequence is not transactional: the
 // value holds from now on, for statements of every snapshot.
-const publishCutoffSQL = `SELECT setval('ingest_task_pending_ms', greatest($1::bigint, s.last_value)) FROM ingest_task_pending_ms s`
+const publishCutoffSQL = `SELECT setval('ingest_task_pending_ms', greatest($1::bigint, coalesce(pg_sequence_last_value('ingest_task_pending_ms'), 0)))`
 
 // recordPendingSQL records the cutoff $1 as pending, with the virtual
 // transactions that hold a lock on ingest_task that lets them write
@@ -66,7 +66,7 @@ UPDATE ingest_task_low_water SET pending = $1, pending_wait = (
     WHERE l.locktype = 'relation' AND l.relation = 'ingest_task'::regclass
       AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
       AND l.mode NOT IN ('AccessShareLock', 'RowShareLock') AND l.pid IS DISTINCT FROM pg_backend_pid())
-WHERE pending IS NULL AND low < $1
+WHERE one AND pending IS NULL AND low < $1
 RETURNING cardinality(pending_wait)`
 
 // markLingeringSQL marks lingering the unfinished tasks in [$1, $2) that
@@ -78,7 +78,7 @@ WHERE id >= $1 AND id < $2 AND finished_at IS NULL AND lingering IS NULL`
 // raiseLowWaterSQL raises the low water to the pending cutoff $1.
 const raiseLowWaterSQL = `
 UPDATE ingest_task_low_water SET low = pending, pending = NULL, pending_wait = NULL, advanced_at = now()
-WHERE pending = $1`
+WHERE one AND pending = $1`
 
 // clearLingeringSQL clears lingering on up to $1 finished tasks (on
 // ingest_task_lingering_idx), skipping rows locked by their workers, so

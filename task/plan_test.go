@@ -90,6 +90,12 @@ func TestRescuerReadsOutboxRowsByTask(t *testing.T) {
 					t.Errorf("%s, %s: reads ingest_task by %s %s, not on the primary key or the lingering index:\n%s", state, name, p.NodeType, p.Index, plan)
 				}
 				lingering = lingering || p.Index == "ingest_task_lingering_idx"
+				// No relation is scanned sequentially (the low water's
+				// row included): under RescuePlanSQL such a scan costs the
+				// setting's penalty, and the plan JIT compilation.
+				if strings.Contains(p.NodeType, "Seq Scan") {
+					t.Errorf("%s, %s: scans %s sequentially:\n%s", state, name, p.Relation, plan)
+				}
 			}
 			if name != "still-missing" && !lingering {
 				t.Errorf("%s, %s: does not read the lingering tasks on their index:\n%s", state, name, plan)

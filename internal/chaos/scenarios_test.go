@@ -512,7 +512,7 @@ var claimProbes = []struct {
 	{"rescuer QUEUED page", `WITH w AS MATERIALIZED (
 		    SELECT u.id FROM (
 		        (SELECT r.id FROM ingest_task r WHERE r.id > '00000000-0000-0000-0000-000000000000'
-		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
+		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
 		        UNION ALL
 		        (SELECT g.id FROM ingest_task g WHERE g.id > '00000000-0000-0000-0000-000000000000'
 		             AND g.lingering AND g.finished_at IS NULL ORDER BY g.id LIMIT 100)
@@ -521,7 +521,7 @@ var claimProbes = []struct {
 	{"rescuer expired-lease page", `WITH w AS MATERIALIZED (
 		    SELECT u.id FROM (
 		        (SELECT r.id FROM ingest_task r WHERE r.id > '00000000-0000-0000-0000-000000000000'
-		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
+		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
 		        UNION ALL
 		        (SELECT g.id FROM ingest_task g WHERE g.id > '00000000-0000-0000-0000-000000000000'
 		             AND g.lingering AND g.finished_at IS NULL ORDER BY g.id LIMIT 100)
