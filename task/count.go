@@ -38,8 +38,7 @@ func (s *Store) CountByStatus(ctx context.Context, ids ...uuid.UUID) (map[State]
 
 // cappedCountsSQL counts up to $1 tasks in each of states, one probe per
 // state on the source and index that hold it (stateSource, stateScope), so
-// the cost is bounded
-// by the cap whatever the table holds.
+// the cost is bounded by the cap whatever the table holds.
 func cappedCountsSQL(states []State) string {
 	parts := make([]string, len(states))
 	for i, s := range states {

@@ -100,11 +100,11 @@ const lowWaterSQL = `(SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one)`
 // liveTasks is a FROM item of the tasks that are not finished (QUEUED,
 // RUNNING, RETRYING), with every column of ingest_task, aliased a: the
 // recent ones (recentGuard: an id at or above the low water, not
-// lingering) on the
-// primary key and the lingering ones (lingeringGuard) on
-// ingest_task_lingering_idx, each read with finished_at IS NULL. The two arms are disjoint (lingering
-// or not), and a query ordered by id reads them merged in order, each
-// from its index.
+// lingering) on the primary key, and the lingering ones (lingeringGuard)
+// on ingest_task_lingering_idx, each read with finished_at IS NULL. The
+// two arms are disjoint (lingering or not). A statement that must read
+// them in id order a page at a time orders and limits each arm itself
+// (rescueWindowSQL).
 func liveTasks(a string) string {
 	return `(SELECT * FROM ingest_task lr WHERE ` + recentGuard("lr") + `
     UNION ALL

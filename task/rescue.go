@@ -106,9 +106,8 @@ SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.
 // its index (the primary key from the low water, and
 // ingest_task_lingering_idx), and the first $2 of both (materialized, so
 // that the page is those ordered index ranges whatever the planner thinks
-// of the states), and
-// returns the last id it read and how many, with the candidates of a
-// class among them (%s: the class's guard on t), if any.
+// of the states), and returns the last id it read and how many, with the
+// candidates of a class among them (%s: the class's guard on t), if any.
 var rescueWindowSQL = `
 WITH w AS MATERIALIZED (
     SELECT u.id FROM (
@@ -133,8 +132,8 @@ ORDER BY c.id`
 
 // RescuePlanSQL, sent in a page's round trip and implicit transaction,
 // leaves the planner one way to read the window: the primary key from the
-// low water and ingest_task_lingering_idx, each in id order, merged,
-// stopping after the page. A queue table's statistics are often
+// low water and ingest_task_lingering_idx, each in id order, stopping
+// after the page. A queue table's statistics are often
 // far off (a backlog arrives faster than ANALYZE, or autovacuum is off or
 // held back by an open transaction), and a plan that thinks the table is
 // small scans it whole, on every page. The settings end with the
