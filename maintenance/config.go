@@ -55,6 +55,13 @@ type Config struct {
 	Partitions         PartitionsConfig
 	PartitionsDisabled bool
 
+	// LowWater configures the raise of the low water of the unfinished
+	// tasks (lowwater.go); LowWaterDisabled runs none (then every task
+	// stays "recent", and the readers of the unfinished tasks read every
+	// task created since the low water was last raised: correct, slower).
+	LowWater         LowWaterConfig
+	LowWaterDisabled bool
+
 	// Consumers configures the idle-consumer cleanup; ConsumersDisabled
 	// runs none.
 	Consumers         ConsumersConfig
@@ -82,6 +89,7 @@ func (c Config) WithDefaults() Config {
 	c.Rescuer = c.Rescuer.WithDefaults()
 	c.Retention = c.Retention.WithDefaults()
 	c.Partitions = c.Partitions.WithDefaults()
+	c.LowWater = c.LowWater.WithDefaults()
 	c.Consumers = c.Consumers.WithDefaults()
 	c.Periodic = c.Periodic.WithDefaults()
 	c.Releaser = c.Releaser.WithDefaults()
@@ -110,6 +118,11 @@ func (c Config) Validate() error {
 	}
 	if !c.PartitionsDisabled {
 		if err := c.Partitions.validate(); err != nil {
+			return err
+		}
+	}
+	if !c.LowWaterDisabled {
+		if err := c.LowWater.validate(); err != nil {
 			return err
 		}
 	}
@@ -400,6 +413,52 @@ func (c PartitionsConfig) validate() error {
 		return configErr("Partitions.KeepMax", "must not be negative, got %d", c.KeepMax)
 	case c.OutboxMinIDs < 1:
 		return configErr("Partitions.OutboxMinIDs", "must be at least 1, got %d", c.OutboxMinIDs)
+	}
+	return nil
+}
+
+// Low-water defaults: a pass every 10 s, a cutoff a minute back, up to
+// 1000 finished tasks cleared of lingering a pass.
+const (
+	DefaultLowWaterInterval   = 10 * time.Second
+	DefaultLowWaterLag        = time.Minute
+	DefaultLowWaterClearBatch = 1000
+)
+
+// LowWaterConfig configures the leader's raise of the low water of the
+// unfinished tasks (lowwater.go). Zero fields take the Default* values.
+type LowWaterConfig struct {
+	// Interval is the period of the passes.
+	Interval time.Duration
+	// Lag is how far behind the database's now() each cutoff is. A task
+	// still unfinished when the low water passes its id is marked
+	// lingering, which costs it two updates that are not HOT (the mark,
+	// and the clear after it finished): Lag should exceed how long most
+	// tasks take from creation to their end. The readers of the
+	// unfinished tasks read every task of about the last Lag + Interval
+	// on the primary key, finished or not.
+	Lag time.Duration
+	// ClearBatch bounds how many finished tasks a pass clears of lingering.
+	ClearBatch int
+}
+
+// WithDefaults returns the configuration with every zero field set to
+// its default.
+func (c LowWaterConfig) WithDefaults() LowWaterConfig {
+	c.Interval = cmp.Or(c.Interval, DefaultLowWaterInterval)
+	c.Lag = cmp.Or(c.Lag, DefaultLowWaterLag)
+	c.ClearBatch = cmp.Or(c.ClearBatch, DefaultLowWaterClearBatch)
+	return c
+}
+
+func (c LowWaterConfig) validate() error {
+	switch {
+	case c.Interval < time.Millisecond:
+		return configErr("LowWater.Interval", "must be at least 1ms, got %s", c.Interval)
+	case c.Lag < time.Millisecond:
+		return configErr("LowWater.Lag", "must be at least 1ms, got %s", c.Lag)
+	case c.ClearBatch < 1:
+		return configErr("LowWater.ClearBatch", "must be at least 1, got %d", c.ClearBatch)
 	}
 	return nil
 }

@@ -84,7 +84,7 @@ func TestNewDefaultsAndRequirements(t *testing.T) {
 	if c := got.Consumers; c.Stream != "ingest:tasks" || c.Group != "ingest-workers" || c.IdleTimeout != time.Hour || c.Interval != time.Minute {
 		t.Errorf("consumer cleanup defaults %+v", c)
 	}
-	if got, want := maintenance.Services(m), []string{"rescuer", "retention", "partitions", "releaser", "sequences", "consumers"}; strings.Join(got, ",") != strings.Join(want, ",") {
+	if got, want := maintenance.Services(m), []string{"rescuer", "retention", "partitions", "low_water", "releaser", "sequences", "consumers"}; strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("services %v, want %v", got, want)
 	}
 	two, err := maintenance.New(maintenance.Config{}, db, rdb, nil, nil)

@@ -199,3 +199,25 @@ func NewPartitions(cfg PartitionsConfig, pool *pgxpool.Pool, reg prometheus.Regi
 
 // RunOnce runs one pass.
 func (p *partitions) RunOnce(ctx context.Context) (PartitionsResult, error) { return p.runOnce(ctx) }
+
+// LowWater is the raise of the low water outside any Maintainer.
+type (
+	LowWater       = lowWater
+	LowWaterResult = lowWaterResult
+)
+
+// NewLowWater returns the raise of the low water outside any Maintainer.
+func NewLowWater(cfg LowWaterConfig, pool *pgxpool.Pool, reg prometheus.Registerer) (*LowWater, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(reg, false)
+	if err != nil {
+		return nil, err
+	}
+	return newLowWater(cfg, pool, m), nil
+}
+
+// RunOnce runs one pass.
+func (w *lowWater) RunOnce(ctx context.Context) (LowWaterResult, error) { return w.runOnce(ctx) }

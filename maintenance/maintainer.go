@@ -115,6 +115,9 @@ func New(cfg Config, pool *pgxpool.Pool, rdb redis.UniversalClient, logger *slog
 	if !cfg.PartitionsDisabled {
 		mt.services = append(mt.services, newPartitions(cfg.Partitions, pool, m).service())
 	}
+	if !cfg.LowWaterDisabled {
+		mt.services = append(mt.services, newLowWater(cfg.LowWater, pool, m).service())
+	}
 	var o options
 	for _, opt := range opts {
 		opt(&o)

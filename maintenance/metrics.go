@@ -13,6 +13,7 @@ const (
 	componentRescuer    = "rescuer"
 	componentRetention  = "retention"
 	componentPartitions = "partitions"
+	componentLowWater   = "low_water"
 )
 
 // metrics are the maintainer's metrics. The rescuer's and retention's
@@ -47,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 		}, []string{"stream"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_maintenance_errors_total",
-			Help: "Failed passes of the outbox rescuer, retention and the upkeep of the audit and outbox partitions.",
+			Help: "Failed passes of the outbox rescuer, retention and the upkeep of the audit and outbox partitions and the low water's raise.",
 		}, []string{"component"}),
 		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ingest_leader",
@@ -70,7 +71,7 @@ func newMetrics(reg prometheus.Registerer, consumers bool) (*metrics, error) {
 	if m.failures, err = promreg.Register(reg, m.failures); err != nil {
 		return nil, err
 	}
-	for _, c := range []string{componentRescuer, componentRetention, componentPartitions} {
+	for _, c := range []string{componentRescuer, componentRetention, componentPartitions, componentLowWater} {
 		m.failures.WithLabelValues(c) // export zeros from the start
 	}
 	if m.leader, err = promreg.Register(reg, m.leader); err != nil {

@@ -343,22 +343,30 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	create := func(nt task.NewTask) task.Task {
+	// Tasks are created through SQL enqueue, which every version from
+	// before to the newest has (the store's create is this build's, for
+	// the newest schema).
+	enqueue := func(kind, options string) (uuid.UUID, error) {
+		var id uuid.UUID
+		err := db.Pool.QueryRow(ctx, `SELECT ingest_enqueue($1, '{}', $2::jsonb)`, kind, options).Scan(&id)
+		return id, err
+	}
+	create := func(options string) task.Task {
 		t.Helper()
-		r, err := store.Create(ctx, nt)
+		id, err := enqueue("up", options)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.Task
+		return task.Task{ID: id}
 	}
-	running := create(task.NewTask{Kind: "up", Payload: []byte(`{}`)})
+	running := create(`{}`)
 	if rs, err := store.Start(ctx, "w1", time.Hour, running.ID); err != nil || rs[0].Outcome != task.Started {
 		t.Fatalf("Start = %+v, %v", rs, err)
 	}
-	dependent := create(task.NewTask{Kind: "up", Payload: []byte(`{}`), DependsOn: []uuid.UUID{running.ID}})
+	dependent := create(`{"depends_on": ["` + running.ID.String() + `"]}`)
 	// An old row of a task that no longer exists (deleted by hand): the
 	// downgrade leaves it out, as the schema before keeps no such row.
-	orphan := create(task.NewTask{Kind: "up", Payload: []byte(`{}`)})
+	orphan := create(`{}`)
 	exec(`DELETE FROM ingest_task WHERE id = $1`, orphan.ID)
 
 	type row struct {
@@ -397,12 +405,12 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 				return
 			default:
 			}
-			r, err := store.Create(ctx, task.NewTask{Kind: "live", Payload: []byte(`{}`)})
+			id, err := enqueue("live", `{}`)
 			if err != nil {
 				t.Errorf("create during the upgrade: %v", err)
 				return
 			}
-			ids = append(ids, r.Task.ID)
+			ids = append(ids, id)
 		}
 	}()
 	testenv.Eventually(t, 30*time.Second, "tasks to be created before the upgrade", func() bool {
@@ -489,7 +497,7 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 		orphans != 0 || total != len(after) {
 		t.Fatalf("after the downgrade: %d rows, %d of the deleted task, %v; want %d (those of before, less the deleted task's one, and the completion)", total, orphans, err, len(after))
 	}
-	if _, err := store.Create(ctx, task.NewTask{Kind: "up", Payload: []byte(`{}`)}); err != nil {
+	if _, err := enqueue("up", `{}`); err != nil {
 		t.Fatalf("create after the downgrade: %v", err)
 	}
 	if applied, err := migrations.Up(ctx, db.Pool); err != nil || !slices.Equal(applied, versions[before:]) {

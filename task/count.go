@@ -37,12 +37,12 @@ func (s *Store) CountByStatus(ctx context.Context, ids ...uuid.UUID) (map[State]
 }
 
 // cappedCountsSQL counts up to $1 tasks in each of states, one probe per
-// state on the index that holds it (stateScope), so the cost is bounded
-// by the cap whatever the table holds.
+// state on the source and index that hold it (stateSource, stateScope), so
+// the cost is bounded by the cap whatever the table holds.
 func cappedCountsSQL(states []State) string {
 	parts := make([]string, len(states))
 	for i, s := range states {
-		parts[i] = `SELECT '` + string(s) + `'::text, (SELECT count(*) FROM (SELECT 1 FROM ingest_task t WHERE t.status = '` +
+		parts[i] = `SELECT '` + string(s) + `'::text, (SELECT count(*) FROM (SELECT 1 FROM ` + stateSource("t", s) + ` WHERE t.status = '` +
 			string(s) + `' AND ` + stateScope("t", s) + ` LIMIT $1) x)`
 	}
 	return strings.Join(parts, "\nUNION ALL\n")
@@ -72,7 +72,7 @@ func CappedCounts(ctx context.Context, db DB, states []State, limit int) (map[St
 func newestByKindSQL(states []State) string {
 	parts := make([]string, len(states))
 	for i, s := range states {
-		parts[i] = `SELECT '` + string(s) + `'::text, x.kind, count(*) FROM (SELECT t.kind FROM ingest_task t WHERE t.status = '` +
+		parts[i] = `SELECT '` + string(s) + `'::text, x.kind, count(*) FROM (SELECT t.kind FROM ` + stateSource("t", s) + ` WHERE t.status = '` +
 			string(s) + `' AND ` + stateScope("t", s) + ` ORDER BY t.id DESC LIMIT $1) x GROUP BY x.kind`
 	}
 	return strings.Join(parts, "\nUNION ALL\n")

@@ -331,7 +331,12 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // sequence (sequence.go).
 // A priority $14 of 0 or 2 (the default) is stored as NULL. group_key $15
 // (empty for none) is the task's group; held $16 creates it parked, held
-// back by its group's window (holdBack in group.go).
+// back by its group's window (holdBack in group.go). A task with an id
+// below the pending low-water cutoff (ingest_task_pending_cutoff, read in
+// the statement itself and outside its snapshot: migration 00025) is
+// created lingering, so that the leader's raise of the low water, which
+// waits for the inserts that began before it published that cutoff, finds
+// every unfinished task below it.
 //
 // A batch with idempotency keys inserts ON CONFLICT DO NOTHING on the
 // unique (kind, idempotency_key) index (insertKeyedSQL); one without
@@ -340,10 +345,11 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 // row more).
 const insertTasksSQL = `
 INSERT INTO ingest_task (id, kind, payload, payload_sha, idempotency_key, max_attempts, next_retry_at, due_at, timeout_ms, traceparent, dedup,
-    sequence_key, sequence_no, priority, group_key, parked_at)
+    sequence_key, sequence_no, priority, group_key, parked_at, lingering)
 SELECT id, kind, payload::jsonb, sha, NULLIF(key, ''), NULLIF(max_attempts, 0), d.due, d.due,
     NULLIF(timeout_ms, 0), NULLIF(traceparent, ''), dedup, NULLIF(seq_key, ''), NULLIF(seq_no, 0), NULLIF(NULLIF(priority, 0), 2),
-    NULLIF(group_key, ''), CASE WHEN held THEN now() END
+    NULLIF(group_key, ''), CASE WHEN held THEN now() END,
+    CASE WHEN id < (SELECT ingest_task_pending_cutoff()) THEN true END
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::timestamptz[], $8::bigint[], $9::bigint[], $10::text[], $11::bool[],
             $12::text[], $13::bigint[], $14::smallint[], $15::text[], $16::bool[])
     WITH ORDINALITY AS n(id, kind, payload, sha, key, max_attempts, run_at, delay_ms, timeout_ms, traceparent, dedup, seq_key, seq_no, priority, group_key, held, ord)

@@ -25,7 +25,8 @@ const cancelledByDependency = `t.status = 'CANCELLED' AND t.cancel_requested_by 
 // locks them in id order and moves them back to QUEUED, held: waiting_for
 // counts their unreleased edges (at least the one to the task that
 // cancelled them, which waits again). It returns each revived task with
-// the dependency that had cancelled it.
+// the dependency that had cancelled it. Each is made lingering, as a
+// redriven task is (redriveSQL).
 const reviveSQL = `
 WITH RECURSIVE v(id, dep) AS (
     SELECT e.task_id, e.depends_on FROM ingest_task_dependency e JOIN ingest_task t ON t.id = e.task_id
@@ -39,7 +40,7 @@ WITH RECURSIVE v(id, dep) AS (
 ), locked AS (
     SELECT t.id FROM ingest_task t WHERE t.id IN (SELECT id FROM l) ORDER BY t.id FOR NO KEY UPDATE
 )
-UPDATE ingest_task t SET status = 'QUEUED', finished_at = NULL, next_retry_at = NULL,
+UPDATE ingest_task t SET status = 'QUEUED', finished_at = NULL, lingering = true, next_retry_at = NULL,
     cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL, due_at = NULL, updated_at = now(),
     waiting_for = (SELECT count(*) FROM ingest_task_dependency e WHERE e.task_id = t.id AND e.released_at IS NULL)
 FROM l JOIN locked k ON k.id = l.id

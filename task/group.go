@@ -142,8 +142,8 @@ func rateColumns(r *Rate, field string) (count, periodMS *int64, text *string, e
 // when a per-group concurrency limit is set, so that a limit set under
 // load counts them.
 var seedGroupSlotsSQL = `INSERT INTO ingest_group_slot (kind, group_key, task_id)
-SELECT kind, coalesce(group_key, ''), id FROM ingest_task t
-WHERE ` + liveGuard("t") + ` AND kind = $1 AND status = 'RUNNING' AND lease_until > now()
+SELECT kind, coalesce(group_key, ''), id FROM ` + liveTasks("t") + `
+WHERE kind = $1 AND status = 'RUNNING' AND lease_until > now()
 ON CONFLICT DO NOTHING`
 
 // groupRoomSQL is how many more tasks of group g of kind $1 may start now
@@ -224,10 +224,14 @@ func weightSQL(k, g string) string {
 }
 
 // admittedSQL counts the tasks of group g of kind k in the stream or
-// running: unfinished and not parked (ingest_task_group_live_idx).
+// running: unfinished and not parked, in two probes of
+// ingest_task_group_idx, the recent ones (as liveTasks: at or above the
+// low water, not lingering) and the lingering ones.
 func admittedSQL(k, g string) string {
-	return `(SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + `
-        AND ` + liveGuard("a") + ` AND a.parked_at IS NULL)`
+	return `((SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + ` AND a.parked_at IS NULL
+        AND ` + recentGuard("a") + `)
+    + (SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + ` AND a.parked_at IS NULL
+        AND ` + lingeringGuard("a") + `))`
 }
 
 // createRoomSQL tells, for each (kind $1[i], group $2[i]) of a batch

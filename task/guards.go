@@ -82,15 +82,47 @@ func sqlList(states []State) string {
 	return `(` + strings.Join(q, ", ") + `)`
 }
 
-// No index of ingest_task names a column that the start of a task changes,
-// so that update can be HOT (migration 00012). Tasks are found by state
-// through two partial indexes instead, whose guards follow; a query that
-// looks for a state splices in its stateScope, so the planner can use
-// the index.
+// No index of ingest_task names a column that the start or the completion
+// of a task changes, so those updates can be HOT (migrations 00012 and
+// 00025). Tasks are found by state through the sources and guards below;
+// a query that looks for a state reads stateSource and splices in its
+// stateScope, so the planner can use the index.
 
-// liveGuard holds the tasks that are not finished (QUEUED, RUNNING,
-// RETRYING): ingest_task_live_idx. a is the alias of ingest_task.
-func liveGuard(a string) string { return a + `.finished_at IS NULL` }
+// lowWaterSQL is the low-water id (migration 00025): every unfinished
+// task with an id below it is lingering. A reader whose snapshot predates
+// a raise reads the lower one, and finds a superset of the tasks. The one
+// row is read on its primary key: statements sent with sequential scans
+// disabled (RescuePlanSQL, pgplan) would otherwise cost a scan of it at
+// the penalty the setting adds, past the threshold of JIT compilation
+// (seconds a statement).
+const lowWaterSQL = `(SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one)`
+
+// liveTasks is a FROM item of the tasks that are not finished (QUEUED,
+// RUNNING, RETRYING), with every column of ingest_task, aliased a: the
+// recent ones (recentGuard: an id at or above the low water, not
+// lingering) on the primary key, and the lingering ones (lingeringGuard)
+// on ingest_task_lingering_idx, each read with finished_at IS NULL. The
+// two arms are disjoint (lingering or not). A statement that must read
+// them in id order a page at a time orders and limits each arm itself
+// (rescueWindowSQL).
+func liveTasks(a string) string {
+	return `(SELECT * FROM ingest_task lr WHERE ` + recentGuard("lr") + `
+    UNION ALL
+    SELECT * FROM ingest_task ll WHERE ` + lingeringGuard("ll") + `) ` + a
+}
+
+// recentGuard holds the unfinished tasks at or above the low water that
+// are not lingering (lingering is true or NULL): the first arm of
+// liveTasks, a range of the primary key. a is the alias of ingest_task.
+func recentGuard(a string) string {
+	return a + `.id >= ` + lowWaterSQL + ` AND ` + a + `.lingering IS NULL AND ` + a + `.finished_at IS NULL`
+}
+
+// lingeringGuard holds the unfinished lingering tasks: the second arm of
+// liveTasks, on ingest_task_lingering_idx. a is the alias of ingest_task.
+func lingeringGuard(a string) string {
+	return a + `.lingering AND ` + a + `.finished_at IS NULL`
+}
 
 // failedGuard holds every task that failed at least once or was cancelled,
 // among them every DEAD and every CANCELLED one (a CHECK constraint keeps
@@ -99,14 +131,23 @@ func failedGuard(a string) string {
 	return `(` + a + `.last_error IS NOT NULL OR ` + a + `.cancel_requested_at IS NOT NULL)`
 }
 
-// stateScope returns the guard of the partial index that holds every task
-// in state s: liveGuard for the unfinished states, failedGuard for DEAD
-// and CANCELLED, and true for SUCCEEDED (the common case: a scan of the
-// primary key finds them densely).
-func stateScope(a string, s State) string {
+// stateSource returns the FROM item, aliased a, that holds every task in
+// state s: liveTasks for the unfinished states, ingest_task for the
+// others.
+func stateSource(a string, s State) string {
 	switch s {
 	case Queued, Running, Retrying:
-		return liveGuard(a)
+		return liveTasks(a)
+	}
+	return `ingest_task ` + a
+}
+
+// stateScope returns the guard of the partial index that holds every task
+// in state s among those of its stateSource: failedGuard for DEAD and
+// CANCELLED, and true for the others (SUCCEEDED: a scan of the primary
+// key finds them densely; the unfinished states: liveTasks holds them).
+func stateScope(a string, s State) string {
+	switch s {
 	case Dead, Cancelled:
 		return failedGuard(a)
 	}

@@ -274,7 +274,7 @@ func (s *Store) SetKind(ctx context.Context, actor, kind string, u KindUpdate) (
 			// The kind's tasks running now hold slots, so that a limit
 			// set under load counts them.
 			_, err := tx.Exec(ctx, `INSERT INTO ingest_kind_slot (kind, task_id)
-				SELECT kind, id FROM ingest_task t WHERE `+liveGuard("t")+` AND kind = $1 AND status = 'RUNNING' AND lease_until > now()
+				SELECT kind, id FROM `+liveTasks("t")+` WHERE kind = $1 AND status = 'RUNNING' AND lease_until > now()
 				ON CONFLICT DO NOTHING`, kind)
 			return err
 		}

@@ -53,7 +53,9 @@ SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 3 FROM generate_series(1, 
 }
 
 // TestRescuerReadsOutboxRowsByTask checks that the rescuer reads its
-// candidates on ingest_task_live_idx (the unfinished tasks) and reaches a
+// candidates on the indexes of the unfinished tasks (the primary key from
+// the low water and ingest_task_lingering_idx: liveTasks), sent with
+// RescuePlanSQL as the code sends them, and reaches a
 // candidate's outbox rows through outbox_event_task_idx (task_id, id), in
 // two states where the planner is tempted elsewhere: no statistics at all
 // (it walked the primary key backwards, filtering on task_id: 23 ms per
@@ -73,16 +75,31 @@ func TestRescuerReadsOutboxRowsByTask(t *testing.T) {
 	}
 	check := func(state string) {
 		for name, st := range task.RescueStatements() {
-			nodes, plan := testenv.GenericPlan(t, db, st[0], st[1])
+			settings := task.RescuePlanSQL
+			if name == "still-missing" {
+				settings = "" // sent without, in Rescue's transaction
+			}
+			nodes, plan := testenv.GenericPlanWith(t, db, settings, st[0], st[1])
+			lingering := false
 			for _, p := range nodes {
 				if p.Relation == "outbox_event" && p.Index != "outbox_event_task_idx" {
 					t.Errorf("%s, %s: reads outbox_event by %s %s, not by task:\n%s", state, name, p.NodeType, p.Index, plan)
 				}
 				// The candidates come from the unfinished tasks only (the
 				// re-check reads its tasks by primary key).
-				if p.Relation == "ingest_task" && p.Index != "ingest_task_live_idx" && p.Index != "ingest_task_pkey" {
-					t.Errorf("%s, %s: reads ingest_task by %s %s, not on the live index:\n%s", state, name, p.NodeType, p.Index, plan)
+				if p.Relation == "ingest_task" && p.Index != "ingest_task_lingering_idx" && p.Index != "ingest_task_pkey" {
+					t.Errorf("%s, %s: reads ingest_task by %s %s, not on the primary key or the lingering index:\n%s", state, name, p.NodeType, p.Index, plan)
 				}
+				lingering = lingering || p.Index == "ingest_task_lingering_idx"
+				// No relation is scanned sequentially (the low water's
+				// row included): under RescuePlanSQL such a scan costs the
+				// setting's penalty, and the plan JIT compilation.
+				if strings.Contains(p.NodeType, "Seq Scan") {
+					t.Errorf("%s, %s: scans %s sequentially:\n%s", state, name, p.Relation, plan)
+				}
+			}
+			if name != "still-missing" && !lingering {
+				t.Errorf("%s, %s: does not read the lingering tasks on their index:\n%s", state, name, plan)
 			}
 		}
 	}

@@ -94,8 +94,9 @@ func (p *ListParams) SetStatus(v string) *FieldError {
 // List returns tasks newest first, without payloads, and the cursor of the
 // next page ("" when this page is the last). Newest first is by id (a
 // UUIDv7 begins with its creation time); pages are keyset-paginated on it,
-// through the primary key, (kind, id), or a state's partial index
-// (stateScope), so a listing stays consistent while tasks are added.
+// through the primary key, (kind, id), or a state's source and partial
+// index (stateSource, stateScope), so a listing stays consistent while
+// tasks are added.
 func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) {
 	if p.Status != "" && !p.Status.Valid() {
 		return nil, "", &FieldError{Field: "status", Msg: fmt.Sprintf("status %q is not one of %v", p.Status, States)}
@@ -111,12 +112,15 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 	}
 	var where []string
 	var args []any
+	from := `ingest_task`
 	arg := func(v any) string { args = append(args, v); return fmt.Sprintf("$%d", len(args)) }
 	if p.Status != "" {
+		from = stateSource("ingest_task", p.Status)
 		where = append(where, "status = "+arg(string(p.Status)), stateScope("ingest_task", p.Status))
 	}
 	if p.Scheduled {
-		where = append(where, scheduled("ingest_task"), liveGuard("ingest_task"))
+		from = liveTasks("ingest_task")
+		where = append(where, scheduled("ingest_task"))
 	}
 	if p.Kind != "" {
 		where = append(where, "kind = "+arg(p.Kind))
@@ -139,7 +143,7 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 		}
 		where = append(where, "id < "+arg(id))
 	}
-	q := `SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + ` FROM ingest_task`
+	q := `SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + ` FROM ` + from
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}

@@ -17,9 +17,10 @@ import (
 // new outbox row. Which task is a candidate is a question of task states,
 // so the SQL lives here.
 
-// RescueClass is a kind of rescue candidate. Every class is paged by id on
-// ingest_task_live_idx (the unfinished tasks), each pass reading the
-// states it looks for.
+// RescueClass is a kind of rescue candidate. Every class is paged by id
+// over the unfinished tasks (liveTasks: the recent ids on the primary key
+// and the lingering tasks on their index), each pass reading the states it
+// looks for.
 type RescueClass int
 
 const (
@@ -101,13 +102,19 @@ SELECT t.id, t.status, coalesce(lo.id, 0), coalesce(lo.stream, ''), coalesce(lo.
              ELSE lo.status = 'SENT' AND lo.sent_at < now() - $3 * interval '1 millisecond' END`
 
 // rescueWindowSQL reads the next $2 unfinished tasks after id $1 in id
-// order, on ingest_task_live_idx (materialized, so that the page is that
-// ordered index range whatever the planner thinks of the states), and
-// returns the last id it read and how many, with the candidates of a
-// class among them (%s: the class's guard on t), if any.
+// order: the next $2 of each arm of liveTasks, each an ordered range of
+// its index (the primary key from the low water, and
+// ingest_task_lingering_idx), and the first $2 of both (materialized, so
+// that the page is those ordered index ranges whatever the planner thinks
+// of the states), and returns the last id it read and how many, with the
+// candidates of a class among them (%s: the class's guard on t), if any.
 var rescueWindowSQL = `
 WITH w AS MATERIALIZED (
-    SELECT l.id FROM ingest_task l WHERE ` + liveGuard("l") + ` AND l.id > $1 ORDER BY l.id LIMIT $2
+    SELECT u.id FROM (
+        (SELECT lr.id FROM ingest_task lr WHERE lr.id > $1 AND ` + recentGuard("lr") + ` ORDER BY lr.id LIMIT $2)
+        UNION ALL
+        (SELECT ll.id FROM ingest_task ll WHERE ll.id > $1 AND ` + lingeringGuard("ll") + ` ORDER BY ll.id LIMIT $2)
+    ) u ORDER BY u.id LIMIT $2
 ), s AS (
     SELECT (SELECT id FROM w ORDER BY id DESC LIMIT 1) AS last, (SELECT count(*) FROM w) AS n
 )
@@ -124,8 +131,9 @@ SELECT s.last, s.n, c.* FROM s LEFT JOIN LATERAL (%s
 ORDER BY c.id`
 
 // RescuePlanSQL, sent in a page's round trip and implicit transaction,
-// leaves the planner one way to read the window: ingest_task_live_idx in
-// id order, stopping after the page. A queue table's statistics are often
+// leaves the planner one way to read the window: the primary key from the
+// low water and ingest_task_lingering_idx, each in id order, stopping
+// after the page. A queue table's statistics are often
 // far off (a backlog arrives faster than ANALYZE, or autovacuum is off or
 // held back by an open transaction), and a plan that thinks the table is
 // small scans it whole, on every page. The settings end with the

@@ -521,8 +521,11 @@ func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]
 	return s.guardedStatement(ctx, "release", ids, handBackSQL, ids, owner)
 }
 
+// redriveSQL moves DEAD and CANCELLED tasks back to QUEUED. An unfinished
+// task again, it is made lingering: its id may be below the low water,
+// and the lingering tasks are found whatever their id (liveTasks).
 var redriveSQL = `
-UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, due_at = now(), finished_at = NULL,
+UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, due_at = now(), finished_at = NULL, lingering = true,
     lease_owner = NULL, lease_until = NULL, cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL,
     progress_percent = NULL, progress_message = NULL, progress_at = NULL, updated_at = now()
 FROM (SELECT id, status FROM ingest_task WHERE id = ANY($1::uuid[])

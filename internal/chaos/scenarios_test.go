@@ -497,7 +497,8 @@ func (c *cluster) saturate(d, every time.Duration) phaseRun {
 // claimProbes are read-only copies of the hot claim scans: the relay's
 // claim of due outbox rows and the rescuer's pages of QUEUED tasks and of
 // RUNNING tasks whose lease expired (each reads a window of the unfinished
-// tasks on ingest_task_live_idx).
+// tasks: the recent ids from the low water on the primary key and the
+// lingering tasks on ingest_task_lingering_idx).
 var claimProbes = []struct {
 	name, sql string
 	// settings runs first in the probe's transaction, as the real
@@ -513,10 +514,22 @@ var claimProbes = []struct {
 	// The rescuer's pages (task/rescue.go, rescueWindowSQL): a window of
 	// the unfinished tasks in id order, then the class among them.
 	{"rescuer QUEUED page", `WITH w AS MATERIALIZED (
-		    SELECT id FROM ingest_task WHERE finished_at IS NULL AND id > '00000000-0000-0000-0000-000000000000' ORDER BY id LIMIT 100)
+		    SELECT u.id FROM (
+		        (SELECT r.id FROM ingest_task r WHERE r.id > '00000000-0000-0000-0000-000000000000'
+		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
+		        UNION ALL
+		        (SELECT g.id FROM ingest_task g WHERE g.id > '00000000-0000-0000-0000-000000000000'
+		             AND g.lingering AND g.finished_at IS NULL ORDER BY g.id LIMIT 100)
+		    ) u ORDER BY u.id LIMIT 100)
 		SELECT t.id FROM w JOIN ingest_task t ON t.id = w.id WHERE t.status = 'QUEUED'`, task.RescuePlanSQL},
 	{"rescuer expired-lease page", `WITH w AS MATERIALIZED (
-		    SELECT id FROM ingest_task WHERE finished_at IS NULL AND id > '00000000-0000-0000-0000-000000000000' ORDER BY id LIMIT 100)
+		    SELECT u.id FROM (
+		        (SELECT r.id FROM ingest_task r WHERE r.id > '00000000-0000-0000-0000-000000000000'
+		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
+		        UNION ALL
+		        (SELECT g.id FROM ingest_task g WHERE g.id > '00000000-0000-0000-0000-000000000000'
+		             AND g.lingering AND g.finished_at IS NULL ORDER BY g.id LIMIT 100)
+		    ) u ORDER BY u.id LIMIT 100)
 		SELECT t.id FROM w JOIN ingest_task t ON t.id = w.id WHERE t.status = 'RUNNING' AND t.lease_until < now()`, task.RescuePlanSQL},
 	// The rescuer's own statement (no sql): a page of each class in turn,
 	// walking the unfinished tasks as a rescuer pass does.
