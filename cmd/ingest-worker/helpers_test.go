@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ingest-worker/ingest/internal/pgtemp"
 	"github.com/ingest-worker/ingest/internal/testenv"
 )
 
@@ -149,15 +149,16 @@ func mustRun(t *testing.T, bin string, env []string, stdin string, args ...strin
 	return r.stdout
 }
 
-// freeAddr returns a free 127.0.0.1 address.
+// freeAddr returns a 127.0.0.1 address that was free a moment ago, for
+// the binary under test to listen on (pgtemp.FreePort: outside the range
+// the ports of outgoing connections are taken from).
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := pgtemp.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return "127.0.0.1:" + strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	return "127.0.0.1:" + strconv.Itoa(port)
 }
 
 // waitReady waits until the HTTP server at addr answers /readyz with 200.

@@ -12,6 +12,7 @@ package pgtemp
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -187,12 +188,50 @@ func pgVersion(binDir string) int {
 	return v
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// for a server another process is about to start on it. It is chosen below
+// the kernel's ephemeral range (net.ipv4.ip_local_port_range), where the
+// port of an outgoing connection (many are opened by tests running in
+// parallel) never lands: a port from that range, as "127.0.0.1:0" gives,
+// can be taken by one between the check and the server's bind. Where the
+// range cannot be read, or leaves no room below it, the kernel's choice is
+// used.
 func FreePort() (int, error) {
+	if lo := ephemeralLow(); lo > freePortMin+1000 {
+		for range 50 {
+			port := freePortMin + rand.IntN(lo-freePortMin)
+			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+				l.Close()
+				return port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// freePortMin is the lowest port FreePort picks (above the usual ports of
+// local services).
+const freePortMin = 20000
+
+// ephemeralLow returns the first port of the kernel's ephemeral range, or
+// 0 when it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return lo
 }
