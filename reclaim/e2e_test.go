@@ -266,16 +266,21 @@ func TestE2ERetryTiming(t *testing.T) {
 
 // TestE2ECrashedConsumerEntriesComplete: a consumer reads 20 entries,
 // starts their tasks and dies without acking; a second worker claims them
-// after the idle time and completes them; the audit shows each abandoned
-// run as a failed attempt.
+// and completes them, none before its lease expired (the takeover of a
+// consumer silent for a lease, or the claim after the idle time, whichever
+// its free slots reach first); the audit shows each abandoned run as a
+// failed attempt.
 func TestE2ECrashedConsumerEntriesComplete(t *testing.T) {
 	t.Parallel()
-	const minIdle = 500 * time.Millisecond
+	const (
+		minIdle = 500 * time.Millisecond
+		lease   = 300 * time.Millisecond // the crashed consumer's
+	)
 	e := newEnv(t, task.Config{})
 	ids := e.create(t, "work", 20, 5)
 	reclaim.PublishOutbox(t, e.pool(), e.rdb, e.stream)
-	e.readAsCrashed(t, 20, 300*time.Millisecond)
-	crashed := time.Now()
+	crashed := time.Now() // before the starts: every lease ends at least lease after it
+	e.readAsCrashed(t, 20, lease)
 
 	var runs sync.Map
 	startWorker(t, e, workerOpts{
@@ -289,9 +294,9 @@ func TestE2ECrashedConsumerEntriesComplete(t *testing.T) {
 	})
 	testenv.Eventually(t, 20*time.Second, "20 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 20 })
 	recovered := time.Since(crashed)
-	t.Logf("crash recovery: all 20 tasks succeeded %s after the crash (min idle %s)", recovered.Round(time.Millisecond), minIdle)
-	if recovered < minIdle {
-		t.Errorf("recovered after %s, before the idle time %s: entries were taken from a live-looking consumer", recovered, minIdle)
+	t.Logf("crash recovery: all 20 tasks succeeded %s after the crash (lease %s, min idle %s)", recovered.Round(time.Millisecond), lease, minIdle)
+	if recovered < lease {
+		t.Errorf("recovered after %s, before the crashed consumer's leases (%s) expired: entries were taken from a live-looking consumer", recovered, lease)
 	}
 
 	for _, id := range ids {
