@@ -39,24 +39,8 @@ func outboxPartitionOf(t *testing.T, db *pgxpool.Pool, id int64) string {
 // outboxRows is a task's outbox rows, as the operator's query reads them.
 func outboxRows(t *testing.T, db *pgxpool.Pool, id uuid.UUID) []string {
 	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT id, status, attempt_count, next_retry_at, last_error, created_at, sent_at, stream_id
+	return rowStrings(t, db, `SELECT id, status, attempt_count, next_retry_at, last_error, created_at, sent_at, stream_id
 		FROM outbox_event WHERE task_id = $1 ORDER BY id`, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, fmt.Sprint(vals...))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // checkContiguous fails unless the bounded partitions follow one another

@@ -266,7 +266,14 @@ func TestPartitionsDroppedKeepingTheHistoryOfTasksThatExist(t *testing.T) {
 // auditTrail is a task's audit rows as the documented query reads them.
 func auditTrail(t *testing.T, db *pgxpool.Pool, id uuid.UUID) []string {
 	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT * FROM ingest_task_transition WHERE task_id = $1 ORDER BY id`, id)
+	return rowStrings(t, db, `SELECT * FROM ingest_task_transition WHERE task_id = $1 ORDER BY id`, id)
+}
+
+// rowStrings runs sql and returns each row's values printed, for
+// comparing rows before and after a change.
+func rowStrings(t *testing.T, db *pgxpool.Pool, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), sql, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
