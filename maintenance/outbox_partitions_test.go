@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,29 +45,30 @@ func outboxRows(t *testing.T, db *pgxpool.Pool, id uuid.UUID) []string {
 		FROM outbox_event WHERE task_id = $1 ORDER BY id`, id)
 }
 
-// checkContiguous fails unless the bounded partitions follow one another
-// without a gap from the first one's end.
-func checkContiguous(t *testing.T, parts []outbox.Partition) {
+// checkOpened fails unless the partitions a pass created begin at from
+// and follow one another without a gap, each holding width ids.
+func checkOpened(t *testing.T, created []outbox.Partition, from, width int64) {
 	t.Helper()
-	var prev int64
-	for i, p := range parts {
-		if p.Default {
-			continue
+	next := from
+	for _, c := range created {
+		if c.Default || c.From != next {
+			t.Errorf("partition %s holds [%d, %d); want it to begin at %d: %+v", c.Name, c.From, c.To, next, created)
 		}
-		if i > 0 && p.From != prev {
-			t.Errorf("partition %s starts at %d, want %d (the previous one's end): %+v", p.Name, p.From, prev, parts)
+		if n := c.To - c.From; math.Abs(float64(n-width)) > float64(width)/100 {
+			t.Errorf("partition %s holds %d ids, want about %d", c.Name, n, width)
 		}
-		prev = p.To
+		next = c.To
 	}
 }
 
 // TestOutboxPartitionsCreatedAhead: a row whose id lies beyond every
-// partition lands in the DEFAULT partition; a pass opens partitions,
-// OutboxMinIDs each while ids come slowly, from the newest one's end past
-// the last id taken, moving that row into the one that covers it (same id,
-// same task); with ids taken at a known rate over the last Width, each new
-// partition holds the ids a Width takes and they reach the ids Ahead
-// takes; a pass with nothing to do creates nothing.
+// partition lands in the DEFAULT partition and stays there: a pass opens
+// partitions, OutboxMinIDs each while ids come slowly, from just past the
+// last id taken (not from the newest one's end, which the ids being
+// written have passed), until they reach OutboxMinIDs further; with ids taken
+// at a known rate over the last Width, each new partition holds the ids a
+// Width takes and they reach the ids Ahead takes; a pass with nothing to
+// do creates nothing.
 func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -87,6 +90,8 @@ func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 	if got := outboxPartitionOf(t, b.db, rowID); got != "outbox_event_default" {
 		t.Fatalf("row %d beyond the partitions (to %d) is in %s, want the DEFAULT partition", rowID, newest.To, got)
 	}
+	// No row of the last Width: no rate, ids are taken slowly.
+	b.exec(t, `UPDATE outbox_event SET created_at = created_at - interval '3 days'`)
 	rows := outboxRows(t, b.db, id)
 
 	res, err := p.RunOnce(ctx)
@@ -95,23 +100,18 @@ func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 	}
 	after, last := listOutboxPartitions(t, b.db)
 	created := after[len(before)-1 : len(after)-1]
-	if res.OutboxCreated != len(created) || len(created) < 2 {
+	if res.OutboxCreated != len(created) || len(created) == 0 {
 		t.Fatalf("pass created %d, partitions %+v; want those past row %d counted", res.OutboxCreated, after, rowID)
 	}
-	checkContiguous(t, after)
-	for _, c := range created {
-		if c.To-c.From != minIDs {
-			t.Errorf("partition %s holds [%d, %d); want %d ids", c.Name, c.From, c.To, minIDs)
-		}
-	}
+	checkOpened(t, created, last+1, minIDs)
 	if reach := created[len(created)-1].To; reach <= last+minIDs {
 		t.Errorf("partitions reach %d, want past the last id %d + %d", reach, last, minIDs)
 	}
-	if got := outboxPartitionOf(t, b.db, rowID); got == "outbox_event_default" {
-		t.Errorf("row %d stayed in the DEFAULT partition", rowID)
+	if got := outboxPartitionOf(t, b.db, rowID); got != "outbox_event_default" {
+		t.Errorf("row %d moved to %s; want it kept in the DEFAULT partition", rowID, got)
 	}
 	if got := outboxRows(t, b.db, id); !slices.Equal(got, rows) {
-		t.Errorf("the task's outbox rows after the move: %v, want %v", got, rows)
+		t.Errorf("the task's outbox rows after the pass: %v, want %v", got, rows)
 	}
 	if res, err := p.RunOnce(ctx); err != nil || res.OutboxCreated != 0 {
 		t.Fatalf("second pass = %+v, %v; want nothing created", res, err)
@@ -129,12 +129,9 @@ func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 		t.Fatalf("pass after 12,000 ids = %+v, %v; want partitions created", res, err)
 	}
 	grown, last := listOutboxPartitions(t, b.db)
-	checkContiguous(t, grown)
-	for _, c := range grown[len(after)-1 : len(grown)-1] {
-		if n := c.To - c.From; math.Abs(float64(n)-24000) > 240 {
-			t.Errorf("partition %s holds %d ids, want about 24,000 (a day at 1,000 an hour)", c.Name, n)
-		}
-	}
+	// The newest partition ended below the ids being taken: the first new
+	// one begins just past the last id.
+	checkOpened(t, grown[len(after)-1:len(grown)-1], last+1, 24000)
 	if reach := grown[len(grown)-2].To; reach < last+48000-480 {
 		t.Errorf("partitions reach %d, want about 48,000 past the last id %d", reach, last)
 	}
@@ -263,4 +260,81 @@ func partitionNamesOf(t *testing.T, db *pgxpool.Pool) []string {
 		out = append(out, p.Name)
 	}
 	return out
+}
+
+// TestOutboxPartitionsOpenedWhileIdsOverrunThem: rows are inserted without
+// pause, in batches, faster than partitions of OutboxMinIDs ids last,
+// while the extension runs again and again, as on a new database taking
+// more rows in its first minute than its first partitions hold. Every
+// insert succeeds and every row is kept: a partition near the ids being
+// taken is attached while no outbox row is being written. (Attached over
+// the ids being written, it fails an insert that routed its rows before
+// it was there: "new row for relation "outbox_event_default" violates
+// partition constraint".)
+func TestOutboxPartitionsOpenedWhileIdsOverrunThem(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	id := b.create(t, 1)[0]
+	const minIDs, batch, writers, passes = 2000, 40, 3, 150
+	// The ids being taken have reached the end of the partitions.
+	parts, _ := listOutboxPartitions(t, b.db)
+	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_event', 'id'), $1)`, parts[len(parts)-2].To-1)
+
+	var inserted atomic.Int64
+	stop := make(chan struct{})
+	failed := make(chan error, writers)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tag, err := b.db.Exec(ctx, `INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at)
+					SELECT $1, 's', 'SENT', '1-1', now() FROM generate_series(1, $2)`, id, batch)
+				if err != nil {
+					failed <- err
+					return
+				}
+				inserted.Add(tag.RowsAffected())
+			}
+		})
+	}
+	opened, refused := 0, 0
+	// Up to passes passes or 30 s: opened from the newest partition's end,
+	// one pass may have to open thousands of partitions to catch up.
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; i < passes && time.Now().Before(deadline); i++ {
+		pctx, cancel := context.WithDeadline(ctx, deadline)
+		n, err := outbox.Extend(pctx, b.db, time.Minute, time.Minute, minIDs, time.Second)
+		cancel()
+		if err != nil {
+			refused++
+			continue
+		}
+		opened += n
+		if len(failed) > 0 {
+			break
+		}
+	}
+	close(stop)
+	wg.Wait()
+	close(failed)
+	for err := range failed {
+		t.Errorf("an insert failed while partitions were opened: %v", err)
+	}
+	if opened == 0 {
+		t.Errorf("no partition opened in %d passes (%d failed)", passes, refused)
+	}
+	var rows int64
+	if err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE task_id = $1`, id).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if want := inserted.Load() + 1; rows != want {
+		t.Errorf("%d rows of the task, want %d", rows, want)
+	}
+	t.Logf("%d rows inserted; %d partitions opened, %d passes failed", inserted.Load(), opened, refused)
 }

@@ -27,7 +27,12 @@ const (
 // and of the outbox (outbox_event, by RANGE (id) since migration 00027).
 // Each pass creates the partitions that reach Ahead past now
 // (transition.Extend; outbox.Extend, from the rate ids are taken at),
-// then drops the past partitions, oldest first.
+// then drops the past partitions, oldest first. A new partition is never
+// attached over rows being written (migration 00028): an insert that
+// routed its rows before it was there would fail. An audit partition
+// begins at least a minute past now; an outbox partition within a
+// minute's ids of the last id taken is attached while no outbox row is
+// being written (SHARE on the table).
 //
 // An audit partition is dropped when all of these hold:
 //   - it ended before now (its To is past) and is not the DEFAULT one;

@@ -30,7 +30,7 @@ type Partition struct {
 	Unbounded bool
 	// Default: the DEFAULT partition, which holds the rows no other
 	// partition covers (those written beyond the partitions opened
-	// ahead, until the next extension moves them out) and the rows of
+	// ahead: on a new database, its first minute or two) and the rows of
 	// tasks that outlived their partition (partition.Retire).
 	Default bool
 }
@@ -70,7 +70,14 @@ func Partitions(ctx context.Context, db partition.DB) ([]Partition, int64, time.
 // holding the ids width of time takes (at least minIDs), and returns how
 // many it created (outbox_event_extend). A lock not obtained within wait
 // fails it, to be retried. Each partition is attached under SHARE UPDATE
-// EXCLUSIVE, which the writers of outbox rows do not wait for.
+// EXCLUSIVE, which the writers of outbox rows do not wait for; an insert
+// that routed its rows before the attach would fail on a row the new
+// partition covers. So when the first new partition would begin within a
+// minute's ids (at least minIDs) of the last id taken, the extension
+// first takes SHARE on the table, waiting (at most wait) for the writers
+// of outbox rows and holding new ones until it commits, and begins just
+// past the last id; ids the newest partition did not reach stay in the
+// DEFAULT partition.
 func Extend(ctx context.Context, db partition.DB, width, ahead time.Duration, minIDs int64, wait time.Duration) (int, error) {
 	var n int
 	err := partition.WithLockTimeout(ctx, db, wait,

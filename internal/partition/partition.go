@@ -146,8 +146,8 @@ const sweepSQL = `DELETE FROM %s a WHERE NOT EXISTS (SELECT 1 FROM ingest_task t
 // Sweep deletes the rows of the DEFAULT partition dflt whose task no
 // longer exists and returns how many. The DEFAULT partition holds the
 // rows Retire kept (few: at most its keepMax a dropped partition) and
-// those written beyond the partitions created ahead, which the next
-// extension moves out; it is read whole.
+// those written beyond the partitions created ahead (on a new database,
+// its first minute or two of outbox rows); it is read whole.
 func Sweep(ctx context.Context, db DB, dflt string) (int, error) {
 	tag, err := db.Exec(ctx, fmt.Sprintf(sweepSQL, pgx.Identifier{dflt}.Sanitize()))
 	if err != nil {
