@@ -164,10 +164,10 @@ func (w *worker) handleBatch(kind string, fn BatchHandler, opts BatchOptions) er
 	}
 	b := &batcher{fn: fn, opts: opts, log: w.log, size: w.proc.met.batchSize, pending: map[string]*pendingBatch{}}
 	if kind == "" {
-		w.handlers.handleDefault(b.handle)
+		w.handlers.handleDefault(ResultHandler(b.handle).fn())
 		return nil
 	}
-	w.handlers.handle(kind, b.handle, HandlerOptions{Timeout: opts.Timeout})
+	w.handlers.handle(kind, ResultHandler(b.handle).fn(), HandlerOptions{Timeout: opts.Timeout})
 	return nil
 }
 

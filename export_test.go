@@ -39,16 +39,16 @@ func newBareWorker(q Queue, cfg Config, store *task.Store, pool *pgxpool.Pool, l
 
 func (w *worker) Config() Config { return w.cfg }
 func (w *worker) Handle(kind string, h Handler) {
-	w.handlers.handle(kind, h.withResult(), HandlerOptions{})
+	w.handlers.handle(kind, h.fn(), HandlerOptions{})
 }
-func (w *worker) HandleDefault(h Handler)       { w.handlers.handleDefault(h.withResult()) }
+func (w *worker) HandleDefault(h Handler)       { w.handlers.handleDefault(h.fn()) }
 func (w *worker) Run(ctx context.Context) error { return w.run(ctx) }
 func (w *worker) Sink() stream.Sink             { return redisSink{w.proc} }
 func (w *worker) HandleWith(kind string, h Handler, opts HandlerOptions) {
-	w.handlers.handle(kind, h.withResult(), opts)
+	w.handlers.handle(kind, h.fn(), opts)
 }
 func (w *worker) HandleResult(kind string, h ResultHandler) {
-	w.handlers.handle(kind, h, HandlerOptions{})
+	w.handlers.handle(kind, h.fn(), HandlerOptions{})
 }
 
 // BeforeRecord makes w's completer call f before each store call that

@@ -105,14 +105,23 @@ type Handler func(ctx context.Context, t Task) error
 // contract. Returning adapts a function that returns any value.
 type ResultHandler func(ctx context.Context, t Task) (json.RawMessage, error)
 
-// withResult is h as a ResultHandler without a result: the one form the
-// worker runs.
-func (h Handler) withResult() ResultHandler {
-	if h == nil {
-		return nil
-	}
-	return func(ctx context.Context, t Task) (json.RawMessage, error) { return nil, h(ctx, t) }
+// handlerFunc is a registered handler as the worker calls it: a Handler
+// is called as it is, not through an adapter to a ResultHandler, so the
+// goroutine of a waiting handler holds no adapter's frame (see
+// processor.execute). One of plain and result is set, or neither (none).
+type handlerFunc struct {
+	plain  Handler
+	result ResultHandler
 }
+
+// fn is h as a registered handler.
+func (h Handler) fn() handlerFunc { return handlerFunc{plain: h} }
+
+// fn is h as a registered handler.
+func (h ResultHandler) fn() handlerFunc { return handlerFunc{result: h} }
+
+// isNil reports whether f is no handler.
+func (f handlerFunc) isNil() bool { return f.plain == nil && f.result == nil }
 
 // Returning adapts f, which returns any value, to a ResultHandler that
 // marshals its value as JSON on success (a marshalling error fails the
@@ -224,19 +233,19 @@ func (o HandlerOptions) Validate() error {
 // registered while the worker runs.
 type registry struct {
 	mu       sync.RWMutex
-	byKind   map[string]ResultHandler
-	fallback ResultHandler // for kinds without a handler; nil: none
+	byKind   map[string]handlerFunc
+	fallback handlerFunc // for kinds without a handler; zero: none
 	options  map[string]HandlerOptions
 }
 
 func newRegistry() *registry {
-	return &registry{byKind: map[string]ResultHandler{}, options: map[string]HandlerOptions{}}
+	return &registry{byKind: map[string]handlerFunc{}, options: map[string]HandlerOptions{}}
 }
 
 // handle registers h for kind with opts. It panics on an empty kind, a nil
 // handler or invalid options.
-func (r *registry) handle(kind string, h ResultHandler, opts HandlerOptions) {
-	if kind == "" || h == nil {
+func (r *registry) handle(kind string, h handlerFunc, opts HandlerOptions) {
+	if kind == "" || h.isNil() {
 		panic("ingest: Handle needs a kind and a handler")
 	}
 	if err := opts.Validate(); err != nil {
@@ -250,8 +259,8 @@ func (r *registry) handle(kind string, h ResultHandler, opts HandlerOptions) {
 
 // handleDefault registers h for every kind without a handler of its own.
 // It panics on a nil handler.
-func (r *registry) handleDefault(h ResultHandler) {
-	if h == nil {
+func (r *registry) handleDefault(h handlerFunc) {
+	if h.isNil() {
 		panic("ingest: HandleDefault needs a handler")
 	}
 	r.mu.Lock()
@@ -266,29 +275,14 @@ func (r *registry) optionsOf(kind string) HandlerOptions {
 	return r.options[kind]
 }
 
-// lookup returns the handler of kind, the fallback, or nil.
-func (r *registry) lookup(kind string) ResultHandler {
+// lookup returns the handler of kind, the fallback, or none.
+func (r *registry) lookup(kind string) handlerFunc {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	if h, ok := r.byKind[kind]; ok {
 		return h
 	}
 	return r.fallback
-}
-
-// call runs h, turning a panic into an error with the panic value and a
-// short stack.
-func call(ctx context.Context, h ResultHandler, t Task) (result json.RawMessage, err error) {
-	if h == nil {
-		return nil, fmt.Errorf("no handler registered for task kind %q", t.Kind)
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			result, err = nil, fmt.Errorf("panic: %v\n%s", v, shortStack())
-		}
-	}()
-	t.ctx = ctx
-	return h(ctx, t)
 }
 
 // shortStack returns up to 8 frames of the panicking goroutine, below the
@@ -305,7 +299,7 @@ func shortStack() string {
 			fmt.Fprintf(&b, "%s\n\t%s:%d\n", f.Function, f.File, f.Line)
 			count++
 		}
-		if !more || count == 8 || strings.HasSuffix(f.Function, "ingest.call") {
+		if !more || count == 8 || strings.HasSuffix(f.Function, "ingest.(*processor).execute") {
 			break
 		}
 	}

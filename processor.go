@@ -67,11 +67,22 @@ type run struct {
 	// completer; traceID is its trace id for log lines ("" when none).
 	span    trace.Span
 	traceID string
-	// timeout is the run's deadline (0: none; see HandlerOptions).
-	timeout time.Duration
-	// sealed is why the task's payload could not be opened (a key this
-	// worker lacks): the run fails with it instead of calling the handler.
-	sealed error
+	// timeout is the run's deadline (0: none; see HandlerOptions), and
+	// deadline what the run holds for it while its handler runs.
+	timeout  time.Duration
+	deadline *deadline
+	// handler is the handler of the task's kind (none: the run fails).
+	handler handlerFunc
+	// err is why the handler must not be called, until it is (a payload
+	// this worker cannot open, a key it lacks: a counted failed attempt,
+	// retried with backoff, so a worker given the key later runs it; once
+	// attempts are spent it is DEAD with this error, for a redrive: never
+	// lost), then what the handler returned, with result; finish takes
+	// both. called is set once the handler returned (not by a panic or
+	// runtime.Goexit). Only the run's goroutine uses them.
+	err    error
+	result json.RawMessage
+	called bool
 }
 
 // outcome is what a handler run produced, for the completer.

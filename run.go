@@ -3,7 +3,6 @@ package ingest
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -16,7 +15,7 @@ import (
 func (p *processor) dispatch(d delivery, t *task.Task) {
 	tp := cmp.Or(t.Traceparent, d.traceparent)
 	hctx, cancel := context.WithCancelCause(p.handlerCtx)
-	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), sealed: t.PayloadError(), task: Task{
+	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), err: t.PayloadError(), handler: p.handlers.lookup(t.Kind), task: Task{
 		ID:          t.ID,
 		Kind:        t.Kind,
 		Payload:     t.Payload,
@@ -31,30 +30,96 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 	if r.span != nil {
 		r.traceID = tracing.TraceID(hctx)
 	}
+	r.task.ctx = hctx
 	p.inflight.add(r)
 	p.work.Add(1)
-	go func() {
-		defer p.work.Done()
-		p.execute(hctx, r)
-	}()
+	go p.execute(r)
 }
 
-// execute runs one handler and hands its outcome to the completer.
-func (p *processor) execute(ctx context.Context, r *run) {
-	timeout := r.timeout
-	tctx, cancel := ctx, context.CancelFunc(func() {})
-	if timeout > 0 {
-		tctx, cancel = context.WithTimeout(ctx, timeout)
+// execute is the goroutine of run r: it calls the handler, and finish
+// hands the outcome to the completer. A handler that waits has only
+// execute's frame below its own on the goroutine's stack, so execute does
+// nothing but the call: what comes before it (begin) and after it
+// (finish, deferred, which also recovers a panic) runs in functions whose
+// frames are not on the stack while the handler runs. A goroutine whose
+// frames fit in the runtime's smallest stack (2 KiB) then holds that much
+// for a waiting handler, not twice that (docs/PERFORMANCE.md, memory at
+// 10,000 in flight).
+func (p *processor) execute(r *run) {
+	defer p.finish(r)
+	if !p.begin(r) {
+		return
+	}
+	if h := r.handler.plain; h != nil {
+		r.err = h(r.task.ctx, r.task)
+	} else {
+		r.result, r.err = r.handler.result(r.task.ctx, r.task)
+	}
+	r.called = true
+}
+
+// begin makes r's handler context (with r's deadline, when it has one)
+// and prepares the run (see prepare): it reports false, r.err set, when
+// the handler must not be called.
+//
+//go:noinline
+func (p *processor) begin(r *run) bool {
+	if r.err != nil {
+		return false // sealed
+	}
+	if r.handler.isNil() {
+		r.err = fmt.Errorf("no handler registered for task kind %q", r.task.Kind)
+		return false
+	}
+	if timeout := r.timeout; timeout > 0 {
+		ctx, cancel := context.WithTimeout(r.task.ctx, timeout)
 		abandon := time.AfterFunc(timeout+p.cfg.TaskLease, func() { p.abandonAfterTimeout(r, timeout) })
-		defer abandon.Stop()
+		r.deadline = &deadline{parent: r.task.ctx, cancel: cancel, abandon: abandon}
+		r.task.ctx = ctx
 	}
-	var result json.RawMessage
-	err := p.prepare(tctx, r)
-	if err == nil {
-		result, err = call(tctx, p.handlers.lookup(r.task.Kind), r.task)
+	r.err = p.prepare(r.task.ctx, r)
+	return r.err == nil
+}
+
+// deadline is what a run with a deadline holds beside its context.
+type deadline struct {
+	// parent is the run's context without the deadline.
+	parent context.Context
+	cancel context.CancelFunc
+	// abandon fires once the handler outruns its deadline by a lease
+	// (abandonAfterTimeout).
+	abandon *time.Timer
+}
+
+// finish is deferred by execute: it takes the outcome of r's handler (a
+// panic, recovered here, is an error carrying the panic value and a short
+// stack) and hands it to the completer.
+func (p *processor) finish(r *run) {
+	defer p.work.Done()
+	if v := recover(); v != nil {
+		r.result, r.err = nil, fmt.Errorf("panic: %v\n%s", v, shortStack())
+	} else if !r.called && r.err == nil {
+		// The handler ended its goroutine (runtime.Goexit).
+		r.err = errors.New("handler exited its goroutine (runtime.Goexit) without returning")
 	}
-	timedOut := errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
-	cancel()
+	ctx, timedOut := r.task.ctx, false
+	if d := r.deadline; d != nil {
+		timedOut = errors.Is(ctx.Err(), context.DeadlineExceeded) && d.parent.Err() == nil
+		ctx = d.parent
+		d.cancel()
+		d.abandon.Stop()
+	}
+	p.handOver(r, ctx, timedOut)
+}
+
+// handOver hands the outcome of r's handler to the completer; ctx is the
+// run's context (without its deadline) and timedOut whether the deadline
+// cut the handler off.
+//
+//go:noinline
+func (p *processor) handOver(r *run, ctx context.Context, timedOut bool) {
+	err, result := r.err, r.result
+	r.err, r.result = nil, nil
 	if err == nil {
 		result, err = p.store.CheckResult(result)
 	}
@@ -64,14 +129,15 @@ func (p *processor) execute(ctx context.Context, r *run) {
 	// What only the handler needed goes now: the run may wait in the
 	// completer's queue (docs/ARCHITECTURE.md §1.4), holding only what
 	// its completion and its message need.
-	r.task.Payload, r.task.Dependencies, r.task.progress = nil, nil, nil
+	r.task.Payload, r.task.Dependencies, r.task.progress, r.task.ctx = nil, nil, nil, nil
+	r.deadline = nil
 	o := outcome{r: r, err: err, result: result}
 	if err != nil {
 		switch {
 		case errors.Is(context.Cause(ctx), errShutdown):
 			o.released = true
 		case timedOut:
-			o.err = fmt.Errorf("task timeout after %s: %w", timeout, err)
+			o.err = fmt.Errorf("task timeout after %s: %w", r.timeout, err)
 			o.timedOut = true
 		}
 	}
@@ -89,17 +155,11 @@ func (p *processor) execute(ctx context.Context, r *run) {
 	p.inflight.handedOver(r)
 }
 
-// prepare completes what a run's handler is given, or says why the
-// handler must not be called: a payload this worker cannot open (a key it
-// lacks) is a counted failed attempt, retried with backoff, so a worker
-// given the key later runs it (once attempts are spent it is DEAD with
-// this error, for a redrive: never lost); a task with dependencies gets
-// their results in Task.Dependencies (a task without them costs nothing),
-// and a failed read of them fails the run like a handler error.
+// prepare completes what a run's handler is given: a task with
+// dependencies gets their results in Task.Dependencies (a task without
+// them costs nothing), and a failed read of them fails the run like a
+// handler error.
 func (p *processor) prepare(ctx context.Context, r *run) error {
-	if r.sealed != nil {
-		return r.sealed
-	}
 	if !r.task.hasDependencies {
 		return nil
 	}

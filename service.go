@@ -149,12 +149,12 @@ func (s *Service) Store() *task.Store { return s.store }
 // a kind without a handler fails (and is retried: a later deploy may
 // register it). Handlers may be registered while the service runs. It
 // panics on an empty kind or a nil handler.
-func (s *Service) Handle(kind string, h Handler) { s.HandleResult(kind, h.withResult()) }
+func (s *Service) Handle(kind string, h Handler) { s.HandleWith(kind, h, HandlerOptions{}) }
 
 // HandleWith is Handle with options for the kind. It panics on an empty
 // kind, a nil handler or invalid options.
 func (s *Service) HandleWith(kind string, h Handler, opts HandlerOptions) {
-	s.HandleResultWith(kind, h.withResult(), opts)
+	s.worker.handlers.handle(kind, h.fn(), opts)
 }
 
 // HandleResult is Handle for a handler that returns a result (see
@@ -165,16 +165,16 @@ func (s *Service) HandleResult(kind string, h ResultHandler) {
 
 // HandleResultWith is HandleWith for a handler that returns a result.
 func (s *Service) HandleResultWith(kind string, h ResultHandler, opts HandlerOptions) {
-	s.worker.handlers.handle(kind, h, opts)
+	s.worker.handlers.handle(kind, h.fn(), opts)
 }
 
 // HandleDefault registers h for every kind without a handler of its own.
 // It panics on a nil handler.
-func (s *Service) HandleDefault(h Handler) { s.HandleDefaultResult(h.withResult()) }
+func (s *Service) HandleDefault(h Handler) { s.worker.handlers.handleDefault(h.fn()) }
 
 // HandleDefaultResult is HandleDefault for a handler that returns a result
 // (the binary's webhook handler serves all kinds this way).
-func (s *Service) HandleDefaultResult(h ResultHandler) { s.worker.handlers.handleDefault(h) }
+func (s *Service) HandleDefaultResult(h ResultHandler) { s.worker.handlers.handleDefault(h.fn()) }
 
 // Wait returns task id once it has ended (SUCCEEDED, DEAD or
 // CANCELLED), woken by the notification of its end (task.Awaiter: one

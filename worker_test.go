@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -497,6 +498,30 @@ func TestPanicIsAFailure(t *testing.T) {
 		}
 		ok := bd.enqueue("noop", 3, 0)
 		bd.eventually(10*time.Second, "worker still running", func() bool { return bd.countStatus(task.Succeeded) == len(ok) })
+	})
+}
+
+// TestGoexitIsAFailure: a handler that ends its goroutine with
+// runtime.Goexit (as t.FailNow does) has a failed attempt saying so, and
+// gives its slot back; it was never recorded before, its task held
+// RUNNING by a lease renewed for ever.
+func TestGoexitIsAFailure(t *testing.T) {
+	t.Parallel()
+	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
+		t.Parallel()
+		bd := setup(t, b, task.Config{})
+		w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{
+			"leave": func(context.Context, ingest.Task) error { runtime.Goexit(); return nil },
+			"noop":  noop,
+		})
+		bd.run(w)
+		id := bd.enqueue("leave", 1, 1)[0]
+		bd.eventually(10*time.Second, "DEAD", bd.statusIs(id, task.Dead))
+		if msg := bd.task(id).LastError; !strings.Contains(msg, "runtime.Goexit") {
+			t.Errorf("last_error %q: want it to name runtime.Goexit", msg)
+		}
+		ok := bd.enqueue("noop", 3, 0)
+		bd.eventually(10*time.Second, "the slot given back", func() bool { return bd.countStatus(task.Succeeded) == len(ok) })
 	})
 }
 
