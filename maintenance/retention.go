@@ -107,10 +107,6 @@ func (r *retention) runOnce(ctx context.Context) (retentionResult, error) {
 // entries of each batch after it, then removes the DLQ entries of the
 // DEAD ones it deleted. It returns the tasks deleted by state, the stream
 // entries and the DLQ entries removed.
-// deleteTimeout bounds one batch of retention's deletes, which runs to
-// its end when the leader steps down meanwhile.
-const deleteTimeout = 30 * time.Second
-
 func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, int, []error) {
 	byState := map[task.State]int{}
 	var dead []uuid.UUID
@@ -127,13 +123,7 @@ func (r *retention) deleteTasks(ctx context.Context) (map[task.State]int, int, i
 	// backlog of expired tasks is deleted.
 	for ctx.Err() == nil {
 		begun := time.Now()
-		// A batch runs to its end (bounded by deleteTimeout) even when
-		// ctx ends meanwhile: cancelled while its result is read, a
-		// DELETE that committed would go uncounted and its stream entries
-		// would stay.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
-		out, err := task.DeleteExpired(dctx, r.pool, r.cfg.Tasks, r.cfg.BatchSize)
-		cancel()
+		out, err := task.DeleteExpired(ctx, r.pool, r.cfg.Tasks, r.cfg.BatchSize)
 		var entries []stream.EntryRef
 		for _, d := range out {
 			byState[d.Status]++
