@@ -1,6 +1,31 @@
 package task
 
-import "github.com/ingest-worker/ingest/internal/pgplan"
+import (
+	"context"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/internal/pgplan"
+)
+
+// ReserveInTx reserves starts for ids of kind as StartLimited does for a
+// rate-limited kind, in the caller's transaction tx (which may have begun
+// long before), and returns the chosen ids.
+func ReserveInTx(ctx context.Context, tx pgx.Tx, kind string, ids []uuid.UUID) ([]uuid.UUID, error) {
+	if _, err := tx.Exec(ctx, lockKindSQL, kind); err != nil {
+		return nil, err
+	}
+	var (
+		found, limited, rated   bool
+		chosen, newSlots, other []uuid.UUID
+	)
+	err := tx.QueryRow(ctx, reserveSQL, kind, ids, rateLogMargin.Milliseconds(), true).Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
+	return chosen, err
+}
+
+// RateLogMargin is rateLogMargin, for tests that wait past it.
+const RateLogMargin = rateLogMargin
 
 // planIDs and planOwner are example arguments of the plan tests' statements.
 const planIDs, planOwner = `'{00000000-0000-7000-8000-000000000001,00000000-0000-7000-8000-000000000002}'`, `'w'`

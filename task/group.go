@@ -168,7 +168,8 @@ func groupRoomSQL(g, rateOK string) string {
 // order, at most a group's room of each group and at most the kind's free
 // room in all.
 var groupChoiceSQL = `gfree AS (
-    SELECT gs.g, ` + groupRoomSQL("gs.g", "$4") + ` AS n
+    SELECT gs.g, ` + groupRoomSQL("gs.g", "($4 AND "+rateFreshSQL(
+	`(SELECT r.rate_log FROM ingest_group_rate r WHERE r.kind = $1 AND r.group_key = gs.g)`)+")") + ` AS n
     FROM k, (SELECT DISTINCT g FROM ids WHERE mine) AS gs
     WHERE k.concurrency_per_group > 0 OR k.rate_per_group_count > 0
 ), ranked AS (

@@ -23,8 +23,12 @@ const (
 	// MaxRateCount is the largest count of a rate limit.
 	MaxRateCount = 10_000
 	// rateLogMargin is how much longer than its period a start is kept in
-	// a kind's rate log: transactions' start times (now()) can be out of
-	// commit order by as long as one waits for the kind's lock.
+	// a kind's (and a group's) rate log. A start is logged at its
+	// transaction's time (now()), so logged times can be out of commit
+	// order by as long as a transaction waited for the kind's lock. A
+	// transaction whose time is more than the margin older than the
+	// log's newest element starts nothing (rateFreshSQL): it could need
+	// elements that a younger one has already dropped.
 	rateLogMargin = time.Second
 )
 
@@ -331,6 +335,14 @@ var takenSQL = `EXISTS (SELECT 1 FROM ingest_task t WHERE t.id = s.task_id AND (
         OR (s.reserved_at > now() - ` + strconv.FormatInt(reserveGrace.Milliseconds(), 10) + ` * interval '1 millisecond'
             AND (t.status IN ('QUEUED', 'RETRYING') OR (t.status = 'RUNNING' AND t.lease_until <= s.reserved_at)))))`
 
+// rateFreshSQL is true when the transaction's time is no more than the
+// margin $3 (ms) older than the newest element of the rate log whose
+// times are the array expression log: the log still holds every element
+// of the transaction's window, so its count is exact.
+func rateFreshSQL(log string) string {
+	return `now() >= coalesce((SELECT max(x) FROM unnest(` + log + `) AS x), '-infinity'::timestamptz) - $3 * interval '1 millisecond'`
+}
+
 // freeSQL computes, inside a statement that has CTE k (the kind's row)
 // and CTE tight (whether the raw count of its slot rows leaves too little
 // room), how many more tasks of kind $1 may start now: the free slots and
@@ -373,7 +385,8 @@ const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
 // settings, whether it is paused or limited, whether it has a rate limit,
 // the chosen ids, which of them got a new slot row, and the ids of other
 // kinds (started without limit). A rate-limited kind gets no start unless
-// $4 is true (the caller starts the tasks inside the locked transaction).
+// $4 is true (the caller starts the tasks inside the locked transaction)
+// and the transaction is fresh enough for its log (rateFreshSQL).
 var reserveSQL = `
 WITH k AS (
     SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
@@ -381,7 +394,7 @@ WITH k AS (
 ), ids AS (
     SELECT x.id, x.ord, t.kind = $1 AS mine, coalesce(t.group_key, '') AS g FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
 ), tight AS (` + tightSQL("(SELECT count(*) FROM ids WHERE mine)") + `
-), free AS (` + freeSQL("$4") + `
+), free AS (` + freeSQL("($4 AND "+rateFreshSQL("k.rate_log")+")") + `
 ), ` + groupChoiceSQL + `
 ), stale AS (
     DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `

@@ -188,6 +188,61 @@ func TestRateLimit(t *testing.T) {
 	}
 }
 
+// TestRateLogKeepsWhatAStaleTransactionCounts: a transaction that began
+// before another committed starts logged more than the margin later
+// (it waited for the kind's lock, or its client was slow) gets no start.
+// The younger transaction dropped the log's elements older than its own
+// window and margin, which the stale one's window still covers: counting
+// without them let it start a second full rate's worth in one window.
+// Both the kind's rate and a per-group rate are checked.
+func TestRateLogKeepsWhatAStaleTransactionCounts(t *testing.T) {
+	t.Parallel()
+	rate := task.Rate{Count: 5, Per: 300 * time.Millisecond}
+	for name, upd := range map[string]task.KindUpdate{"kind": {Rate: &rate}, "group": {RatePerGroup: &rate}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, task.Config{})
+			if _, err := b.store.SetKind(b.ctx, "test", "r", upd); err != nil {
+				t.Fatal(err)
+			}
+			var ids []uuid.UUID
+			for _, tk := range groupTasks(t, b, "r", "g", 12) {
+				ids = append(ids, tk.ID)
+			}
+			rs, err := b.store.StartLimited(b.ctx, "w1", time.Minute, "r", ids[:5]...)
+			if n, _ := outcomes(rs); err != nil || n[task.Started] != 5 {
+				t.Fatalf("first starts: %v, %v; want 5 started", n, err)
+			}
+			stale, err := b.db.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = stale.Rollback(b.ctx) }()
+			var began time.Time
+			if err := stale.QueryRow(b.ctx, `SELECT now()`).Scan(&began); err != nil {
+				t.Fatal(err)
+			}
+			// A younger transaction starts one task once the first starts
+			// are past its window and the margin: it drops them from the log.
+			past := began.Add(rate.Per + task.RateLogMargin + 50*time.Millisecond)
+			testenv.Eventually(t, 30*time.Second, "the database clock past the window and the margin", func() bool {
+				return b.count(t, `SELECT count(*) FROM (SELECT clock_timestamp() > $1) AS x(p) WHERE p`, past) == 1
+			})
+			rs, err = b.store.StartLimited(b.ctx, "w1", time.Minute, "r", ids[5])
+			if n, _ := outcomes(rs); err != nil || n[task.Started] != 1 {
+				t.Fatalf("younger start: %v, %v; want 1 started", n, err)
+			}
+			chosen, err := task.ReserveInTx(b.ctx, stale, "r", ids[6:])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(chosen) != 0 {
+				t.Errorf("a transaction begun with 5 starts in its window (limit %s) reserved %d more", rate, len(chosen))
+			}
+		})
+	}
+}
+
 // TestStartLimitedPausedAndForeign: a paused kind starts nothing through
 // StartLimited (all parked); a task whose row has another kind than its
 // entry says is started without the limit.
