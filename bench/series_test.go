@@ -82,8 +82,10 @@ func TestRunHoldSeries(t *testing.T) {
 }
 
 // TestRunSoakRetention: a soak run with Retention deletes SUCCEEDED tasks
-// as the run goes (Run checks that none is lost: the tasks left and those
-// deleted are all of them), reports the deletions, and times every route
+// as the run goes (Run checks that none is lost: every task's success
+// was seen and the tasks left are SUCCEEDED), reports the deletions (the
+// samples, from retention's metric, at most the run's total, counted in
+// the database), and times every route
 // of SoakRoutes in each sample, each answering 200.
 func TestRunSoakRetention(t *testing.T) {
 	t.Parallel()
