@@ -86,6 +86,62 @@ func (b *bundle) create(t *testing.T, n int) []uuid.UUID {
 	return ids
 }
 
+// createAged creates n tasks as create does and moves each id an hour
+// back (the time of its UUIDv7), with the rows that name it, as if the
+// tasks had been created an hour ago: the rescuer reads only the tasks
+// created more than its grace ago. It returns the new ids in order.
+func (b *bundle) createAged(t *testing.T, n int) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	ids := b.create(t, n)
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// The foreign keys of outbox_event and the audit table are checked by
+	// triggers, which a replica session does not fire: the three tables
+	// are changed in one statement.
+	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `
+WITH m AS (
+    SELECT id AS old, (lpad(to_hex(('x' || substr(replace(id::text, '-', ''), 1, 12))::bit(48)::bigint - 3600000), 12, '0')
+                       || substr(replace(id::text, '-', ''), 13))::uuid AS new
+    FROM ingest_task WHERE id = ANY($1)
+), o AS (
+    UPDATE outbox_event e SET task_id = m.new FROM m WHERE e.task_id = m.old
+), a AS (
+    UPDATE ingest_task_transition r SET task_id = m.new FROM m WHERE r.task_id = m.old
+)
+UPDATE ingest_task t SET id = m.new FROM m WHERE t.id = m.old RETURNING m.old, m.new`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := map[uuid.UUID]uuid.UUID{}
+	for rows.Next() {
+		var o, nw uuid.UUID
+		if err := rows.Scan(&o, &nw); err != nil {
+			t.Fatal(err)
+		}
+		moved[o] = nw
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]uuid.UUID, len(ids))
+	for i, id := range ids {
+		if out[i] = moved[id]; out[i] == uuid.Nil {
+			t.Fatalf("task %s was not moved", id)
+		}
+	}
+	return out
+}
+
 // publishAll publishes every unsent row with one relay pass per batch.
 func (b *bundle) publishAll(t *testing.T) {
 	t.Helper()

@@ -61,7 +61,7 @@ func TestRescuerRepublishesTasksWhoseEntryIsGone(t *testing.T) {
 	var undelivered []string
 	for name, c := range cases {
 		if c.entry != "undelivered" {
-			ids[name] = b.create(t, 1)[0]
+			ids[name] = b.createAged(t, 1)[0]
 		} else {
 			undelivered = append(undelivered, name)
 		}
@@ -71,7 +71,7 @@ func TestRescuerRepublishesTasksWhoseEntryIsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range undelivered {
-		ids[name] = b.create(t, 1)[0]
+		ids[name] = b.createAged(t, 1)[0]
 	}
 	b.publishAll(t)
 	b.backdate(t)
@@ -149,7 +149,7 @@ func TestRescuerAfterRedisLosesTheStream(t *testing.T) {
 			if err := rdb.XGroupCreateMkStream(ctx, b.stream, group, "0").Err(); err != nil {
 				t.Fatal(err)
 			}
-			ids := b.create(t, 20)
+			ids := b.createAged(t, 20)
 			b.publishAll(t)
 			if err := rdb.XReadGroup(ctx, &redis.XReadGroupArgs{Group: group, Consumer: "c1", Streams: []string{b.stream, ">"}, Count: 5}).Err(); err != nil {
 				t.Fatal(err)
@@ -201,7 +201,7 @@ func TestRescuerPagesAcrossPasses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	ids := b.create(t, 10)
+	ids := b.createAged(t, 10)
 	b.publishAll(t)
 	b.backdate(t)
 	if err := b.rdb.Del(ctx, b.stream).Err(); err != nil {
@@ -241,7 +241,7 @@ func TestRescuerRepublishesTaskLeftWithoutOutboxRow(t *testing.T) {
 	if err := b.rdb.XGroupCreateMkStream(ctx, b.stream, group, "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	id := b.create(t, 1)[0]
+	id := b.createAged(t, 1)[0]
 	b.exec(t, `DELETE FROM outbox_event WHERE task_id = $1`, id) // as if never written
 	r := b.rescuer(t, maintenance.RescuerConfig{Grace: time.Minute})
 	if res, err := r.RunOnce(ctx); err != nil || res.Rescued != 0 {

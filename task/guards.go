@@ -111,6 +111,19 @@ func liveTasks(a string) string {
     SELECT * FROM ingest_task ll WHERE ` + lingeringGuard("ll") + `) ` + a
 }
 
+// idAtSQL is the smallest UUIDv7 of the Unix millisecond given by the SQL
+// bigint expression ms: every task created in that millisecond or later
+// has an id at or above it (a task's id is a UUIDv7 of its creation time).
+func idAtSQL(ms string) string {
+	return `(lpad(to_hex(` + ms + `), 12, '0') || '00000000000000000000')::uuid`
+}
+
+// nowMinusMSSQL is the Unix millisecond of the database's now() minus the
+// SQL bigint expression ms.
+func nowMinusMSSQL(ms string) string {
+	return `floor(extract(epoch FROM now() - ` + ms + ` * interval '1 millisecond') * 1000)::bigint`
+}
+
 // recentGuard holds the unfinished tasks at or above the low water that
 // are not lingering (lingering is true or NULL): the first arm of
 // liveTasks, a range of the primary key. a is the alias of ingest_task.

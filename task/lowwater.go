@@ -45,9 +45,9 @@ FROM ingest_task_low_water w WHERE w.one`
 // lowWaterCutoffSQL is the cutoff for a lag of $1 ms: the smallest UUIDv7
 // of the millisecond $1 ms before the database's now(), and that
 // millisecond.
-const lowWaterCutoffSQL = `
-SELECT (lpad(to_hex(c.ms), 12, '0') || '00000000000000000000')::uuid, c.ms
-FROM (SELECT floor(extract(epoch FROM now() - $1::bigint * interval '1 millisecond') * 1000)::bigint AS ms) c`
+var lowWaterCutoffSQL = `
+SELECT ` + idAtSQL("c.ms") + `, c.ms
+FROM (SELECT ` + nowMinusMSSQL("$1::bigint") + ` AS ms) c`
 
 // publishCutoffSQL sets the sequence the inserts read to the cutoff's
 // millisecond $1, never lowering it. A sequence is not transactional: the

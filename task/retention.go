@@ -134,7 +134,7 @@ d AS (SELECT t.id, t.status,
 var expiredSQL = `
 WITH pick AS (
     SELECT id FROM ingest_task
-    WHERE id < (lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint - $5::bigint), 12, '0') || '00000000000000000000')::uuid
+    WHERE id < ` + idAtSQL(nowMinusMSSQL("$5::bigint")) + `
       AND finished_at IS NOT NULL
       AND CASE status WHEN 'SUCCEEDED' THEN $1::bigint >= 0 AND finished_at < now() - $1::bigint * interval '1 millisecond'
                       WHEN 'CANCELLED' THEN $2::bigint >= 0 AND finished_at < now() - $2::bigint * interval '1 millisecond'
