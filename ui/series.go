@@ -17,11 +17,10 @@ const (
 	Bucket      = 30 * time.Second
 	Window      = 15 * time.Minute
 	sampleEvery = time.Second
-	// sampleBatch bounds the audit rows one read takes; a backlog (the
-	// first read after start-up at high throughput) is caught up over
-	// several reads, maxBatches per refresh.
+	// sampleBatch bounds the audit rows one pass reads; a backlog (the
+	// first pass after an idle spell at high throughput) is caught up over
+	// several passes, catchUpPause apart.
 	sampleBatch = 50000
-	maxBatches  = 4
 )
 
 // agg sums the transitions of one bucket and kind.
@@ -53,136 +52,214 @@ type series struct {
 	Points []agg // one per Bucket from Start
 	Totals agg
 	ByKind map[string]agg
+	// Behind is true while the sampler is catching up (its last pass read
+	// a full batch); Through is then the newest audit time read.
+	Behind  bool
+	Through time.Time
 	// Charts are inline SVG.
 	Throughput, Failures, Latency template.HTML
 }
 
 // sampler keeps the transitions of the last Window per bucket and kind,
-// in process. It reads the audit table (ingest_task_transition)
-// incrementally: each refresh reads only the rows after the last id it
-// saw that were created at most sampleSlack before the newest one it saw,
-// on the BRIN index of created_at (the table is only appended to), so a
-// poll costs what was written since the last one, not the window. The
-// first refresh starts at the first row of the window
-// (task.AuditWindowStart, task.AuditSamples).
+// in process. A goroutine of its own reads the audit table
+// (ingest_task_transition) incrementally, while the dashboard is being
+// looked at (Series was called within sampleIdle): it starts with the
+// first Series call after an idle spell and stops sampleIdle after the
+// last. Each pass reads only the rows after the last id it saw that were
+// created at most sampleSlack before the newest one it saw, on the BRIN
+// index of created_at (the table is only appended to), so a pass costs
+// what was written since the last one, not the window. The first pass
+// starts at the first row of the window (task.AuditWindowStart,
+// task.AuditSamples). A request never waits for the reads beyond
+// firstWait: at 1,500 tasks/s a minute of audit rows is 270,000 rows, and
+// reading them inside the request made the overview take seconds. The
+// charts show what has been read (series.Through).
 //
 // An audit row whose transaction commits after a row with a larger id
 // was read is not counted (ids are taken before commit); the charts may
 // miss such a row, nothing else depends on them.
 type sampler struct {
-	db      task.DB
-	mu      sync.Mutex
+	db    task.DB
+	batch int // audit rows per pass (sampleBatch)
+
+	mu      sync.Mutex // guards the fields below
+	buckets map[int64]map[string]*agg
+	through time.Time // the newest created_at read
+	behind  bool      // the last pass read a full batch
+	viewed  time.Time // the last Series call
+	running bool      // the reading goroutine runs
+	passed  chan struct{}
+	err     error // the last pass's
+
+	// Owned by the reading goroutine (one at a time: running).
 	started bool
 	lastID  int64
-	lastAt  time.Time // the newest created_at read
-	at      time.Time
-	buckets map[int64]map[string]*agg
+	lastAt  time.Time
 }
 
 func newSampler(db task.DB) *sampler {
-	return &sampler{db: db, buckets: map[int64]map[string]*agg{}}
+	return &sampler{db: db, batch: sampleBatch, buckets: map[int64]map[string]*agg{}}
 }
 
-// sampleSlack is how much older than the newest audit row read a row
-// that commits later may be (its transaction began earlier) and still be
-// counted.
-const sampleSlack = time.Minute
+const (
+	// sampleSlack is how much older than the newest audit row read a row
+	// that commits later may be (its transaction began earlier) and still
+	// be counted. Each pass reads the rows of this span again (and skips
+	// them by id), so it is short.
+	sampleSlack = 10 * time.Second
+	// sampleIdle is how long after the last Series call the reading
+	// goroutine keeps reading.
+	sampleIdle = 30 * time.Second
+	// catchUpPause is the shortest pause between passes that read a full
+	// batch; the pause is at least as long as the pass took, so catching
+	// up on a busy database takes at most half of one database CPU.
+	catchUpPause = 50 * time.Millisecond
+	// firstWait is how long Series waits for the reading goroutine's
+	// first pass when it starts it.
+	firstWait = 250 * time.Millisecond
+	// passTimeout bounds one pass's reads.
+	passTimeout = 30 * time.Second
+)
 
-// refresh reads the audit rows written since the last refresh.
-func (s *sampler) refresh(ctx context.Context) error {
+// read is the reading goroutine: a pass, then a pause (sampleEvery, or
+// while behind the pass's own time, at least catchUpPause), until the dashboard has not been looked at
+// for sampleIdle or a pass fails (the next Series call starts it again).
+func (s *sampler) read(passed chan struct{}) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), passTimeout)
+		begun := time.Now()
+		behind, err := s.pass(ctx)
+		took := time.Since(begun)
+		cancel()
+		s.mu.Lock()
+		s.err = err
+		if passed != nil {
+			close(passed)
+			passed = nil
+		}
+		if err != nil || time.Since(s.viewed) > sampleIdle {
+			s.running = false
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		if behind {
+			time.Sleep(max(catchUpPause, took))
+		} else {
+			time.Sleep(sampleEvery)
+		}
+	}
+}
+
+// pass reads one batch of the audit rows written since the last pass and
+// adds them to the buckets; behind is true when the batch was full.
+func (s *sampler) pass(ctx context.Context) (behind bool, err error) {
 	if !s.started {
 		id, err := task.AuditWindowStart(ctx, s.db, Window)
 		if err != nil {
-			return err
+			return false, err
 		}
 		s.lastID = id
 		s.started = true
 	}
-	step := int64(Bucket / time.Second)
-	for range maxBatches {
-		since := time.Now().Add(-Window)
-		if !s.lastAt.IsZero() {
-			since = s.lastAt.Add(-sampleSlack)
+	since := time.Now().Add(-Window)
+	if s.lastAt.After(since.Add(sampleSlack)) {
+		since = s.lastAt.Add(-sampleSlack)
+	}
+	samples, err := task.AuditSamples(ctx, s.db, s.lastID, since, s.batch, Bucket)
+	if err != nil {
+		return false, err
+	}
+	var seen int64
+	for _, x := range samples {
+		s.lastID = max(s.lastID, x.MaxID)
+		if x.MaxAt.After(s.lastAt) {
+			s.lastAt = x.MaxAt
 		}
-		samples, err := task.AuditSamples(ctx, s.db, s.lastID, since, sampleBatch, Bucket)
-		if err != nil {
-			return err
+		seen += x.N
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, x := range samples {
+		byKind := s.buckets[x.Bucket]
+		if byKind == nil {
+			byKind = map[string]*agg{}
+			s.buckets[x.Bucket] = byKind
 		}
-		var seen int64
-		for _, x := range samples {
-			s.lastID = max(s.lastID, x.MaxID)
-			if x.MaxAt.After(s.lastAt) {
-				s.lastAt = x.MaxAt
-			}
-			seen += x.N
-			byKind := s.buckets[x.Bucket]
-			if byKind == nil {
-				byKind = map[string]*agg{}
-				s.buckets[x.Bucket] = byKind
-			}
-			a := byKind[x.Kind]
-			if a == nil {
-				a = &agg{}
-				byKind[x.Kind] = a
-			}
-			switch {
-			case x.Created:
-				a.Created += x.N
-			case x.To == task.Running:
-				a.Started += x.N
-			case x.To == task.Succeeded:
-				a.Succeeded += x.N
-				a.LatSum += x.LatSum
-				a.LatN += x.N
-				a.LatMax = max(a.LatMax, x.LatMax)
-			case x.To == task.Retrying:
-				a.Retried += x.N
-			case x.To == task.Dead:
-				a.Dead += x.N
-			case x.To == task.Cancelled:
-				a.Cancelled += x.N
-			}
+		a := byKind[x.Kind]
+		if a == nil {
+			a = &agg{}
+			byKind[x.Kind] = a
 		}
-		if seen < sampleBatch {
-			break
+		switch {
+		case x.Created:
+			a.Created += x.N
+		case x.To == task.Running:
+			a.Started += x.N
+		case x.To == task.Succeeded:
+			a.Succeeded += x.N
+			a.LatSum += x.LatSum
+			a.LatN += x.N
+			a.LatMax = max(a.LatMax, x.LatMax)
+		case x.To == task.Retrying:
+			a.Retried += x.N
+		case x.To == task.Dead:
+			a.Dead += x.N
+		case x.To == task.Cancelled:
+			a.Cancelled += x.N
 		}
 	}
+	s.through, s.behind = s.lastAt, seen >= int64(s.batch)
+	step := int64(Bucket / time.Second)
 	oldest := time.Now().Add(-Window-Bucket).Unix() / step
 	for b := range s.buckets {
 		if b < oldest {
 			delete(s.buckets, b)
 		}
 	}
-	return nil
+	return seen >= int64(s.batch), nil
 }
 
-// Series refreshes the samples (at most every sampleEvery) and returns
-// the charts.
+// Series returns the charts of what has been read, and the last pass's
+// error. It starts the reading goroutine when it is not running, and then
+// waits at most firstWait for its first pass.
 func (s *sampler) Series(ctx context.Context) (series, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	var err error
-	if time.Since(s.at) >= sampleEvery {
-		err = s.refresh(ctx)
-		if err == nil {
-			s.at = time.Now()
-		}
+	s.viewed = time.Now()
+	if !s.running {
+		s.running = true
+		s.passed = make(chan struct{})
+		go s.read(s.passed)
 	}
+	passed := s.passed
+	s.mu.Unlock()
+	t := time.NewTimer(firstWait)
+	select {
+	case <-passed:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	t.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.err
 	step := int64(Bucket / time.Second)
 	n := int(Window / Bucket)
 	last := time.Now().Unix() / step
 	first := last - int64(n) + 1
-	out := series{Start: time.Unix(first*step, 0), Points: make([]agg, n), ByKind: map[string]agg{}}
+	out := series{Start: time.Unix(first*step, 0), Points: make([]agg, n), ByKind: map[string]agg{}, Behind: s.behind, Through: s.through}
 	for b, byKind := range s.buckets {
 		if b < first || b > last {
 			continue
 		}
 		for k, a := range byKind {
 			out.Points[b-first].add(*a)
-			t := out.ByKind[k]
-			t.add(*a)
-			out.ByKind[k] = t
 			out.Totals.add(*a)
+			if k != "" { // creations, starts and cancellations (task.AuditSample)
+				t := out.ByKind[k]
+				t.add(*a)
+				out.ByKind[k] = t
+			}
 		}
 	}
 	per := func(f func(a agg) float64) []float64 {

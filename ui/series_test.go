@@ -1,0 +1,69 @@
+package ui
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestSeriesDoesNotWaitForTheAuditReads: the charts are read by the
+// sampler's own goroutine. A request returns while that read is blocked
+// (here by a lock on the audit table) with what was read so far, and the
+// charts fill in once the read goes through; a backlog larger than one
+// pass's batch is read over several passes, and Behind is clear after.
+func TestSeriesDoesNotWaitForTheAuditReads(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	store, err := task.NewStore(task.Config{}, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nts := make([]task.NewTask, 25)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: "chart", Payload: json.RawMessage(`{}`)}
+	}
+	if _, err := store.CreateBatch(ctx, nts); err != nil {
+		t.Fatal(err)
+	}
+	s := newSampler(db)
+	s.batch = 10
+
+	lock, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(ctx) }()
+	if _, err := lock.Exec(ctx, `LOCK TABLE ingest_task_transition IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Series(ctx) // returns although the sampler's read waits for the lock
+	if err != nil {
+		t.Fatalf("Series while the audit table is locked: %v", err)
+	}
+	if got.Totals.Created != 0 {
+		t.Fatalf("%d creations counted while the audit table was locked", got.Totals.Created)
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	testenv.Eventually(t, 60*time.Second, "the 25 creations in the charts", func() bool {
+		got, err := s.Series(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Totals.Created == 25
+	})
+	got, _ = s.Series(ctx)
+	if got.Behind {
+		t.Error("Behind is still set once every audit row was read")
+	}
+	if _, ok := got.ByKind[""]; ok {
+		t.Error(`the charts' kinds hold "", the kind of rows not read by kind`)
+	}
+}
