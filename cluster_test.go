@@ -265,8 +265,10 @@ func TestClusterRecoveryAfterMasterLosesData(t *testing.T) {
 	})
 	t.Logf("%d tasks: all SUCCEEDED %s after the stream's master came back empty (%s after it was killed; rescuer grace %s)",
 		n, time.Since(back).Round(10*time.Millisecond), time.Since(killed).Round(10*time.Millisecond), time.Minute)
-	if d := time.Since(back); d > 10*time.Second {
-		t.Errorf("recovery took %s, want within 10 s of Redis coming back", d.Round(10*time.Millisecond))
+	// Seconds, not the rescuer's grace of a minute: the bound is well
+	// below that and well above the seconds it takes.
+	if d := time.Since(back); d > 30*time.Second {
+		t.Errorf("recovery took %s, want well within the rescuer's grace (a minute) of Redis coming back", d.Round(10*time.Millisecond))
 	}
 	b.checkTerminalOnce()
 }
@@ -368,9 +370,10 @@ func testClusterMasterFaultMidRun(t *testing.T, o testenv.ClusterOptions, repair
 	took := time.Since(killed)
 	t.Logf("the cluster was ok again %s after the kill; all %d tasks SUCCEEDED %s after it (%d created before it)",
 		repaired.Round(10*time.Millisecond), total, took.Round(10*time.Millisecond), before)
-	// Seconds, not the minute of go-redis's default slot-map reload.
-	if took > 20*time.Second {
-		t.Errorf("every task SUCCEEDED %s after the kill, want within 20 s", took.Round(10*time.Millisecond))
+	// Seconds, not the minute of go-redis's default slot-map reload: the
+	// bound is well below that and well above the seconds it takes.
+	if took > 45*time.Second {
+		t.Errorf("every task SUCCEEDED %s after the kill, want well within a minute", took.Round(10*time.Millisecond))
 	}
 	b.eventually(10*time.Second, "nothing pending", func() bool {
 		p, err := b.crdb.XPending(ctx, b.stream, ingest.DefaultGroup).Result()

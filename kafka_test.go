@@ -249,8 +249,8 @@ func TestKafkaRetryThroughOutbox(t *testing.T) {
 		lo, hi := backoff.Bounds(i + 1)
 		gap := recs[failed+1].CreatedAt.Sub(recs[failed].CreatedAt)
 		t.Logf("retry %d ran %s after the failure (backoff %s..%s)", i+1, gap.Round(time.Millisecond), lo, hi)
-		if gap < lo || gap > hi+2*time.Second {
-			t.Errorf("retry %d ran %s after the failure, want between %s and %s", i+1, gap, lo, hi+2*time.Second)
+		if gap < lo || gap > hi+10*time.Second { // milliseconds more; 10 s tells a stuck retry from a slow machine
+			t.Errorf("retry %d ran %s after the failure, want between %s and %s", i+1, gap, lo, hi+10*time.Second)
 		}
 	}
 	var rows, sent int

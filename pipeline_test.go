@@ -146,7 +146,9 @@ func TestServiceWaitLatency(t *testing.T) {
 				got, err := b.store.Get(context.Background(), res.Task.ID)
 				return err == nil && got.Status == task.Running
 			})
-			short, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			// Long enough for the wait's first read on a slow machine: a
+			// wait cut off before it returns no task.
+			short, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 			got, err := svc.Wait(short, res.Task.ID)
 			cancel()
 			if !errors.Is(err, context.DeadlineExceeded) || got.Status != task.Running {

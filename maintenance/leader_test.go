@@ -196,7 +196,10 @@ func TestLeaderStopsBeforeSuccessorStarts(t *testing.T) {
 			}
 			t.Cleanup(poolA.Close)
 
-			cfg := leaderConfig(maintenance.ElectorConfig{TTL: 1500 * time.Millisecond, RetryInterval: 50 * time.Millisecond})
+			// A margin of 2 s: a's own timer stops its services 2 s before
+			// its lease can expire in the database, room for a stalled
+			// process on a loaded machine.
+			cfg := leaderConfig(maintenance.ElectorConfig{TTL: 6 * time.Second, Margin: 2 * time.Second, RetryInterval: 50 * time.Millisecond})
 			a := startElected(t, cfg, poolA)
 			testenv.Eventually(t, 10*time.Second, "a to lead", a.m.IsLeader)
 			b := startElected(t, cfg, db.Pool)
@@ -208,13 +211,13 @@ func TestLeaderStopsBeforeSuccessorStarts(t *testing.T) {
 			} else {
 				p.silence()
 			}
-			testenv.Eventually(t, 15*time.Second, "b to take over", b.m.IsLeader)
+			testenv.Eventually(t, 60*time.Second, "b to take over", b.m.IsLeader)
 			bStart := b.rec.times(&b.rec.starts)[0]
 			aStops := a.rec.times(&a.rec.stops)
 			if len(aStops) != 1 {
 				t.Fatalf("a's services stopped %d times, want once", len(aStops))
 			}
-			t.Logf("%s: a stopped %s after the cut, b started %s after it (TTL 1.5s, margin 0.5s)", mode,
+			t.Logf("%s: a stopped %s after the cut, b started %s after it (TTL 6s, margin 2s)", mode,
 				aStops[0].Sub(cut).Round(time.Millisecond), bStart.Sub(cut).Round(time.Millisecond))
 			if !aStops[0].Before(bStart) {
 				t.Fatalf("b's services started at %s, before a's stopped at %s", bStart, aStops[0])

@@ -17,10 +17,12 @@ import (
 
 // TestDelayedRowsWaitForTheirDueTime checks that the outbox row of a
 // delayed task is neither published by a relay pass nor claimed by direct
-// publishing before its due time, and that the next pass after it does.
+// publishing before its due time, and that the relay's due timer
+// publishes it then: the relay polls once an hour, so only the timer can
+// publish it before the test's deadline.
 func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
 	b := setup(t)
-	r := b.relay(t, outbox.RelayConfig{ID: "delay-relay"})
+	r := b.relay(t, outbox.RelayConfig{ID: "delay-relay", PublishInterval: time.Hour})
 	run(t, r.Run)
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
 	store, err := task.NewStore(b.store.Config(), b.db, task.PublishWith(outbox.NewWriter(r, outbox.PublishClaimed)))
@@ -28,7 +30,9 @@ func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	const delay = 1500 * time.Millisecond
+	// Long enough for the undelayed task's publishing and a pass to come
+	// first on a slow machine.
+	const delay = 10 * time.Second
 	res, err := store.CreateBatch(ctx, []task.NewTask{
 		{Kind: "k", Payload: json.RawMessage(`1`), Delay: delay},
 		{Kind: "k", Payload: json.RawMessage(`2`)},
@@ -37,7 +41,7 @@ func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	delayed, now := res[0].Task, res[1].Task
-	testenv.Eventually(t, 5*time.Second, "the undelayed task published", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the undelayed task published", func() bool {
 		return b.count(t, `task_id = $1 AND status = 'SENT'`, now.ID) == 1
 	})
 	if by := b.claimedBy(t, []uuid.UUID{delayed.ID})[delayed.ID]; by != "" {
@@ -53,18 +57,16 @@ func TestDelayedRowsWaitForTheirDueTime(t *testing.T) {
 	}
 	due := *delayed.NextRetryAt
 	var sentAt time.Time
-	testenv.Eventually(t, 10*time.Second, "the delayed task published", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the delayed task published", func() bool {
 		return b.db.QueryRow(ctx, `SELECT sent_at FROM outbox_event WHERE task_id = $1 AND status = 'SENT'`, delayed.ID).Scan(&sentAt) == nil
 	})
 	if sentAt.Before(due) {
 		t.Fatalf("the delayed row was published at %v, before its due time %v", sentAt, due)
 	}
-	// A poll (every PublishInterval, 1s) came before the due time and set
-	// the relay's timer for it: the row is published at its due time, not
-	// at the next poll after it.
-	if late := sentAt.Sub(due); late > 500*time.Millisecond {
-		t.Fatalf("the delayed row was published %s after its due time, want at once", late)
-	}
+	// A pass came before the due time and set the relay's timer for it:
+	// the row is published at its due time (logged), not at the next poll,
+	// an hour away.
+	t.Logf("the delayed row was published %s after its due time", sentAt.Sub(due))
 	if n := len(b.entries(t)); n != 2 {
 		t.Fatalf("%d stream entries, want 2 (one per task)", n)
 	}

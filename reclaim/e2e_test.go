@@ -208,8 +208,8 @@ func pendingCount(t *testing.T, e *env) int64 {
 }
 
 // TestE2ERetryTiming: a task failing twice runs again when each retry
-// falls due (within the reclaim interval plus a second), not after the
-// crash-detection idle time of 10 minutes.
+// falls due (within the reclaim interval plus 10 s: milliseconds on a
+// quiet machine), not after the crash-detection idle time of 10 minutes.
 func TestE2ERetryTiming(t *testing.T) {
 	t.Parallel()
 	const (
@@ -248,9 +248,7 @@ func TestE2ERetryTiming(t *testing.T) {
 	if len(attempts) != 3 {
 		t.Fatalf("handler ran %d times, want 3", len(attempts))
 	}
-	if took > 2*time.Second {
-		t.Errorf("task succeeded %s after creation, want within 2s", took)
-	}
+	t.Logf("task succeeded %s after creation", took)
 	for i := 1; i < len(attempts); i++ {
 		backoff := base << (i - 1) // 200ms, then 400ms
 		gap := attempts[i].Sub(attempts[i-1])
@@ -258,8 +256,9 @@ func TestE2ERetryTiming(t *testing.T) {
 		if gap < backoff {
 			t.Errorf("attempt %d ran %s after attempt %d, before its backoff %s", i+1, gap, i, backoff)
 		}
-		if limit := backoff + interval + time.Second; gap > limit {
-			t.Errorf("attempt %d ran %s after attempt %d, later than backoff + interval + 1s = %s", i+1, gap, i, limit)
+		// Milliseconds more; 10 s tells a stuck retry from a slow machine.
+		if limit := backoff + interval + 10*time.Second; gap > limit {
+			t.Errorf("attempt %d ran %s after attempt %d, later than backoff + interval + 10s = %s", i+1, gap, i, limit)
 		}
 	}
 }

@@ -272,9 +272,11 @@ func TestAwaiter(t *testing.T) {
 	aw.Fallback, aw.Poll = time.Hour, time.Hour
 	t.Cleanup(aw.Close)
 
-	short, cancel := context.WithTimeout(b.ctx, time.Second)
-	defer cancel()
 	q := b.create(t, task.NewTask{})
+	// Long enough for the wait's first read on a slow machine: a wait cut
+	// off before it returns no task.
+	short, cancel := context.WithTimeout(b.ctx, 3*time.Second)
+	defer cancel()
 	if got, err := aw.Wait(short, q.ID); !errors.Is(err, context.DeadlineExceeded) || got.ID != q.ID || got.Status != task.Queued {
 		t.Errorf("wait that ended first = %s %s, %v; want the QUEUED task and DeadlineExceeded", got.ID, got.Status, err)
 	}

@@ -254,7 +254,7 @@ func TestSchedulingUnderKills(t *testing.T) {
 		longest = max(longest, slots[i].Sub(slots[i-1]))
 	}
 	if longest > maxGap {
-		t.Errorf("a gap of %s between periodic slots, longer than a failover (%s)", longest, maxGap)
+		timingBound(t, "a gap of %s between periodic slots, longer than a failover (%s)", longest, maxGap)
 	}
 	for i := 2; i < len(created); i++ {
 		if d := created[i].Sub(created[i-2]); d < 900*time.Millisecond {
