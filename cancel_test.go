@@ -64,13 +64,13 @@ func (bd *bundle) listeners() int {
 // the actor's audit row, its entry acknowledged, no DLQ entry.
 func (bd *bundle) wantCancelled(id uuid.UUID) {
 	bd.t.Helper()
-	bd.eventually(5*time.Second, "task CANCELLED", bd.statusIs(id, task.Cancelled))
+	bd.eventually(30*time.Second, "task CANCELLED", bd.statusIs(id, task.Cancelled))
 	recs := bd.transitions(id)
 	last := recs[len(recs)-1]
 	if last.From != string(task.Running) || last.To != string(task.Cancelled) || last.Worker != "api:test" || last.Message != "cancelled: enough" {
 		bd.t.Fatalf("last audit row %+v; want RUNNING -> CANCELLED by api:test, 'cancelled: enough' (path %s)", last, bd.path(id))
 	}
-	bd.eventually(5*time.Second, "entry acknowledged", func() bool { return bd.pending() == 0 })
+	bd.eventually(30*time.Second, "entry acknowledged", func() bool { return bd.pending() == 0 })
 	if n := len(bd.dlqEntries()); n != 0 {
 		bd.t.Fatalf("%d DLQ entries for a cancelled task, want none", n)
 	}
@@ -169,7 +169,7 @@ func TestCancelAtLeaseRenewal(t *testing.T) {
 		t.Fatal("a worker with CancelListenDisabled listens")
 	}
 	bd.wantCancelled(id)
-	bd.eventually(5*time.Second, "cancelled counted", func() bool {
+	bd.eventually(30*time.Second, "cancelled counted", func() bool {
 		return metric(t, reg, "ingest_task_process_total", result("cancelled")) == 1
 	})
 }
@@ -202,7 +202,7 @@ func TestCancelCompletionWinsOrLoses(t *testing.T) {
 	id2 := bd.enqueue("stubborn", 1, 3)[0]
 	<-started
 	release <- struct{}{}
-	bd.eventually(5*time.Second, "task SUCCEEDED", bd.statusIs(id2, task.Succeeded))
+	bd.eventually(30*time.Second, "task SUCCEEDED", bd.statusIs(id2, task.Succeeded))
 	if r, err := bd.store.Cancel(bd.ctx, "api:test", "late", id2); err != nil || r.Outcome != task.CancelRefused || r.Task.Status != task.Succeeded {
 		t.Fatalf("Cancel after success = %+v, %v; want refused", r, err)
 	}
@@ -235,7 +235,7 @@ func TestCancelledRedeliveryAcked(t *testing.T) {
 	bd.add(onceEntry(id))
 	bd.add(onceEntry(id))
 	bd.run(w)
-	bd.eventually(5*time.Second, "both entries skipped", func() bool {
+	bd.eventually(30*time.Second, "both entries skipped", func() bool {
 		return metric(t, reg, "ingest_task_process_total", result("skipped")) == 2
 	})
 	if bd.pending() != 0 || len(bd.dlqEntries()) != 0 {
@@ -250,7 +250,7 @@ func TestCancelledRedeliveryAcked(t *testing.T) {
 		t.Fatalf("Redrive = %+v, %v", rs, err)
 	}
 	bd.add(onceEntry(id)) // as the relay would publish the redrive's outbox row
-	bd.eventually(5*time.Second, "redriven task SUCCEEDED", bd.statusIs(id, task.Succeeded))
+	bd.eventually(30*time.Second, "redriven task SUCCEEDED", bd.statusIs(id, task.Succeeded))
 	if p := bd.path(id); p != "QUEUED→CANCELLED→QUEUED→RUNNING→SUCCEEDED" {
 		t.Fatalf("path %s", p)
 	}

@@ -284,7 +284,7 @@ func TestServiceThroughPgBouncerListensDirectly(t *testing.T) {
 	if _, err := b.store.Cancel(context.Background(), "test", "stop", long); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "the cancelled task CANCELLED (by its NOTIFY: the lease renewal is 20 s away)", func() bool {
+	testenv.Eventually(t, 15*time.Second, "the cancelled task CANCELLED (by its NOTIFY: the lease renewal is 20 s away)", func() bool {
 		return b.get(long).Status == task.Cancelled
 	})
 	if !cancelled.Load() {

@@ -412,7 +412,9 @@ func TestShutdownReleasesUnfinished(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, task.Config{})
 		started := make(chan uuid.UUID, 10)
-		w1, reg1 := bd.worker(ingest.Config{Concurrency: 8, ShutdownTimeout: 500 * time.Millisecond}, map[string]ingest.Handler{
+		// A grace period of 5 s: the quick runs' 200 ms and their success
+		// commits fit in it on a slow machine; the stuck ones are cut off.
+		w1, reg1 := bd.worker(ingest.Config{Concurrency: 8, ShutdownTimeout: 5 * time.Second}, map[string]ingest.Handler{
 			"quick": func(ctx context.Context, tk ingest.Task) error {
 				started <- tk.ID
 				time.Sleep(200 * time.Millisecond) // finishes within the grace period

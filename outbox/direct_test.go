@@ -105,7 +105,7 @@ func TestDirectPublishing(t *testing.T) {
 		t.Fatalf("a relay pass claimed %+v, %v: the rows are claimed, it must skip them", got, err)
 	}
 	claim.Publish()
-	testenv.Eventually(t, 5*time.Second, "the claimed rows published", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the claimed rows published", func() bool {
 		return b.count(t, `task_id = ANY($1) AND status = 'SENT' AND claimed_by = 'direct-relay'`, ids) == 3
 	})
 	b.checkPublishedOnce(t, 3)
@@ -130,7 +130,7 @@ func TestDirectPublishing(t *testing.T) {
 		for _, c := range claims {
 			c.Publish()
 		}
-		testenv.Eventually(t, 5*time.Second, "every row published", func() bool { return b.unsent(t) == 0 })
+		testenv.Eventually(t, 30*time.Second, "every row published", func() bool { return b.unsent(t) == 0 })
 	})
 }
 
@@ -152,7 +152,7 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	testenv.Eventually(t, 10*time.Second, "the relay to run", func() bool { return outbox.Running(r) })
-	testenv.Eventually(t, 5*time.Second, "the unclaimed rows published by a pass", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 30*time.Second, "the unclaimed rows published by a pass", func() bool { return b.unsent(t) == 0 })
 
 	// A relay pass woken by the NOTIFY may claim unclaimed rows at any
 	// moment, so the claims are told apart by what the writer returned.
@@ -162,7 +162,7 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 		t.Fatalf("backlog of 1: claims of %d and %d rows, want 1 and 0", outbox.ClaimLen(first), outbox.ClaimLen(over))
 	}
 	first.Publish()
-	testenv.Eventually(t, 5*time.Second, "both rows published", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 30*time.Second, "both rows published", func() bool { return b.unsent(t) == 0 })
 
 	b.checkPublishedOnce(t, 4)
 
@@ -182,7 +182,9 @@ func TestDirectPublishingFallsBack(t *testing.T) {
 // not before.
 func TestDirectClaimNeverPublishedIsTakenOverAfterItsLease(t *testing.T) {
 	b := setup(t)
-	const lease = 2 * time.Second
+	// Long enough that the dead relay's shutdown, a new relay and its
+	// first pass all fit within it on a slow machine.
+	const lease = 10 * time.Second
 	dead := b.relay(t, outbox.RelayConfig{ID: "dead-relay", Lease: lease, PublishTimeout: 100 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -202,7 +204,7 @@ func TestDirectClaimNeverPublishedIsTakenOverAfterItsLease(t *testing.T) {
 	if got, err := other.DrainOnce(context.Background()); err != nil || got.Claimed != 0 {
 		t.Fatalf("within the lease another relay claimed %+v, %v; want nothing", got, err)
 	}
-	testenv.Eventually(t, 10*time.Second, "the rows published by the other relay", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the rows published by the other relay", func() bool {
 		if _, err := other.DrainOnce(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -235,7 +237,7 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	direct := []uuid.UUID{res[0].Task.ID, res[1].Task.ID}
-	testenv.Eventually(t, 5*time.Second, "the batch published", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the batch published", func() bool {
 		return b.count(t, `task_id = ANY($1) AND status = 'SENT'`, direct) == 2
 	})
 	for id, by := range b.claimedBy(t, direct) {
@@ -258,7 +260,7 @@ func TestStorePublishesThroughItsRelay(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "the CreateTx task published", func() bool { return b.unsent(t) == 0 })
+	testenv.Eventually(t, 30*time.Second, "the CreateTx task published", func() bool { return b.unsent(t) == 0 })
 	b.checkPublishedOnce(t, 3)
 }
 
@@ -297,7 +299,7 @@ func TestReservePublishesAfterCommit(t *testing.T) {
 		t.Fatalf("%d outbox rows before the claim was published, want none", n)
 	}
 	claim.Publish()
-	testenv.Eventually(t, 5*time.Second, "the tasks published with SENT rows", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the tasks published with SENT rows", func() bool {
 		return b.count(t, `task_id = ANY($1) AND status = 'SENT' AND sent_at IS NOT NULL AND attempt_count = 0`, ids) == 3
 	})
 	b.checkPublishedOnce(t, 3)
@@ -328,7 +330,7 @@ func TestReservePublishesAfterCommit(t *testing.T) {
 	for _, c := range claims {
 		c.Publish()
 	}
-	testenv.Eventually(t, 5*time.Second, "both published", func() bool { return b.count(t, `status = 'SENT'`) == 5 })
+	testenv.Eventually(t, 30*time.Second, "both published", func() bool { return b.count(t, `status = 'SENT'`) == 5 })
 	b.checkPublishedOnce(t, 5)
 }
 
@@ -417,7 +419,7 @@ func TestStorePublishesAfterCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := []uuid.UUID{res[0].Task.ID, res[1].Task.ID}
-	testenv.Eventually(t, 5*time.Second, "the batch published", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the batch published", func() bool {
 		return b.count(t, `task_id = ANY($1) AND status = 'SENT'`, now) == 2
 	})
 	if n := b.count(t, `task_id = ANY($1) AND claimed_by IS NOT NULL`, now); n != 0 {
@@ -441,7 +443,7 @@ func TestStorePublishesAfterCommit(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 5*time.Second, "the CreateTx task published", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the CreateTx task published", func() bool {
 		return b.count(t, `task_id = $1 AND status = 'SENT' AND claimed_by IS NOT NULL`, inTx[0].Task.ID) == 1
 	})
 	if got := len(b.entries(t)); got != 3 {

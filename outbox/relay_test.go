@@ -34,7 +34,7 @@ func TestRelayPublishesOnNotify(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the relay to LISTEN", func() bool { return outbox.Listens(r) >= 1 })
 	// Warm up: the relay's first pass dials Redis and prepares statements.
 	warm := b.create(t, 1)
-	testenv.Eventually(t, 5*time.Second, "the warm-up task published", func() bool {
+	testenv.Eventually(t, 30*time.Second, "the warm-up task published", func() bool {
 		return b.count(t, `task_id = $1 AND status = 'SENT'`, warm[0]) == 1
 	})
 
@@ -50,8 +50,8 @@ func TestRelayPublishesOnNotify(t *testing.T) {
 				if slicesContains(b.entries(t), want) {
 					break
 				}
-				if time.Since(committed) > 5*time.Second {
-					t.Fatalf("task %d: not in the stream 5s after commit: the NOTIFY did not wake the relay (its periodic pass is 10 minutes away)", i)
+				if time.Since(committed) > 30*time.Second {
+					t.Fatalf("task %d: not in the stream 30s after commit: the NOTIFY did not wake the relay (its periodic pass is 10 minutes away)", i)
 				}
 				time.Sleep(200 * time.Microsecond)
 			}
@@ -79,7 +79,7 @@ func TestRelayPublishesOnNotify(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, 5*time.Second, "the committed task published", func() bool {
+		testenv.Eventually(t, 30*time.Second, "the committed task published", func() bool {
 			return b.count(t, `task_id = $1 AND status = 'SENT'`, c.Task.ID) == 1
 		})
 		if got, err := r.DrainOnce(ctx); err != nil || got.Claimed != 0 {
@@ -179,7 +179,7 @@ func TestRelayStalledPastLeaseChangesNothing(t *testing.T) {
 			out <- res
 		}()
 		<-stalled
-		testenv.Eventually(t, 5*time.Second, "the stalled relay's lease to expire", func() bool {
+		testenv.Eventually(t, 30*time.Second, "the stalled relay's lease to expire", func() bool {
 			var n int
 			err := b.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 				WHERE datname = current_database() AND application_name = 'ingest-outbox-pass stalled'
@@ -423,7 +423,7 @@ func TestRelaySurvivesDroppedListenConnection(t *testing.T) {
 		ids := b.create(t, 1)
 		// The poll interval is a minute: only a NOTIFY (or the reconnect's
 		// own pass) publishes this quickly.
-		testenv.Eventually(t, 5*time.Second, "the task created after the reconnect published", func() bool {
+		testenv.Eventually(t, 30*time.Second, "the task created after the reconnect published", func() bool {
 			return b.count(t, `task_id = $1 AND status = 'SENT'`, ids[0]) == 1
 		})
 	}
@@ -484,7 +484,7 @@ func TestRelayMetrics(t *testing.T) {
 	// A second relay on the same registry shares its metrics.
 	b.relay(t, outbox.RelayConfig{})
 	b.create(t, 5)
-	testenv.Eventually(t, 5*time.Second, "a backlog age", func() bool {
+	testenv.Eventually(t, 30*time.Second, "a backlog age", func() bool {
 		return gauge(t, b, "outbox_backlog_age_seconds") > 0
 	})
 	if got := gauge(t, b, "outbox_backlog"); got != 5 {
