@@ -259,17 +259,19 @@ func testPeriodicAcrossLeaders(t *testing.T, cut bool) {
 	} else {
 		a.stop(t)
 	}
-	testenv.Eventually(t, 10*time.Second, "a new leader", func() bool { return es[1].m.IsLeader() || es[2].m.IsLeader() })
+	testenv.Eventually(t, 30*time.Second, "a new leader", func() bool { return es[1].m.IsLeader() || es[2].m.IsLeader() })
 	failover := time.Since(stopped)
 	n := count()
-	testenv.Eventually(t, 10*time.Second, "3 more slots", func() bool { return count() >= n+3 })
+	testenv.Eventually(t, 30*time.Second, "3 more slots", func() bool { return count() >= n+3 })
 	for _, e := range es {
 		e.stop(t)
 	}
 	down := time.Now()
 	before := slots(t, store, "tick")
 	for i := 1; i < len(before); i++ {
-		if gap := before[i].Sub(before[i-1]); gap > time.Second+failover.Truncate(time.Second) {
+		// A slot a second, the failover's slots missed at most, and 2 s of
+		// room for a new leader's first pass coming after it was seen.
+		if gap := before[i].Sub(before[i-1]); gap > 3*time.Second+failover {
 			t.Errorf("slots %v and %v: a gap of %s with a failover of %s", before[i-1], before[i], gap, failover)
 		}
 	}
@@ -278,14 +280,14 @@ func testPeriodicAcrossLeaders(t *testing.T, cut bool) {
 	time.Sleep(3 * time.Second)
 	restarted := time.Now()
 	again := startElected(t, cfg, db)
-	testenv.Eventually(t, 10*time.Second, "a slot after the restart", func() bool { return count() > len(before) })
+	testenv.Eventually(t, 30*time.Second, "a slot after the restart", func() bool { return count() > len(before) })
 	up := time.Now()
 	again.stop(t)
 	after := slots(t, store, "tick")[len(before):]
 	last := before[len(before)-1]
 	var inDowntime int
 	for _, at := range after {
-		if at.Before(up) {
+		if at.Before(restarted) { // a slot of the downtime (up, later, may let more slots come)
 			inDowntime++
 		}
 		if !at.After(last) {
