@@ -67,6 +67,43 @@ func CappedCounts(ctx context.Context, db DB, states []State, limit int) (map[St
 	return out, nil
 }
 
+// liveCountsSQL reads at most $1 unfinished tasks in one walk of
+// liveTasks (the primary key from the low water, where the cost is the
+// walk over the last minute's tasks, finished or not, and the lingering
+// ones) and counts them by state and kind.
+var liveCountsSQL = `
+WITH l AS MATERIALIZED (SELECT t.status, t.kind FROM ` + liveTasks("t") + ` LIMIT $1)
+SELECT status, kind, count(*) FROM l GROUP BY 1, 2`
+
+// LiveCounts counts the unfinished tasks (QUEUED, RUNNING, RETRYING) by
+// state and by kind (kind → state → count), reading at most limit of them
+// in one walk: CappedCounts and NewestByKind walk the same range once per
+// state and query. complete is false when it read limit tasks: there may
+// be more, and a caller that needs each state counted apart (a backlog of
+// one state must not cap the others) uses those two then.
+func LiveCounts(ctx context.Context, db DB, limit int) (byState map[State]int64, byKind map[string]map[State]int64, complete bool, err error) {
+	rows, err := db.Query(ctx, liveCountsSQL, limit)
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("count unfinished tasks: %w", err)
+	}
+	byState, byKind = map[State]int64{}, map[string]map[State]int64{}
+	var st, k string
+	var n, total int64
+	_, err = pgx.ForEachRow(rows, []any{&st, &k, &n}, func() error {
+		byState[State(st)] += n
+		if byKind[k] == nil {
+			byKind[k] = map[State]int64{}
+		}
+		byKind[k][State(st)] = n
+		total += n
+		return nil
+	})
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("count unfinished tasks: %w", err)
+	}
+	return byState, byKind, total < int64(limit), nil
+}
+
 // newestByKindSQL counts the newest $1 tasks of each of states by kind,
 // one probe per state as in cappedCountsSQL.
 func newestByKindSQL(states []State) string {

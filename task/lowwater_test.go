@@ -134,6 +134,13 @@ func unfinishedFound(t *testing.T, b *bundle, st task.State, want []uuid.UUID) m
 	if counts[st] != int64(len(want)) {
 		t.Errorf("capped count of %s = %d, want %d", st, counts[st], len(want))
 	}
+	live, _, complete, err := task.LiveCounts(b.ctx, b.db, 100000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !complete || live[st] != int64(len(want)) {
+		t.Errorf("live count of %s = %d (complete: %v), want %d", st, live[st], complete, len(want))
+	}
 	return missing
 }
 

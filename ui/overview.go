@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -20,12 +21,15 @@ import (
 
 // Overview limits. Counting a large table by status on every poll would
 // read it all; the overview counts at most CountCap rows per status,
-// through the (status, created_at, id) index (an index-only scan where
-// the visibility map allows), exactly below the cap, and shows the
-// planner's estimate (pg_class.reltuples times the status's frequency in
-// pg_stats) above it. The kinds of the newest KindCap tasks of each status
-// but SUCCEEDED are counted (their rows are read for the kind); succeeded
-// tasks per kind come from the audit samples. The whole overview is cached
+// exactly below the cap, and shows the planner's estimate
+// (pg_class.reltuples times the status's frequency in pg_stats) above it.
+// The unfinished states are counted together, exactly and by kind, in one
+// walk of the unfinished tasks while there are fewer than 3 × CountCap of them
+// (task.LiveCounts: each walk reads the last minute's tasks, so one walk
+// instead of one per state and query); past that, and for DEAD and
+// CANCELLED, the kinds of the newest KindCap tasks of each status are
+// counted (their rows are read for the kind); succeeded tasks per kind
+// come from the audit samples. The whole overview is cached
 // for overviewTTL, so any number of open dashboards cost one set of
 // queries per interval.
 const (
@@ -214,20 +218,40 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 		settings  []kindRow
 	)
 	g, gctx := errgroup.WithContext(ctx)
-	var unfinished []task.State
+	// The unfinished states are counted in one walk (task.LiveCounts)
+	// while there are fewer than h.liveCap unfinished tasks, exactly and by
+	// kind; the others (and, past liveCap, each unfinished state apart)
+	// with a capped count per state and the kinds of their newest KindCap.
+	var live, ended, failed []task.State
 	for _, s := range task.States {
-		if s != task.Succeeded {
-			unfinished = append(unfinished, s)
+		switch {
+		case !s.Terminal():
+			live = append(live, s)
+		case s != task.Succeeded:
+			ended, failed = append(ended, s), append(failed, s)
+		default:
+			ended = append(ended, s)
 		}
 	}
+	var (
+		liveCounts   map[task.State]int64
+		liveByKind   map[string]map[task.State]int64
+		liveComplete bool
+		endedByKind  map[string]map[task.State]int64
+	)
 	g.Go(func() error {
-		c, err := task.CappedCounts(gctx, h.cfg.DB, task.States, CountCap)
+		var err error
+		liveCounts, liveByKind, liveComplete, err = task.LiveCounts(gctx, h.cfg.DB, h.liveCap)
+		return err
+	})
+	g.Go(func() error {
+		c, err := task.CappedCounts(gctx, h.cfg.DB, ended, CountCap)
 		counts = c
 		return err
 	})
 	g.Go(func() error {
-		k, err := task.NewestByKind(gctx, h.cfg.DB, unfinished, KindCap)
-		perKind = k
+		k, err := task.NewestByKind(gctx, h.cfg.DB, failed, KindCap)
+		endedByKind = k
 		return err
 	})
 	g.Go(func() error {
@@ -307,6 +331,27 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	if !liveComplete {
+		c, err := task.CappedCounts(ctx, h.cfg.DB, live, CountCap)
+		if err != nil {
+			return nil, err
+		}
+		if liveByKind, err = task.NewestByKind(ctx, h.cfg.DB, live, KindCap); err != nil {
+			return nil, err
+		}
+		liveCounts = c
+	}
+	for s, n := range liveCounts {
+		counts[s] = n
+	}
+	for _, m := range []map[string]map[task.State]int64{liveByKind, endedByKind} {
+		for k, byState := range m {
+			if perKind[k] == nil {
+				perKind[k] = map[task.State]int64{}
+			}
+			maps.Copy(perKind[k], byState)
+		}
+	}
 	for _, s := range task.States {
 		sc := statusCount{State: s, N: counts[s], Capped: counts[s] >= CountCap}
 		if sc.Capped {
@@ -322,7 +367,7 @@ func (h *Handler) readOverview(ctx context.Context) (*overviewData, error) {
 		k.Waiting = byState[task.Queued] + byState[task.Retrying]
 		k.Running = byState[task.Running]
 		k.Dead, k.Cancelled = byState[task.Dead], byState[task.Cancelled]
-		k.WaitingCapped = counts[task.Queued] >= KindCap || counts[task.Retrying] >= KindCap
+		k.WaitingCapped = !liveComplete && (counts[task.Queued] >= KindCap || counts[task.Retrying] >= KindCap)
 		k.DeadCapped = counts[task.Dead] >= KindCap
 	}
 	for name, t := range d.Series.ByKind {

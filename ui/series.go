@@ -109,7 +109,7 @@ const (
 	sampleSlack = 10 * time.Second
 	// sampleIdle is how long after the last Series call the reading
 	// goroutine keeps reading.
-	sampleIdle = 30 * time.Second
+	sampleIdle = 2 * time.Minute
 	// catchUpPause is the shortest pause between passes that read a full
 	// batch; the pause is at least as long as the pass took, so catching
 	// up on a busy database takes at most half of one database CPU.

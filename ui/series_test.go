@@ -67,3 +67,54 @@ func TestSeriesDoesNotWaitForTheAuditReads(t *testing.T) {
 		t.Error(`the charts' kinds hold "", the kind of rows not read by kind`)
 	}
 }
+
+// TestOverviewCountsUnfinishedTasksEitherWay: the overview's counts of
+// unfinished tasks, by status and by kind, are the same whether they come
+// from one walk of the unfinished tasks (fewer than liveCap) or, past it,
+// from a capped count per status.
+func TestOverviewCountsUnfinishedTasksEitherWay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	store, err := task.NewStore(task.Config{}, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nts []task.NewTask
+	for range 3 {
+		nts = append(nts, task.NewTask{Kind: "a", Payload: json.RawMessage(`{}`)})
+	}
+	nts = append(nts, task.NewTask{Kind: "b", Payload: json.RawMessage(`{}`)})
+	res, err := store.CreateBatch(ctx, nts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Start(ctx, "w", time.Minute, res[0].Task.ID); err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(Config{Store: store, DB: db})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, liveCap := range []int{h.liveCap, 1} {
+		h.liveCap = liveCap
+		d, err := h.readOverview(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[task.State]int64{}
+		for _, s := range d.Statuses {
+			got[s.State] = s.N
+		}
+		if got[task.Queued] != 3 || got[task.Running] != 1 {
+			t.Errorf("liveCap %d: statuses %v, want 3 QUEUED and 1 RUNNING", liveCap, got)
+		}
+		kinds := map[string][2]int64{}
+		for _, k := range d.Kinds {
+			kinds[k.Kind] = [2]int64{k.Waiting, k.Running}
+		}
+		if kinds["a"] != [2]int64{2, 1} || kinds["b"] != [2]int64{1, 0} {
+			t.Errorf("liveCap %d: kinds (waiting, running) %v, want a: 2, 1 and b: 1, 0", liveCap, kinds)
+		}
+	}
+}

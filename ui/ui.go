@@ -111,6 +111,9 @@ type Handler struct {
 	log    *slog.Logger
 	stats  *overviewCache
 	samp   *sampler
+	// liveCap is how many unfinished tasks the overview counts in one
+	// walk before it counts each state apart (3 × CountCap).
+	liveCap int
 
 	deleted prometheus.Counter // ingest_task_deleted_total{via="ui"}
 }
@@ -133,6 +136,7 @@ func New(cfg Config) (*Handler, error) {
 	h.key = mac[:]
 	h.stats = &overviewCache{}
 	h.samp = newSampler(cfg.DB)
+	h.liveCap = 3 * CountCap
 	deleted, err := opsmetrics.Deleted(cfg.Registerer)
 	if err != nil {
 		return nil, fmt.Errorf("ui: register metrics: %w", err)
