@@ -121,9 +121,10 @@ const (
 	passTimeout = 30 * time.Second
 )
 
-// read is the reading goroutine: a pass, then a pause (sampleEvery, or
-// while behind the pass's own time, at least catchUpPause), until the dashboard has not been looked at
-// for sampleIdle or a pass fails (the next Series call starts it again).
+// read is the reading goroutine: a pass, then a pause (sampleEvery; while
+// behind, as long as the pass took and at least catchUpPause), until the
+// dashboard has not been looked at for sampleIdle or a pass fails (the
+// next Series call starts it again).
 func (s *sampler) read(passed chan struct{}) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), passTimeout)
