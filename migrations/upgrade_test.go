@@ -34,10 +34,11 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 		}
 	}
 	// One task per state, each with its audit rows and an outbox row, as
-	// version 11 wrote them.
+	// version 11 wrote them, created an hour ago (their ids are UUIDv7s of
+	// that time: the rescuer reads only tasks older than its grace).
 	ids := map[task.State]uuid.UUID{}
 	for _, st := range task.States {
-		id := uuid.Must(uuid.NewV7())
+		id := idAt(time.Now().Add(-time.Hour))
 		ids[st] = id
 		exec(`INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts) VALUES ($1, 'up', '{}', 'sha', 3)`, id)
 		exec(`INSERT INTO ingest_task_transition (task_id, to_status, attempt_count) VALUES ($1, 'QUEUED', 0)`, id)
@@ -738,4 +739,14 @@ func TestUpgradeOutboxPartitions(t *testing.T) {
 		t.Fatalf("Up again = %v, %v; want %v", applied, err, want)
 	}
 	checkTriggers("after the upgrade again")
+}
+
+// idAt returns a random UUIDv7 whose time is at.
+func idAt(at time.Time) uuid.UUID {
+	id := uuid.Must(uuid.NewV7())
+	ms := uint64(at.UnixMilli())
+	for i := range 6 {
+		id[i] = byte(ms >> (40 - 8*i))
+	}
+	return id
 }
