@@ -494,11 +494,11 @@ func (c *cluster) saturate(d, every time.Duration) phaseRun {
 	}
 }
 
-// claimProbes are read-only copies of the hot claim scans: the relay's
-// claim of due outbox rows and the rescuer's pages of QUEUED tasks and of
-// RUNNING tasks whose lease expired (each reads a window of the unfinished
-// tasks: the recent ids from the low water on the primary key and the
-// lingering tasks on ingest_task_lingering_idx).
+// claimProbes time the hot claim scans: a read-only copy of the relay's
+// claim of due outbox rows, and the rescuer's own statement
+// (task.RescueCandidates), each class in turn (a window of the unfinished
+// tasks: the recent ids from the low water up to the grace on the primary
+// key and the lingering tasks on ingest_task_lingering_idx).
 var claimProbes = []struct {
 	name, sql string
 	// settings runs first in the probe's transaction, as the real
@@ -511,12 +511,9 @@ var claimProbes = []struct {
 		WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $1 AND next_retry_at <= now()
 		  AND (claimed_until IS NULL OR claimed_until < now())
 		ORDER BY next_retry_at, id LIMIT 50`, ""},
-	// The rescuer's pages (task/rescue.go, rescueWindowSQL): a window of
-	// the unfinished tasks in id order, then the class among them.
-	{"rescuer QUEUED page", rescuerPageProbe(`t.status = 'QUEUED'`), task.RescuePlanSQL},
-	{"rescuer expired-lease page", rescuerPageProbe(`t.status = 'RUNNING' AND t.lease_until < now()`), task.RescuePlanSQL},
 	// The rescuer's own statement (no sql): a page of each class in turn,
-	// walking the unfinished tasks as a rescuer pass does.
+	// walking the unfinished tasks as a rescuer pass does. (Copies of its
+	// SQL here went stale when the page learned to end at the grace.)
 	{"rescuer page", "", ""},
 }
 
@@ -650,20 +647,4 @@ func pct(d []time.Duration, p float64) time.Duration {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	i := int(p*float64(len(s))) - 1
 	return s[max(0, min(i, len(s)-1))].Round(10 * time.Microsecond)
-}
-
-// rescuerPageProbe is a copy of a rescuer page (task/rescue.go,
-// rescueWindowSQL) from the start: a window of the unfinished tasks in id
-// order, the recent ones from the low water and the lingering ones, then
-// the tasks of the class (class, a condition on t) among them.
-func rescuerPageProbe(class string) string {
-	return `WITH w AS MATERIALIZED (
-		    SELECT u.id FROM (
-		        (SELECT r.id FROM ingest_task r WHERE r.id > '00000000-0000-0000-0000-000000000000'
-		             AND r.id >= (SELECT lw.low FROM ingest_task_low_water lw WHERE lw.one) AND r.lingering IS NULL AND r.finished_at IS NULL ORDER BY r.id LIMIT 100)
-		        UNION ALL
-		        (SELECT g.id FROM ingest_task g WHERE g.id > '00000000-0000-0000-0000-000000000000'
-		             AND g.lingering AND g.finished_at IS NULL ORDER BY g.id LIMIT 100)
-		    ) u ORDER BY u.id LIMIT 100)
-		SELECT t.id FROM w JOIN ingest_task t ON t.id = w.id WHERE ` + class
 }
