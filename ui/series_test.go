@@ -6,9 +6,38 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
 )
+
+// storeWithTasks returns a database of the test's own, a store on it and
+// the ids of the QUEUED tasks it created in one batch: n of each kind.
+func storeWithTasks(t *testing.T, n map[string]int) (*pgxpool.Pool, *task.Store, map[string][]uuid.UUID) {
+	t.Helper()
+	db := testenv.DB(t)
+	store, err := task.NewStore(task.Config{}, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nts []task.NewTask
+	for kind, k := range n {
+		for range k {
+			nts = append(nts, task.NewTask{Kind: kind, Payload: json.RawMessage(`{}`)})
+		}
+	}
+	res, err := store.CreateBatch(context.Background(), nts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string][]uuid.UUID{}
+	for _, r := range res {
+		ids[r.Task.Kind] = append(ids[r.Task.Kind], r.Task.ID)
+	}
+	return db, store, ids
+}
 
 // TestSeriesDoesNotWaitForTheAuditReads: the charts are read by the
 // sampler's own goroutine. A request returns while that read is blocked
@@ -18,18 +47,7 @@ import (
 func TestSeriesDoesNotWaitForTheAuditReads(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	store, err := task.NewStore(task.Config{}, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	nts := make([]task.NewTask, 25)
-	for i := range nts {
-		nts[i] = task.NewTask{Kind: "chart", Payload: json.RawMessage(`{}`)}
-	}
-	if _, err := store.CreateBatch(ctx, nts); err != nil {
-		t.Fatal(err)
-	}
+	db, _, _ := storeWithTasks(t, map[string]int{"chart": 25})
 	s := newSampler(db)
 	s.batch = 10
 
@@ -75,21 +93,8 @@ func TestSeriesDoesNotWaitForTheAuditReads(t *testing.T) {
 func TestOverviewCountsUnfinishedTasksEitherWay(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	store, err := task.NewStore(task.Config{}, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nts []task.NewTask
-	for range 3 {
-		nts = append(nts, task.NewTask{Kind: "a", Payload: json.RawMessage(`{}`)})
-	}
-	nts = append(nts, task.NewTask{Kind: "b", Payload: json.RawMessage(`{}`)})
-	res, err := store.CreateBatch(ctx, nts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Start(ctx, "w", time.Minute, res[0].Task.ID); err != nil {
+	db, store, created := storeWithTasks(t, map[string]int{"a": 3, "b": 1})
+	if _, err := store.Start(ctx, "w", time.Minute, created["a"][0]); err != nil {
 		t.Fatal(err)
 	}
 	h, err := New(Config{Store: store, DB: db})
