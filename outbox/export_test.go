@@ -45,6 +45,7 @@ func HotPathStatements() map[string][3]string {
 		"insert-sent":    {"", insertSentSQL, taskIDs + `, '{s,s}', '{1-1,1-2}'`},
 		"insert-failed":  {"", insertFailedSQL, taskIDs + `, '{s,s}', '{boom,boom}', 10, 1, 1000, 0.1`},
 		"next-due":       {"", nextDueSQL, `'-infinity'`},
+		"late-read":      {claimPlanSQL, lateSQL, `0, 50000`},
 	}
 }
 
@@ -62,4 +63,15 @@ func NextDue(ctx context.Context, r *Relay) (float64, error) {
 	var secs float64
 	err := r.nextDue(ctx, &secs)
 	return secs, err
+}
+
+// ReadLate runs one of r's reads by id for rows committed late (late.go),
+// as its poll does.
+func ReadLate(ctx context.Context, r *Relay) { r.readLate(ctx) }
+
+// LateRead is r's read by id as its next poll sends it: the planner
+// settings and the statement, with its arguments (the floor and the
+// limit); the floor is -1 while r does not know one yet.
+func LateRead(r *Relay) (settings, sql string, args []any) {
+	return claimPlanSQL, lateSQL, []any{r.late.floor, lateLimit}
 }

@@ -136,6 +136,13 @@ func drainAll(t *testing.T, r *outbox.Relay) {
 // partitioned outbox_event, every partition's claim index).
 func indexBuffers(t *testing.T, db *pgxpool.Pool, settings, sql string, args []any) int {
 	t.Helper()
+	return scanBuffers(t, db, "_claim_idx", settings, sql, args)
+}
+
+// scanBuffers is indexBuffers for the scans of the indexes whose names end
+// in index.
+func scanBuffers(t *testing.T, db *pgxpool.Pool, index, settings, sql string, args []any) int {
+	t.Helper()
 	ctx := context.Background()
 	var plan []byte
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -165,7 +172,7 @@ func indexBuffers(t *testing.T, db *pgxpool.Pool, settings, sql string, args []a
 	n, found := 0, false
 	var walk func(node)
 	walk = func(p node) {
-		if strings.HasSuffix(p.Index, "_claim_idx") {
+		if strings.HasSuffix(p.Index, index) {
 			n, found = n+p.Hit+p.Read, true
 		}
 		for _, c := range p.Plans {
@@ -174,7 +181,7 @@ func indexBuffers(t *testing.T, db *pgxpool.Pool, settings, sql string, args []a
 	}
 	walk(root[0].Plan)
 	if !found {
-		t.Fatalf("the statement does not read the claim index: %s", plan)
+		t.Fatalf("the statement reads no index *%s: %s", index, plan)
 	}
 	return n
 }
@@ -346,4 +353,91 @@ func TestRelaysPublishRowsCommittedLate(t *testing.T) {
 	}
 	testenv.Eventually(t, 100*interval, "every row SENT", func() bool { return b.unsent(t) == 0 })
 	b.checkPublishedOnce(t, rows)
+}
+
+// TestRelayFindsLateRowsByID: between its claims from the front of the
+// claim index (a minute apart), a relay finds a row committed late by its
+// poll's read by id: the row of a transaction that took its id before
+// newer rows were published, and committed once the relay's claims had
+// passed its due time. The read's floor never passes the id of a
+// transaction still open. And with a transaction held open, the read by
+// id reads the rows created since the previous reads, not every row sent
+// since the hold began, as a claim from the front of the index does.
+func TestRelayFindsLateRowsByID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	// No claim from the front by time during the test: only the first,
+	// and those after the first reads by id, which know no floor yet.
+	r := b.relay(t, outbox.RelayConfig{ID: "by-id", BatchSize: 500, PublishInterval: time.Hour})
+	holdTransaction(t, b)
+	const sent = 5000
+	if _, err := b.db.Exec(ctx, historySQL, sent, b.stream); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, r)
+	// publish publishes n new rows as the relay does between polls, and
+	// runs the poll's read by id.
+	publish := func(n int) {
+		t.Helper()
+		b.preload(t, n)
+		drainAll(t, r)
+		outbox.ReadLate(ctx, r)
+	}
+	for range 3 {
+		publish(20)
+	}
+
+	// A writer takes its id and stays open while newer rows are published
+	// and the relay polls.
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	late := uuid.New()
+	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts) VALUES ($1, 'late', '{}', 'x', 3)`, late); err != nil {
+		t.Fatal(err)
+	}
+	due := time.Now().Add(-time.Minute)
+	if err := outbox.InsertDue(ctx, tx, b.stream, []uuid.UUID{late}, []*time.Time{&due}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		publish(20)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.preload(t, 20)
+	drainAll(t, r)
+	if n := b.count(t, `task_id = $1 AND status = 'NEW'`, late); n != 1 {
+		t.Fatalf("the late row was published by a claim from the relay's bound (%d NEW): the test shows nothing", n)
+	}
+	outbox.ReadLate(ctx, r)
+	drainAll(t, r)
+	if n := b.count(t, `task_id = $1 AND status = 'SENT'`, late); n != 1 {
+		t.Fatalf("the late row is not SENT after the poll's read by id and a claim")
+	}
+	b.checkPublishedOnce(t, sent+7*20+1)
+
+	// What a poll reads: from the floor on the primary key, against a
+	// claim from the front.
+	for range 3 {
+		publish(20)
+	}
+	settings, sql, args := outbox.LateRead(r)
+	if args[0].(int64) < 0 {
+		t.Fatalf("the relay knows no floor after %d polls", 10)
+	}
+	byID := scanBuffers(t, b.db, "_pkey", settings, sql, args)
+	claimSettings, claim := outbox.ClaimStatements()
+	front := indexBuffers(t, b.db, claimSettings, claim, []any{500, "-infinity"})
+	t.Logf("with %d sent rows kept by a held transaction, a read by id read %d buffers; a claim from the front %d", sent, byID, front)
+	if front < sent/50 {
+		t.Fatalf("a claim from the front read %d buffers: the held transaction kept no entries of sent rows", front)
+	}
+	if byID > front/5 {
+		t.Errorf("the read by id read %d buffers, a claim from the front %d: it reads the sent rows' entries", byID, front)
+	}
 }

@@ -194,8 +194,9 @@ type Relay struct {
 	listens atomic.Int64 // LISTEN connections established, for tests
 
 	// from is where the claims and the due timer read the claim index
-	// (scan.go).
+	// (scan.go); late, the reads by id that lower it (late.go).
 	from *scanFrom
+	late lateReads
 
 	// Direct publishing (see Writer): running is set while Run
 	// runs; directSlots holds one token per claim taken and not yet
@@ -239,7 +240,8 @@ func NewRelayWith(cfg RelayConfig, pool *pgxpool.Pool, pub Publisher, logger *sl
 		return nil, err
 	}
 	return &Relay{cfg: cfg, pool: pool, pub: pub, logger: logger, metrics: m,
-		from:        &scanFrom{every: cfg.PublishInterval, now: time.Now},
+		from:        &scanFrom{every: max(frontEvery, cfg.PublishInterval), now: time.Now},
+		late:        lateReads{floor: -1},
 		directSlots: make(chan struct{}, cfg.DirectBacklog), direct: make(chan claimed, cfg.DirectBacklog)}, nil
 }
 
@@ -248,12 +250,12 @@ func (r *Relay) Config() RelayConfig { return r.cfg }
 
 // Run publishes until ctx is cancelled, then returns nil once the pass in
 // flight has finished. It wakes on every NOTIFY of a committed outbox row,
-// polls every PublishInterval besides (a poll's claim reads the claim
-// index from the front, see scan.go), and after every pass, whatever woke
-// it, sets a timer for the earliest unpublished row when that falls due
-// before the next poll (see armDue); while a pass claims a full batch it
-// goes on at once. A lost LISTEN connection is re-established with backoff
-// while polling continues.
+// polls every PublishInterval besides (a poll reads the rows created since
+// the last ones for rows that committed late, late.go), and after every
+// pass, whatever woke it, sets a timer for the earliest unpublished row
+// when that falls due before the next poll (see armDue); while a pass
+// claims a full batch it goes on at once. A lost LISTEN connection is
+// re-established with backoff while polling continues.
 //
 // While Run runs, the relay also publishes the claims handed to it by
 // direct publishing (see Writer); on return it has published those
@@ -292,8 +294,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			// The poll reads the claim index from the front (scan.go).
-			r.from.reset()
+			// The poll: rows committed late, by id (late.go).
+			r.readLate(ctx)
 		case <-wake:
 		case <-due.C:
 		}

@@ -28,18 +28,24 @@ import (
 //
 // A row the bound leaves out is an unsent row due before it. Such a row
 // was not there, or not free, when the claim that set the bound read the
-// index: a row committed late (its next_retry_at is the now() of its
-// transaction, or a due time in the past, and a transaction that took
-// longer than the slack to commit), a row locked by another relay's pass
-// that then failed, a direct claim that expired, a row another relay left
-// claimed as an orphan. None is lost or kept long: the relay's poll, every
-// PublishInterval (the bound on publishing a row whose NOTIFY was lost),
-// reads from the front of the index again, and so does a claim when none
-// has for PublishInterval (a backlog keeps passes running without a poll),
-// and the next claim after a pass of this relay failed, lost its rows, or
-// took over a stalled pass. A relay starts with no bound: its first claim
-// reads from the front. Every relay, in this process or another, keeps a
-// bound of its own; SKIP LOCKED keeps their batches apart as before.
+// index:
+//   - a row committed late: its next_retry_at is the now() of its
+//     transaction (or a due time in the past), and the transaction took
+//     longer than the slack to commit;
+//   - a row locked by another relay's pass that then failed or died with
+//     its process;
+//   - a direct claim that expired (its writer died before publishing);
+//   - a row another relay left claimed as an orphan.
+// None is lost or kept long. Late rows, the common case, are found by id
+// (late.go): every PublishInterval the relay reads the rows created since
+// its previous such read, on the primary key, and lowers the bound to the
+// earliest unsent due one among them. The rest are found by a claim that
+// reads from the front of the index: one every frontEvery (a minute, or
+// PublishInterval when that is longer), the first claim of a relay, and
+// the next claim after a pass of this relay failed, lost its rows or took
+// over a stalled pass, or after a read by id could not tell. Every relay,
+// in this process or another, keeps a bound of its own; SKIP LOCKED keeps
+// their batches apart as before.
 
 // lateCommitSlack is how far before the earliest row a claim locked the
 // next claim begins: a row whose transaction commits within this long of
@@ -47,13 +53,19 @@ import (
 // found by the next claim, not only by the periodic scan from the front.
 const lateCommitSlack = time.Second
 
+// frontEvery is how often a relay's claim reads the claim index from the
+// front, at least: what finds the rows of a pass that died with its
+// process, and expired direct claims (see above). Longer PublishIntervals
+// replace it.
+const frontEvery = time.Minute
+
 // fromStart is the bound of a scan from the front of the claim index.
 var fromStart = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 
 // scanFrom is a relay's bound on the claim index (see above). It is safe
 // for concurrent use by the relay's passes.
 type scanFrom struct {
-	every time.Duration    // how often a claim reads from the front
+	every time.Duration    // how often a claim reads from the front (frontEvery)
 	now   func() time.Time // the relay's clock, for every
 
 	mu sync.Mutex
@@ -61,8 +73,8 @@ type scanFrom struct {
 	at pgtype.Timestamptz
 	// fullAt is when a claim last read from the front.
 	fullAt time.Time
-	// resets counts the calls of reset: a claim that began before one
-	// does not set the bound (found).
+	// resets counts the calls of reset and lower: a claim that began
+	// before one does not set the bound (found).
 	resets uint64
 }
 
@@ -94,8 +106,9 @@ func (s *scanFrom) due() pgtype.Timestamptz {
 
 // found records first, the earliest next_retry_at among the rows a claim
 // locked (token: claim's): later claims read from lateCommitSlack before
-// it. A claim that began before the last reset changes nothing: the rows
-// freed then may sort before first, and it did not see them.
+// it. A claim that began before the last reset or lower changes nothing:
+// the rows freed or found then may sort before first, and it did not see
+// them.
 func (s *scanFrom) found(first pgtype.Timestamptz, token uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -116,5 +129,24 @@ func (s *scanFrom) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.at = pgtype.Timestamptz{}
+	s.resets++
+}
+
+// lower makes the next claims and due-timer queries read from
+// lateCommitSlack before due, when that is before the bound: due is the
+// earliest next_retry_at of the late rows a read by id found.
+func (s *scanFrom) lower(due pgtype.Timestamptz) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.at.Valid || !due.Valid {
+		return
+	}
+	if due.InfinityModifier != pgtype.Finite {
+		s.at = pgtype.Timestamptz{}
+	} else if b := due.Time.Add(-lateCommitSlack); b.Before(s.at.Time) {
+		s.at = pgtype.Timestamptz{Time: b, Valid: true}
+	} else {
+		return
+	}
 	s.resets++
 }
