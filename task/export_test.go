@@ -83,6 +83,7 @@ func HotPathStatements() map[string][3]string {
 	const ids, owner = planIDs, planOwner
 	p := func(sql, args string) [3]string { return [3]string{pgplan.Settings, sql, args} }
 	n := func(sql, args string) [3]string { return [3]string{"", sql, args} }
+	c := func(sql, args string) [3]string { return [3]string{pgplan.CountSettings, sql, args} }
 	const insertArgs = ids + `, '{plan,plan}', '{"{}","{}"}', '{a,b}', '{"",k}', '{0,0}', '{NULL,NULL}', '{0,0}', '{0,0}', '{"",""}', '{f,f}', '{"",""}', '{0,0}', '{0,0}', '{"",""}', '{f,f}'`
 	return map[string][3]string{
 		"start":          p(startSQL, ids+", "+owner+", 60000, 1024, 10"),
@@ -105,6 +106,8 @@ func HotPathStatements() map[string][3]string {
 		"dedup-lookup":   n(dedupLookupSQL, `'{plan,plan}', '{a,b}'`),
 		"sequence-head":  n(seqHeadSQL, `'{plan,plan}', '{a,b}'`),
 		"unpark":         n(unparkSQL, `'plan', 1000`),
+		"parked-counts":  c(parkedCountsSQL, ``),
+		"blocked-counts": c(blockedCountsSQL, `''`),
 	}
 }
 

@@ -774,10 +774,14 @@ func (s *Store) InTransit(ctx context.Context, ids []uuid.UUID) (int, error) {
 	return n, nil
 }
 
+// parkedCountsSQL counts the parked tasks of each kind that has any.
+var parkedCountsSQL = `SELECT kind, count(*) FROM ingest_task WHERE ` + parkedSQL("ingest_task") + ` AND status IN ` + waitingSQL + ` GROUP BY kind`
+
 // ParkedCounts returns the number of parked tasks of each kind that has
-// any (an operator's count over ingest_task_parked_idx).
+// any (a count over ingest_task_parked_idx, taken by the leader every few
+// seconds: pgplan.QueryCount keeps it there).
 func (s *Store) ParkedCounts(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.db.Query(ctx, `SELECT kind, count(*) FROM ingest_task WHERE `+parkedSQL("ingest_task")+` AND status IN `+waitingSQL+` GROUP BY kind`)
+	rows, err := pgplan.QueryCount(ctx, s.db, parkedCountsSQL)
 	if err != nil {
 		return nil, fmt.Errorf("count parked tasks: %w", err)
 	}

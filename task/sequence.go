@@ -9,6 +9,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ingest-worker/ingest/internal/pgplan"
 )
 
 // Strict order per key (migration 00020). The tasks of one kind created
@@ -284,10 +286,12 @@ type BlockedSequence struct {
 // blockedSQL finds the DEAD tasks with a sequence key that hold their
 // successors: under the kind's SequenceBlock, and no 'sequence' edge to
 // them released (one released under SequenceContinue before the setting
-// changed does not count them). $1: a kind, or ” for all.
-const blockedSQL = `
+// changed does not count them). $1: a kind, or ” for all. Every DEAD task
+// is in ingest_task_failed_idx (failedGuard); naming its predicate lets
+// the statement read that index rather than the whole table.
+var blockedSQL = `
 FROM ingest_task t
-WHERE t.status = 'DEAD' AND t.sequence_key IS NOT NULL AND ($1 = '' OR t.kind = $1)
+WHERE ` + failedGuard("t") + ` AND t.status = 'DEAD' AND t.sequence_key IS NOT NULL AND ($1 = '' OR t.kind = $1)
   AND coalesce((SELECT k.sequence_on_failure FROM ingest_kind k WHERE k.kind = t.kind), '` + SequenceBlock + `') = '` + SequenceBlock + `'
   AND NOT EXISTS (SELECT 1 FROM ingest_task_dependency d
                   WHERE d.depends_on = t.id AND d.reason = 'sequence' AND d.released_at IS NOT NULL)`
@@ -319,10 +323,15 @@ ORDER BY t.kind, t.sequence_key, t.sequence_no LIMIT $2`, kind, limit)
 	return out, nil
 }
 
+// blockedCountsSQL counts the blocked sequences of each kind ($1: one
+// kind, or ” for all).
+var blockedCountsSQL = `SELECT t.kind, count(*) ` + blockedSQL + ` GROUP BY t.kind`
+
 // BlockedSequenceCounts counts the blocked sequences of each kind that
-// has any (of kind only, when kind is not "").
+// has any (of kind only, when kind is not ""): the leader's gauge, every
+// few seconds, so pgplan.QueryCount keeps it on ingest_task_failed_idx.
 func (s *Store) BlockedSequenceCounts(ctx context.Context, kind string) (map[string]int64, error) {
-	rows, err := s.db.Query(ctx, `SELECT t.kind, count(*) `+blockedSQL+` GROUP BY t.kind`, kind)
+	rows, err := pgplan.QueryCount(ctx, s.db, blockedCountsSQL, kind)
 	if err != nil {
 		return nil, fmt.Errorf("count blocked sequences: %w", err)
 	}
