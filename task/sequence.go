@@ -286,7 +286,7 @@ type BlockedSequence struct {
 // blockedSQL finds the DEAD tasks with a sequence key that hold their
 // successors: under the kind's SequenceBlock, and no 'sequence' edge to
 // them released (one released under SequenceContinue before the setting
-// changed does not count them). $1: a kind, or ” for all. Every DEAD task
+// changed does not count them). $1: a kind, or "" for all. Every DEAD task
 // is in ingest_task_failed_idx (failedGuard); naming its predicate lets
 // the statement read that index rather than the whole table.
 var blockedSQL = `
@@ -324,7 +324,7 @@ ORDER BY t.kind, t.sequence_key, t.sequence_no LIMIT $2`, kind, limit)
 }
 
 // blockedCountsSQL counts the blocked sequences of each kind ($1: one
-// kind, or ” for all).
+// kind, or "" for all).
 var blockedCountsSQL = `SELECT t.kind, count(*) ` + blockedSQL + ` GROUP BY t.kind`
 
 // BlockedSequenceCounts counts the blocked sequences of each kind that

@@ -485,10 +485,10 @@ func (c *cluster) saturate(d, every time.Duration) phaseRun {
 		}
 		return int(byState[task.Queued]), int(byState[task.Queued] + byState[task.Running] + byState[task.Retrying])
 	}
-	// SUCCEEDED: those at the start, and every task created since that is
-	// no longer unfinished.
+	// SUCCEEDED: every task there was at the start (SUCCEEDED or
+	// unfinished) or created since, less those still unfinished.
 	_, left := unfinished()
-	base, created := c.count(task.Succeeded)-left, 0
+	base, created := c.count(task.Succeeded)+left, 0
 	succeeded := func() int {
 		_, left := unfinished()
 		return base + created - left
