@@ -186,6 +186,28 @@ func scanBuffers(t *testing.T, db *pgxpool.Pool, index, settings, sql string, ar
 	return n
 }
 
+// openWriter begins a transaction on b's database that writes a task and
+// its outbox row, due at due, and leaves it open (rolled back when the test
+// ends, unless committed): a writer that took its row's id and commits
+// late. It returns the transaction and the task's id.
+func openWriter(t *testing.T, b *bundle, due time.Time) (pgx.Tx, uuid.UUID) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	id := uuid.New()
+	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts) VALUES ($1, 'late', '{}', 'x', 3)`, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.InsertDue(ctx, tx, b.stream, []uuid.UUID{id}, []*time.Time{&due}); err != nil {
+		t.Fatal(err)
+	}
+	return tx, id
+}
+
 // errRollback ends a pgx.BeginFunc with a rollback.
 var errRollback = errors.New("rolled back")
 
@@ -274,19 +296,7 @@ func TestRelayPublishesRowCommittedLate(t *testing.T) {
 	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
 
 	// A long transaction writes its row first and commits last.
-	tx, err := b.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	late := uuid.New()
-	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts) VALUES ($1, 'late', '{}', 'x', 3)`, late); err != nil {
-		t.Fatal(err)
-	}
-	due := time.Now().Add(-time.Hour)
-	if err := outbox.InsertDue(ctx, tx, b.stream, []uuid.UUID{late}, []*time.Time{&due}); err != nil {
-		t.Fatal(err)
-	}
+	tx, late := openWriter(t, b, time.Now().Add(-time.Hour))
 	b.create(t, 2)
 	if res, err := r.DrainOnce(ctx); err != nil || res.Published != 2 {
 		t.Fatalf("DrainOnce = %+v, %v; want the 2 rows committed published", res, err)
@@ -390,19 +400,7 @@ func TestRelayFindsLateRowsByID(t *testing.T) {
 
 	// A writer takes its id and stays open while newer rows are published
 	// and the relay polls.
-	tx, err := b.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	late := uuid.New()
-	if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts) VALUES ($1, 'late', '{}', 'x', 3)`, late); err != nil {
-		t.Fatal(err)
-	}
-	due := time.Now().Add(-time.Minute)
-	if err := outbox.InsertDue(ctx, tx, b.stream, []uuid.UUID{late}, []*time.Time{&due}); err != nil {
-		t.Fatal(err)
-	}
+	tx, late := openWriter(t, b, time.Now().Add(-time.Minute))
 	for range 3 {
 		publish(20)
 	}
