@@ -28,7 +28,7 @@ const (
 // Each pass creates the partitions that reach Ahead past now
 // (transition.Extend; outbox.Extend, from the rate ids are taken at),
 // then drops the past partitions, oldest first. A new partition is never
-// attached over rows being written (migration 00028): an insert that
+// attached over rows being written (migrations 00028, 00029): an insert that
 // routed its rows before it was there would fail. An audit partition
 // begins at least a minute past now; an outbox partition within a
 // minute's ids of the last id taken is attached while no outbox row is

@@ -77,7 +77,10 @@ func Partitions(ctx context.Context, db partition.DB) ([]Partition, int64, time.
 // first takes SHARE on the table, waiting (at most wait) for the writers
 // of outbox rows and holding new ones until it commits, and begins just
 // past the last id; ids the newest partition did not reach stay in the
-// DEFAULT partition.
+// DEFAULT partition. The extension decides again before each partition's
+// attach, with the last id read then, and takes the lock at that point if
+// ids have come near meanwhile (moving the rows they sent to the DEFAULT
+// partition in the new one's range into it).
 func Extend(ctx context.Context, db partition.DB, width, ahead time.Duration, minIDs int64, wait time.Duration) (int, error) {
 	var n int
 	err := partition.WithLockTimeout(ctx, db, wait,
