@@ -2,10 +2,15 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/ingest-worker/ingest/internal/pgplan"
 )
 
 // The backlog is the outbox rows that are due and not yet in the stream:
@@ -88,4 +93,103 @@ func ReadBacklog(ctx context.Context, db RowQuerier, limit int) (Backlog, error)
 	}
 	b.OldestDue = time.Duration(age * float64(time.Second))
 	return b, nil
+}
+
+// The gauges (backlogCollector) read the backlog at every scrape. Read
+// from the front of outbox_event_claim_idx, as ReadBacklog does, a scrape
+// walks an entry for every row sent since vacuum last reached the index:
+// while a transaction is held open (a long report, a pg_dump), every row
+// sent since it began, a scrape's time growing with the hold until it
+// passes its timeout and the gauges go missing. So a backlogReader reads
+// in two parts, split at a cutoff on next_retry_at: the rows before it
+// (the tail: rows long due and still unsent, and the dead entries in
+// front of them) once every frontEvery, when it also moves the cutoff to
+// a frontEvery before the database's now(); the rows at or after it (the
+// head: the recent and the scheduled ones) at every scrape, over at most
+// two frontEvery of dead entries. Between two reads of the tail the
+// gauges count its rows as they were at the last one: a tail row
+// published since still counts, and a row committed since with a
+// next_retry_at before the cutoff (a due time long past) counts from the
+// next, at most frontEvery later.
+
+// backlogPartSQL reads the due and scheduled counts of rows (a query of
+// the unsent rows' due-since times, column since), the earliest due-since
+// time among the due ones (NULL: none) and the database's now().
+func backlogPartSQL(rows string) string {
+	return `
+SELECT count(*) FILTER (WHERE o.since <= now()), count(*) FILTER (WHERE o.since > now()),
+       min(o.since) FILTER (WHERE o.since <= now()), now()
+FROM (` + rows + `) o`
+}
+
+// backlogHeadSQL reads the unsent rows due at or after the cutoff $1;
+// backlogTailSQL, those due before the cutoff now() less $1 ms, and
+// returns that cutoff.
+var (
+	backlogHeadSQL = backlogPartSQL(unsentSinceSQL + ` AND e.next_retry_at >= $1`)
+	backlogTailSQL = `
+WITH c AS (SELECT now() - $1 * interval '1 millisecond' AS cutoff)
+SELECT p.*, c.cutoff FROM c, LATERAL (` + backlogPartSQL(unsentSinceSQL+` AND e.next_retry_at < c.cutoff`) + `) p`
+)
+
+// backlogPart is what one part of a backlogReader's read found.
+type backlogPart struct {
+	due, scheduled int64
+	oldest         pgtype.Timestamptz // the earliest due-since time of its due rows
+	now            time.Time          // the database's
+}
+
+// backlogReader reads the Backlog for the gauges in two parts (see
+// above). It is safe for concurrent use.
+type backlogReader struct {
+	db    pgplan.Batcher
+	every time.Duration
+
+	mu     sync.Mutex
+	cutoff time.Time // zero: the tail not read yet
+	tailAt time.Time // when it was, by this process's clock
+	tail   backlogPart
+}
+
+// read returns the Backlog: the head read now, with the tail read now when
+// it was last read every ago or more.
+func (r *backlogReader) read(ctx context.Context) (Backlog, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cutoff.IsZero() || time.Since(r.tailAt) >= r.every {
+		var t backlogPart
+		var cutoff time.Time
+		if err := r.query(ctx, backlogTailSQL, []any{r.every.Milliseconds()}, &t.due, &t.scheduled, &t.oldest, &t.now, &cutoff); err != nil {
+			return Backlog{}, fmt.Errorf("read the outbox backlog before %s: %w", r.every, err)
+		}
+		r.cutoff, r.tailAt, r.tail = cutoff, time.Now(), t
+	}
+	var h backlogPart
+	if err := r.query(ctx, backlogHeadSQL, []any{r.cutoff}, &h.due, &h.scheduled, &h.oldest, &h.now); err != nil {
+		return Backlog{}, fmt.Errorf("read the outbox backlog: %w", err)
+	}
+	b := Backlog{Due: h.due + r.tail.due, Scheduled: h.scheduled + r.tail.scheduled}
+	oldest := h.oldest
+	if t := r.tail.oldest; t.Valid && (!oldest.Valid || t.Time.Before(oldest.Time)) {
+		oldest = t
+	}
+	if oldest.Valid {
+		b.OldestDue = max(h.now.Sub(oldest.Time), 0)
+	}
+	return b, nil
+}
+
+// query reads the one row of sql into dest, with the claim's planner
+// settings (claimPlanSQL) in the same round trip, so that the part is read
+// as a range of the claim index whatever the statistics say.
+func (r *backlogReader) query(ctx context.Context, sql string, args []any, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(claimPlanSQL)
+	b.Queue(sql, args...)
+	br := r.db.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(dest...)
+	}
+	return errors.Join(err, br.Close())
 }

@@ -46,6 +46,8 @@ func HotPathStatements() map[string][3]string {
 		"insert-failed":  {"", insertFailedSQL, taskIDs + `, '{s,s}', '{boom,boom}', 10, 1, 1000, 0.1`},
 		"next-due":       {"", nextDueSQL, `'-infinity'`},
 		"late-read":      {claimPlanSQL, lateSQL, `0, 50000`},
+		"backlog-head":   {claimPlanSQL, backlogHeadSQL, `now() - interval '1 minute'`},
+		"backlog-tail":   {claimPlanSQL, backlogTailSQL, `60000`},
 	}
 }
 
@@ -74,4 +76,18 @@ func ReadLate(ctx context.Context, r *Relay) { r.readLate(ctx) }
 // limit); the floor is -1 while r does not know one yet.
 func LateRead(r *Relay) (settings, sql string, args []any) {
 	return claimPlanSQL, lateSQL, []any{r.late.floor, lateLimit}
+}
+
+// BacklogGauges returns the read of the backlog gauges (backlogReader),
+// reading the part before its cutoff every every.
+func BacklogGauges(db pgplan.Batcher, every time.Duration) func(context.Context) (Backlog, error) {
+	r := &backlogReader{db: db, every: every}
+	return r.read
+}
+
+// BacklogStatements are the planner settings of the gauges' reads, the
+// read of the head ($1: the cutoff) and the read of every unsent row that
+// ReadBacklog makes.
+func BacklogStatements() (settings, head, all string) {
+	return claimPlanSQL, backlogHeadSQL, backlogSQL
 }

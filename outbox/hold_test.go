@@ -439,3 +439,56 @@ func TestRelayFindsLateRowsByID(t *testing.T) {
 		t.Errorf("the read by id read %d buffers, a claim from the front %d: it reads the sent rows' entries", byID, front)
 	}
 }
+
+// TestBacklogGaugesSkipWhatAHeldTransactionKeeps: the backlog gauges read
+// what a read of every unsent row reads (ReadBacklog): a row due half an
+// hour ago (before the gauges' cutoff: read in the part they read once a
+// minute), rows due now and rows scheduled in an hour. And with a
+// transaction held open and thousands of rows sent an hour ago, a
+// scrape's read of the rows due from a minute ago on reads a few pages,
+// where a read of every unsent row walks the sent rows' entries too.
+func TestBacklogGaugesSkipWhatAHeldTransactionKeeps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	r := b.relay(t, outbox.RelayConfig{ID: "gauges", BatchSize: 500, PublishInterval: time.Hour})
+	holdTransaction(t, b)
+	const sent = 5000
+	if _, err := b.db.Exec(ctx, historySQL, sent, b.stream); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, r)
+	for _, due := range []time.Duration{-30 * time.Minute, time.Hour, time.Hour} {
+		tx, _ := openWriter(t, b, time.Now().Add(due))
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.preload(t, 20)
+
+	got, err := outbox.BacklogGauges(b.db, time.Minute)(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := outbox.ReadBacklog(ctx, b.db, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Due != 21 || got.Scheduled != 2 || got.Due != want.Due || got.Scheduled != want.Scheduled {
+		t.Errorf("the gauges read %+v, every unsent row %+v; want 21 due and 2 scheduled", got, want)
+	}
+	if d := got.OldestDue - want.OldestDue; d < -2*time.Second || d > 2*time.Second {
+		t.Errorf("the gauges' oldest due %s, every unsent row's %s", got.OldestDue, want.OldestDue)
+	}
+
+	settings, head, all := outbox.BacklogStatements()
+	headReads := indexBuffers(t, b.db, settings, head, []any{time.Now().Add(-time.Minute)})
+	allReads := indexBuffers(t, b.db, settings, all, nil)
+	t.Logf("with %d sent rows kept by a held transaction, a scrape's read of the rows due from a minute ago read %d buffers; of every unsent row %d", sent, headReads, allReads)
+	if allReads < sent/50 {
+		t.Fatalf("a read of every unsent row read %d buffers: the held transaction kept no entries of sent rows", allReads)
+	}
+	if headReads > allReads/5 {
+		t.Errorf("a scrape's read read %d buffers, a read of every unsent row %d: it reads the sent rows' entries", headReads, allReads)
+	}
+}

@@ -56,7 +56,7 @@ func newRelayMetrics(reg prometheus.Registerer, pool *pgxpool.Pool, logger *slog
 	for _, r := range []string{resultSuccess, resultFailure, resultDead} {
 		m.publishTotal.WithLabelValues(r)
 	}
-	if _, err := promreg.Register(reg, &backlogCollector{pool: pool, logger: logger}); err != nil {
+	if _, err := promreg.Register(reg, &backlogCollector{backlog: &backlogReader{db: pool, every: frontEvery}, logger: logger}); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -72,10 +72,11 @@ var (
 )
 
 // backlogCollector reads the backlog gauges from Postgres at scrape time
-// (ReadBacklog: one pass over the unsent rows).
+// (backlogReader: the recent and scheduled unsent rows at each scrape,
+// those long due once a minute).
 type backlogCollector struct {
-	pool   *pgxpool.Pool
-	logger *slog.Logger
+	backlog *backlogReader
+	logger  *slog.Logger
 }
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
@@ -87,7 +88,7 @@ func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	b, err := ReadBacklog(ctx, c.pool, 0)
+	b, err := c.backlog.read(ctx)
 	if err != nil {
 		// A failed scrape of these gauges must not fail the whole
 		// /metrics page: leave them out (the alert sees them absent).
