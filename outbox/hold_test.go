@@ -208,6 +208,24 @@ func openWriter(t *testing.T, b *bundle, due time.Time) (pgx.Tx, uuid.UUID) {
 	return tx, id
 }
 
+// heldSent is how many rows sentUnderHold publishes.
+const heldSent = 5000
+
+// sentUnderHold holds a transaction open on b's database, then has a relay
+// (id, batches of 500, a poll an hour apart) publish heldSent rows due
+// 100 ms apart from an hour ago, whose entries stay in the claim index,
+// and returns the relay.
+func sentUnderHold(t *testing.T, b *bundle, id string) *outbox.Relay {
+	t.Helper()
+	r := b.relay(t, outbox.RelayConfig{ID: id, BatchSize: 500, PublishInterval: time.Hour})
+	holdTransaction(t, b)
+	if _, err := b.db.Exec(context.Background(), historySQL, heldSent, b.stream); err != nil {
+		t.Fatal(err)
+	}
+	drainAll(t, r)
+	return r
+}
+
 // errRollback ends a pgx.BeginFunc with a rollback.
 var errRollback = errors.New("rolled back")
 
@@ -379,13 +397,7 @@ func TestRelayFindsLateRowsByID(t *testing.T) {
 	b := setup(t)
 	// No claim from the front by time during the test: only the first,
 	// and those after the first reads by id, which know no floor yet.
-	r := b.relay(t, outbox.RelayConfig{ID: "by-id", BatchSize: 500, PublishInterval: time.Hour})
-	holdTransaction(t, b)
-	const sent = 5000
-	if _, err := b.db.Exec(ctx, historySQL, sent, b.stream); err != nil {
-		t.Fatal(err)
-	}
-	drainAll(t, r)
+	r := sentUnderHold(t, b, "by-id")
 	// publish publishes n new rows as the relay does between polls, and
 	// runs the poll's read by id.
 	publish := func(n int) {
@@ -417,7 +429,7 @@ func TestRelayFindsLateRowsByID(t *testing.T) {
 	if n := b.count(t, `task_id = $1 AND status = 'SENT'`, late); n != 1 {
 		t.Fatalf("the late row is not SENT after the poll's read by id and a claim")
 	}
-	b.checkPublishedOnce(t, sent+7*20+1)
+	b.checkPublishedOnce(t, heldSent+7*20+1)
 
 	// What a poll reads: from the floor on the primary key, against a
 	// claim from the front.
@@ -431,8 +443,8 @@ func TestRelayFindsLateRowsByID(t *testing.T) {
 	byID := scanBuffers(t, b.db, "_pkey", settings, sql, args)
 	claimSettings, claim := outbox.ClaimStatements()
 	front := indexBuffers(t, b.db, claimSettings, claim, []any{500, "-infinity"})
-	t.Logf("with %d sent rows kept by a held transaction, a read by id read %d buffers; a claim from the front %d", sent, byID, front)
-	if front < sent/50 {
+	t.Logf("with %d sent rows kept by a held transaction, a read by id read %d buffers; a claim from the front %d", heldSent, byID, front)
+	if front < heldSent/50 {
 		t.Fatalf("a claim from the front read %d buffers: the held transaction kept no entries of sent rows", front)
 	}
 	if byID > front/5 {
@@ -451,13 +463,7 @@ func TestBacklogGaugesSkipWhatAHeldTransactionKeeps(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	r := b.relay(t, outbox.RelayConfig{ID: "gauges", BatchSize: 500, PublishInterval: time.Hour})
-	holdTransaction(t, b)
-	const sent = 5000
-	if _, err := b.db.Exec(ctx, historySQL, sent, b.stream); err != nil {
-		t.Fatal(err)
-	}
-	drainAll(t, r)
+	sentUnderHold(t, b, "gauges")
 	for _, due := range []time.Duration{-30 * time.Minute, time.Hour, time.Hour} {
 		tx, _ := openWriter(t, b, time.Now().Add(due))
 		if err := tx.Commit(ctx); err != nil {
@@ -484,8 +490,8 @@ func TestBacklogGaugesSkipWhatAHeldTransactionKeeps(t *testing.T) {
 	settings, head, all := outbox.BacklogStatements()
 	headReads := indexBuffers(t, b.db, settings, head, []any{time.Now().Add(-time.Minute)})
 	allReads := indexBuffers(t, b.db, settings, all, nil)
-	t.Logf("with %d sent rows kept by a held transaction, a scrape's read of the rows due from a minute ago read %d buffers; of every unsent row %d", sent, headReads, allReads)
-	if allReads < sent/50 {
+	t.Logf("with %d sent rows kept by a held transaction, a scrape's read of the rows due from a minute ago read %d buffers; of every unsent row %d", heldSent, headReads, allReads)
+	if allReads < heldSent/50 {
 		t.Fatalf("a read of every unsent row read %d buffers: the held transaction kept no entries of sent rows", allReads)
 	}
 	if headReads > allReads/5 {
