@@ -47,13 +47,43 @@ type Backlog struct {
 	OldestDue time.Duration
 }
 
-// backlogOver reads the Backlog from rows, a query of the unsent rows'
-// due-since times (column since).
+// backlogOver reads a backlogPart from rows, a query of the unsent rows'
+// due-since times (column since): the counts of the due and the scheduled
+// ones, the earliest due-since time among the due ones (NULL: none) and
+// the database's now().
 func backlogOver(rows string) string {
 	return `
 SELECT count(*) FILTER (WHERE o.since <= now()), count(*) FILTER (WHERE o.since > now()),
-       coalesce(extract(epoch FROM now() - min(o.since) FILTER (WHERE o.since <= now())), 0)::float8
+       min(o.since) FILTER (WHERE o.since <= now()), now()
 FROM (` + rows + `) o`
+}
+
+// backlogPart is what backlogOver reads: the Backlog of some unsent rows.
+type backlogPart struct {
+	due, scheduled int64
+	oldest         pgtype.Timestamptz // the earliest due-since time of its due rows
+	now            time.Time          // the database's
+}
+
+// fields are the destinations of backlogOver's columns.
+func (p *backlogPart) fields() []any { return []any{&p.due, &p.scheduled, &p.oldest, &p.now} }
+
+// and is the part of p's rows and q's, at p's time.
+func (p backlogPart) and(q backlogPart) backlogPart {
+	p.due, p.scheduled = p.due+q.due, p.scheduled+q.scheduled
+	if q.oldest.Valid && (!p.oldest.Valid || q.oldest.Time.Before(p.oldest.Time)) {
+		p.oldest = q.oldest
+	}
+	return p
+}
+
+// backlog is p as a Backlog, its age by p's time.
+func (p backlogPart) backlog() Backlog {
+	b := Backlog{Due: p.due, Scheduled: p.scheduled}
+	if p.oldest.Valid {
+		b.OldestDue = max(p.now.Sub(p.oldest.Time), 0)
+	}
+	return b
 }
 
 // unsentSinceSQL gives the due-since time of every unsent row, on the
@@ -61,8 +91,9 @@ FROM (` + rows + `) o`
 // condition).
 var unsentSinceSQL = `SELECT ` + dueSinceSQL("e") + ` AS since FROM outbox_event e WHERE e.status IN ('NEW', 'RETRYING')`
 
-// backlogSQL reads the Backlog over every unsent row in one pass: the
-// gauges read it at every scrape. cappedBacklogSQL reads it over at most
+// backlogSQL reads the Backlog over every unsent row in one pass (the
+// operator's reading; the gauges read in two parts, backlogReader).
+// cappedBacklogSQL reads it over at most
 // $1 of them, the first in due order on the claim index (so the due rows
 // that never failed come first), for a page that must stay cheap on a
 // huge backlog.
@@ -80,19 +111,17 @@ type RowQuerier interface {
 // rows (when Due + Scheduled reaches it, there may be more); 0 reads them
 // all.
 func ReadBacklog(ctx context.Context, db RowQuerier, limit int) (Backlog, error) {
-	var b Backlog
-	var age float64
+	var p backlogPart
 	var row pgx.Row
 	if limit > 0 {
 		row = db.QueryRow(ctx, cappedBacklogSQL, limit)
 	} else {
 		row = db.QueryRow(ctx, backlogSQL)
 	}
-	if err := row.Scan(&b.Due, &b.Scheduled, &age); err != nil {
+	if err := row.Scan(p.fields()...); err != nil {
 		return Backlog{}, fmt.Errorf("read the outbox backlog: %w", err)
 	}
-	b.OldestDue = time.Duration(age * float64(time.Second))
-	return b, nil
+	return p.backlog(), nil
 }
 
 // The gauges (backlogCollector) read the backlog at every scrape. Read
@@ -112,32 +141,15 @@ func ReadBacklog(ctx context.Context, db RowQuerier, limit int) (Backlog, error)
 // next_retry_at before the cutoff (a due time long past) counts from the
 // next, at most frontEvery later.
 
-// backlogPartSQL reads the due and scheduled counts of rows (a query of
-// the unsent rows' due-since times, column since), the earliest due-since
-// time among the due ones (NULL: none) and the database's now().
-func backlogPartSQL(rows string) string {
-	return `
-SELECT count(*) FILTER (WHERE o.since <= now()), count(*) FILTER (WHERE o.since > now()),
-       min(o.since) FILTER (WHERE o.since <= now()), now()
-FROM (` + rows + `) o`
-}
-
 // backlogHeadSQL reads the unsent rows due at or after the cutoff $1;
 // backlogTailSQL, those due before the cutoff now() less $1 ms, and
 // returns that cutoff.
 var (
-	backlogHeadSQL = backlogPartSQL(unsentSinceSQL + ` AND e.next_retry_at >= $1`)
+	backlogHeadSQL = backlogOver(unsentSinceSQL + ` AND e.next_retry_at >= $1`)
 	backlogTailSQL = `
 WITH c AS (SELECT now() - $1 * interval '1 millisecond' AS cutoff)
-SELECT p.*, c.cutoff FROM c, LATERAL (` + backlogPartSQL(unsentSinceSQL+` AND e.next_retry_at < c.cutoff`) + `) p`
+SELECT p.*, c.cutoff FROM c, LATERAL (` + backlogOver(unsentSinceSQL+` AND e.next_retry_at < c.cutoff`) + `) p`
 )
-
-// backlogPart is what one part of a backlogReader's read found.
-type backlogPart struct {
-	due, scheduled int64
-	oldest         pgtype.Timestamptz // the earliest due-since time of its due rows
-	now            time.Time          // the database's
-}
 
 // backlogReader reads the Backlog for the gauges in two parts (see
 // above). It is safe for concurrent use.
@@ -159,24 +171,16 @@ func (r *backlogReader) read(ctx context.Context) (Backlog, error) {
 	if r.cutoff.IsZero() || time.Since(r.tailAt) >= r.every {
 		var t backlogPart
 		var cutoff time.Time
-		if err := r.query(ctx, backlogTailSQL, []any{r.every.Milliseconds()}, &t.due, &t.scheduled, &t.oldest, &t.now, &cutoff); err != nil {
+		if err := r.query(ctx, backlogTailSQL, []any{r.every.Milliseconds()}, append(t.fields(), &cutoff)...); err != nil {
 			return Backlog{}, fmt.Errorf("read the outbox backlog before %s: %w", r.every, err)
 		}
 		r.cutoff, r.tailAt, r.tail = cutoff, time.Now(), t
 	}
 	var h backlogPart
-	if err := r.query(ctx, backlogHeadSQL, []any{r.cutoff}, &h.due, &h.scheduled, &h.oldest, &h.now); err != nil {
+	if err := r.query(ctx, backlogHeadSQL, []any{r.cutoff}, h.fields()...); err != nil {
 		return Backlog{}, fmt.Errorf("read the outbox backlog: %w", err)
 	}
-	b := Backlog{Due: h.due + r.tail.due, Scheduled: h.scheduled + r.tail.scheduled}
-	oldest := h.oldest
-	if t := r.tail.oldest; t.Valid && (!oldest.Valid || t.Time.Before(oldest.Time)) {
-		oldest = t
-	}
-	if oldest.Valid {
-		b.OldestDue = max(h.now.Sub(oldest.Time), 0)
-	}
-	return b, nil
+	return h.and(r.tail).backlog(), nil
 }
 
 // query reads the one row of sql into dest, with the claim's planner
