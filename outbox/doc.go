@@ -3,7 +3,10 @@
 //
 // Insert writes an event in the caller's transaction (task creation, redrive,
 // rescue, republish); a statement-level trigger NOTIFYs relays on commit (channel
-// NotifyChannel), never for a rolled-back transaction.
+// NotifyChannel), never for a rolled-back transaction, and only when the
+// statement wrote a row a relay has to find: unsent and claimed by none (not
+// for a row written SENT after a direct publish, nor for one claimed in its
+// creating transaction by the process's own relay).
 //
 // Relay publishes events through a Publisher: RedisPublisher (XADD, the
 // default) or, in Kafka mode, kafka.Publisher. Any number of relays may run at once: a pass
