@@ -3,6 +3,8 @@ package dlq
 import (
 	"context"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
@@ -14,16 +16,43 @@ import (
 const removeScanCount = 1000
 
 // RemoveTasks removes from the DLQ stream key every entry of the tasks ids
-// (they were redriven, so their deaths are dealt with) and returns how many
-// it removed. It reads the whole stream once, a page at a time. An empty
-// key (no DLQ) removes nothing.
+// (they were deleted, or an operator discards their deaths) and returns
+// how many it removed. It reads the whole stream once, a page at a time.
+// An empty key (no DLQ) removes nothing.
 func RemoveTasks(ctx context.Context, rdb redis.UniversalClient, key string, ids []uuid.UUID) (int, error) {
-	if key == "" || len(ids) == 0 {
-		return 0, nil
-	}
-	want := make(map[string]struct{}, len(ids))
+	upTo := make(map[string]time.Time, len(ids))
 	for _, id := range ids {
-		want[id.String()] = struct{}{}
+		upTo[id.String()] = time.Time{}
+	}
+	return removeEntries(ctx, rdb, key, upTo)
+}
+
+// removeRedriven removes from the DLQ stream key the entries of the deaths
+// that the redrives res undid: of each task a redrive moved (task.Redriven),
+// the entries dead at or before the task had ended (Result.Ended). A task
+// that ran and died again between the redrive's commit and this removal
+// keeps the entry of its new death.
+func removeRedriven(ctx context.Context, rdb redis.UniversalClient, key string, res []task.Result) (int, error) {
+	moved := task.Redriven(res)
+	upTo := make(map[string]time.Time, len(moved))
+	for _, r := range res {
+		if slices.Contains(moved, r.ID) {
+			upTo[r.ID.String()] = time.Time{}
+			if r.Ended != nil {
+				upTo[r.ID.String()] = *r.Ended
+			}
+		}
+	}
+	return removeEntries(ctx, rdb, key, upTo)
+}
+
+// removeEntries removes from the DLQ stream key the entries of the tasks
+// of upTo: all of a task's when its time is zero, else those dead at or
+// before it (an entry whose dead_at does not parse goes too). It reads the
+// whole stream once, a page at a time, and returns how many it removed.
+func removeEntries(ctx context.Context, rdb redis.UniversalClient, key string, upTo map[string]time.Time) (int, error) {
+	if key == "" || len(upTo) == 0 {
+		return 0, nil
 	}
 	removed := 0
 	start := "-"
@@ -34,17 +63,24 @@ func RemoveTasks(ctx context.Context, rdb redis.UniversalClient, key string, ids
 		}
 		var del []string
 		for _, m := range msgs {
-			if tid, ok := m.Values[FieldTaskID].(string); ok {
-				if _, hit := want[tid]; hit {
-					del = append(del, m.ID)
+			tid, _ := m.Values[FieldTaskID].(string)
+			bound, hit := upTo[tid]
+			if !hit {
+				continue
+			}
+			if !bound.IsZero() {
+				text, _ := m.Values[FieldDeadAt].(string)
+				if at, err := time.Parse(time.RFC3339, text); err == nil && at.After(bound) {
+					continue // a later death
 				}
 			}
+			del = append(del, m.ID)
 		}
 		if len(del) > 0 {
 			n, err := rdb.XDel(ctx, key, del...).Result()
 			removed += int(n)
 			if err != nil {
-				return removed, fmt.Errorf("dlq %s: remove %d entries of redriven tasks: %w", key, len(del), err)
+				return removed, fmt.Errorf("dlq %s: remove %d entries: %w", key, len(del), err)
 			}
 		}
 		if len(msgs) < removeScanCount {
@@ -63,21 +99,21 @@ type BulkRedriveResult struct {
 }
 
 // RedriveMatching redrives the tasks that f selects (task.Store.
-// RedriveMatching, paced and audited with actor) and then, as Replay does,
-// removes the DLQ entries of the tasks it redrove from the stream key
-// ("": no DLQ). A dry run changes nothing. The entries are removed only
+// RedriveMatching, paced and audited with actor) and then, as Redrive does,
+// removes the DLQ entries of the deaths it undid from the stream key ("":
+// no DLQ). A dry run changes nothing. The entries are removed only
 // after the redrives committed; when their removal fails the tasks stay
 // redriven and the error says so (a later Replay of those entries reports
 // them NotDead and removes them).
 func RedriveMatching(ctx context.Context, rdb redis.UniversalClient, key string, store *task.Store, actor string,
 	f task.RedriveFilter, o task.RedriveOptions) (BulkRedriveResult, error) {
-	var redriven []uuid.UUID
+	var redriven []task.Result
 	if !o.DryRun && key != "" {
 		next := o.Redriven
-		o.Redriven = func(ctx context.Context, ids []uuid.UUID) error {
-			redriven = append(redriven, ids...)
+		o.Redriven = func(ctx context.Context, res []task.Result) error {
+			redriven = append(redriven, res...)
 			if next != nil {
-				return next(ctx, ids)
+				return next(ctx, res)
 			}
 			return nil
 		}
@@ -86,7 +122,7 @@ func RedriveMatching(ctx context.Context, rdb redis.UniversalClient, key string,
 	out := BulkRedriveResult{BulkRedriveResult: res}
 	// Entries of the batches that committed are removed even after an
 	// error: their tasks are QUEUED again.
-	n, rerr := RemoveTasks(context.WithoutCancel(ctx), rdb, key, redriven)
+	n, rerr := removeRedriven(context.WithoutCancel(ctx), rdb, key, redriven)
 	out.DLQRemoved = n
 	if err != nil {
 		return out, err

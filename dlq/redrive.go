@@ -14,8 +14,9 @@ import (
 
 // Redrive sends the DEAD or CANCELLED tasks ids back to QUEUED through the
 // store (task.Store.Redrive: one transaction, audited with actor) and then
-// removes every DLQ entry of the tasks it moved from the stream key ("":
-// no DLQ). It is the one path by which a task id is redriven (the API's
+// removes from the stream key ("": no DLQ) the DLQ entries of the deaths it
+// undid: every entry of a task it moved, but one of a death after the
+// redrive (the task ran and died again before the removal). It is the one path by which a task id is redriven (the API's
 // POST /v1/tasks/{id}/redrive, the dashboard's task page), as
 // RedriveMatching is for a filter and Replay for DLQ entries: a redriven
 // task never keeps an entry of its old death, so that the DLQ's depth is
@@ -29,7 +30,7 @@ func Redrive(ctx context.Context, rdb redis.UniversalClient, key string, store R
 	if err != nil {
 		return nil, 0, err
 	}
-	n, err := RemoveTasks(context.WithoutCancel(ctx), rdb, key, task.Redriven(res))
+	n, err := removeRedriven(context.WithoutCancel(ctx), rdb, key, res)
 	if err != nil {
 		return res, n, &RemoveError{Op: "redriven", Tasks: len(task.Redriven(res)), Err: err}
 	}

@@ -69,7 +69,7 @@ func (e Entry) values() []any {
 		FieldAttemptCount, strconv.Itoa(e.AttemptCount),
 		FieldLastError, clip.String(e.LastError, MaxErrorBytes),
 		FieldSourceID, e.SourceID,
-		FieldDeadAt, e.DeadAt.UTC().Format(time.RFC3339),
+		FieldDeadAt, e.DeadAt.UTC().Format(time.RFC3339Nano),
 	}
 }
 

@@ -119,9 +119,10 @@ type RedriveOptions struct {
 	// Rate is how many tasks per second are redriven at most; 0:
 	// DefaultRedriveRate.
 	Rate float64
-	// Redriven, when set, is called after each committed batch with the
-	// tasks it redrove (to remove their DLQ entries, say).
-	Redriven func(ctx context.Context, ids []uuid.UUID) error
+	// Redriven, when set, is called after each committed batch with its
+	// results (Redriven names the tasks it moved; to remove their DLQ
+	// entries, say).
+	Redriven func(ctx context.Context, res []Result) error
 }
 
 // BulkRedriveResult is the outcome of Store.RedriveMatching.
@@ -219,7 +220,7 @@ func (s *Store) RedriveMatching(ctx context.Context, actor string, f RedriveFilt
 			moved := Redriven(done)
 			res.Redriven += len(moved)
 			if o.Redriven != nil && len(moved) > 0 {
-				if err := o.Redriven(ctx, moved); err != nil {
+				if err := o.Redriven(ctx, done); err != nil {
 					return res, err
 				}
 			}

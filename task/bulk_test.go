@@ -176,7 +176,10 @@ func TestRedriveMatchingTenThousand(t *testing.T) {
 	}
 	var batches []int
 	res, err := b.store.RedriveMatching(b.ctx, "cli:test", f, task.RedriveOptions{Batch: 1000, Rate: 1e6,
-		Redriven: func(_ context.Context, ids []uuid.UUID) error { batches = append(batches, len(ids)); return nil }})
+		Redriven: func(_ context.Context, res []task.Result) error {
+			batches = append(batches, len(task.Redriven(res)))
+			return nil
+		}})
 	if err != nil || res.Matched != n || res.Redriven != n {
 		t.Fatalf("redrive: %+v (ids elided) %v", task.BulkRedriveResult{Matched: res.Matched, Redriven: res.Redriven}, err)
 	}

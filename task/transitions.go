@@ -257,6 +257,10 @@ type Result struct {
 	FinishedAt *time.Time
 	// From is the status before the call, for an applied redrive.
 	From State
+	// Ended is, for an applied redrive, when the task had finished: with
+	// the id it names the end the redrive undid (a DLQ entry of that
+	// death goes; one of a death after the redrive is another's).
+	Ended *time.Time
 }
 
 var renewSQL = `
@@ -528,10 +532,10 @@ var redriveSQL = `
 UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, due_at = now(), finished_at = NULL, lingering = true,
     lease_owner = NULL, lease_until = NULL, cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL,
     progress_percent = NULL, progress_message = NULL, progress_at = NULL, updated_at = now()
-FROM (SELECT id, status FROM ingest_task WHERE id = ANY($1::uuid[])
+FROM (SELECT id, status, finished_at FROM ingest_task WHERE id = ANY($1::uuid[])
       AND CASE WHEN status IN ` + redrivableSQL + ` THEN true ELSE false END ORDER BY id FOR NO KEY UPDATE) l
 WHERE t.id = l.id AND CASE WHEN t.status IN ` + redrivableSQL + ` THEN true ELSE false END
-RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), '', t.finished_at, l.status`
+RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_error, ''), '', t.finished_at, l.status, l.finished_at`
 
 // republishWaitingSQL gives a new outbox row (to stream $2) to each task
 // of $1 that still waits to run and whose latest outbox row is DEAD: the
@@ -709,7 +713,7 @@ func (s *Store) guardedTx(ctx context.Context, tx pgx.Tx, ids []uuid.UUID, query
 	}
 	applied, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Result, error) {
 		var r Result
-		err := row.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.LeaseOwner, &r.FinishedAt, &r.From)
+		err := row.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.LeaseOwner, &r.FinishedAt, &r.From, &r.Ended)
 		return r, err
 	})
 	if err != nil {
