@@ -221,3 +221,6 @@ func NewLowWater(cfg LowWaterConfig, pool *pgxpool.Pool, reg prometheus.Register
 
 // RunOnce runs one pass.
 func (w *lowWater) RunOnce(ctx context.Context) (LowWaterResult, error) { return w.runOnce(ctx) }
+
+// RescuerService is the rescuer's name in the pass hooks.
+const RescuerService = componentRescuer
