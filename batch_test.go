@@ -277,6 +277,13 @@ func TestBatchHandlerMixedOutcomes(t *testing.T) {
 			t.Errorf("task %s ran %d times, want %d", id, n, want)
 		}
 	}
+	// A DEAD task's entry is written after its DEAD commits, with the
+	// acknowledgement of its stream entry: nothing pending, every entry
+	// written.
+	b.eventually(30*time.Second, "nothing pending", func() bool {
+		p, err := b.rdb.XPending(context.Background(), b.stream, ingest.DefaultGroup).Result()
+		return err == nil && p.Count == 0
+	})
 	dead := map[string]int{}
 	msgs, err := b.rdb.XRange(context.Background(), b.dlq, "-", "+").Result()
 	if err != nil {

@@ -171,6 +171,13 @@ func TestClusterServiceEndToEnd(t *testing.T) {
 		}
 		dead[id.String()] = true
 	}
+	// A DEAD task's entry is written after its DEAD commits, with the
+	// acknowledgement of its stream entry: nothing pending, every entry
+	// written.
+	b.eventually(30*time.Second, "nothing pending before the DLQ is read", func() bool {
+		p, err := b.crdb.XPending(ctx, b.stream, ingest.DefaultGroup).Result()
+		return err == nil && p.Count == 0
+	})
 	msgs, err := b.crdb.XRange(ctx, b.dlq, "-", "+").Result()
 	if err != nil {
 		t.Fatal(err)

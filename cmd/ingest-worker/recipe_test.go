@@ -132,16 +132,26 @@ func testSeedRecipe(t *testing.T, bin string, workers, tasks int) {
 	}
 	ids = append(ids, own)
 
-	// The DLQ holds each task once; XPENDING is empty.
-	msgs, err := rdb.XRange(ctx, dlqKey, "-", "+").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The DLQ holds each task once; XPENDING is empty. A task's entry is
+	// written after its DEAD commits: it is awaited.
 	inDLQ := map[string]int{}
-	for _, m := range msgs {
-		id, _ := m.Values["task_id"].(string)
-		inDLQ[id]++
-	}
+	testenv.Eventually(t, 30*time.Second, "a DLQ entry of every task", func() bool {
+		msgs, err := rdb.XRange(ctx, dlqKey, "-", "+").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		clear(inDLQ)
+		for _, m := range msgs {
+			id, _ := m.Values["task_id"].(string)
+			inDLQ[id]++
+		}
+		for _, id := range ids {
+			if inDLQ[id.String()] == 0 {
+				return false
+			}
+		}
+		return true
+	})
 	for _, id := range ids {
 		if inDLQ[id.String()] != 1 {
 			t.Errorf("task %s has %d DLQ entries, want 1", id, inDLQ[id.String()])
