@@ -3,7 +3,6 @@ package dlq
 import (
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -35,12 +34,12 @@ func RemoveTasks(ctx context.Context, rdb redis.UniversalClient, key string, ids
 func removeRedriven(ctx context.Context, rdb redis.UniversalClient, key string, res []task.Result) (int, error) {
 	moved := task.Redriven(res)
 	upTo := make(map[string]time.Time, len(moved))
+	for _, id := range moved {
+		upTo[id.String()] = time.Time{}
+	}
 	for _, r := range res {
-		if slices.Contains(moved, r.ID) {
-			upTo[r.ID.String()] = time.Time{}
-			if r.Ended != nil {
-				upTo[r.ID.String()] = *r.Ended
-			}
+		if _, ok := upTo[r.ID.String()]; ok && r.Ended != nil {
+			upTo[r.ID.String()] = *r.Ended
 		}
 	}
 	return removeEntries(ctx, rdb, key, upTo)

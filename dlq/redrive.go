@@ -15,8 +15,9 @@ import (
 // Redrive sends the DEAD or CANCELLED tasks ids back to QUEUED through the
 // store (task.Store.Redrive: one transaction, audited with actor) and then
 // removes from the stream key ("": no DLQ) the DLQ entries of the deaths it
-// undid: every entry of a task it moved, but one of a death after the
-// redrive (the task ran and died again before the removal). It is the one path by which a task id is redriven (the API's
+// undid: the entries of each task it moved, but those of a death after the
+// redrive (the task ran and died again before the removal). It is the one
+// path by which a task id is redriven (the API's
 // POST /v1/tasks/{id}/redrive, the dashboard's task page), as
 // RedriveMatching is for a filter and Replay for DLQ entries: a redriven
 // task never keeps an entry of its old death, so that the DLQ's depth is
