@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -171,29 +170,14 @@ func (r *backlogReader) read(ctx context.Context) (Backlog, error) {
 	if r.cutoff.IsZero() || time.Since(r.tailAt) >= r.every {
 		var t backlogPart
 		var cutoff time.Time
-		if err := r.query(ctx, backlogTailSQL, []any{r.every.Milliseconds()}, append(t.fields(), &cutoff)...); err != nil {
+		if err := queryRowPlanned(ctx, r.db, backlogTailSQL, []any{r.every.Milliseconds()}, append(t.fields(), &cutoff)...); err != nil {
 			return Backlog{}, fmt.Errorf("read the outbox backlog before %s: %w", r.every, err)
 		}
 		r.cutoff, r.tailAt, r.tail = cutoff, time.Now(), t
 	}
 	var h backlogPart
-	if err := r.query(ctx, backlogHeadSQL, []any{r.cutoff}, h.fields()...); err != nil {
+	if err := queryRowPlanned(ctx, r.db, backlogHeadSQL, []any{r.cutoff}, h.fields()...); err != nil {
 		return Backlog{}, fmt.Errorf("read the outbox backlog: %w", err)
 	}
 	return h.and(r.tail).backlog(), nil
-}
-
-// query reads the one row of sql into dest, with the claim's planner
-// settings (claimPlanSQL) in the same round trip, so that the part is read
-// as a range of the claim index whatever the statistics say.
-func (r *backlogReader) query(ctx context.Context, sql string, args []any, dest ...any) error {
-	b := &pgx.Batch{}
-	b.Queue(claimPlanSQL)
-	b.Queue(sql, args...)
-	br := r.db.SendBatch(ctx, b)
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(dest...)
-	}
-	return errors.Join(err, br.Close())
 }

@@ -347,17 +347,24 @@ func (r *Relay) armDue(ctx context.Context, timer *time.Timer, stuck bool) (atOn
 	return false
 }
 
-// nextDue reads nextDueSQL into secs, with the claim's planner settings
-// (claimPlanSQL) in the same round trip, so that it reads the claim index
-// in order whatever the statistics say.
+// nextDue reads nextDueSQL into secs, with the claim's planner settings,
+// so that it reads the claim index in order whatever the statistics say.
 func (r *Relay) nextDue(ctx context.Context, secs *float64) error {
+	return queryRowPlanned(ctx, r.pool, nextDueSQL, []any{r.from.due()}, secs)
+}
+
+// queryRowPlanned reads the one row of sql (with args) into dest, with the
+// claim's planner settings (claimPlanSQL) sent before it in the same round
+// trip, for a statement that must read the claim index as a range however
+// stale the statistics (pgx.ErrNoRows: no row).
+func queryRowPlanned(ctx context.Context, db pgplan.Batcher, sql string, args []any, dest ...any) error {
 	batch := &pgx.Batch{}
 	batch.Queue(claimPlanSQL)
-	batch.Queue(nextDueSQL, r.from.due())
-	br := r.pool.SendBatch(ctx, batch)
+	batch.Queue(sql, args...)
+	br := db.SendBatch(ctx, batch)
 	_, err := br.Exec()
 	if err == nil {
-		err = br.QueryRow().Scan(secs)
+		err = br.QueryRow().Scan(dest...)
 	}
 	return errors.Join(err, br.Close())
 }
@@ -537,7 +544,8 @@ type claimed struct {
 }
 
 // claimPlanSQL, sent before the claim in its transaction (passSettingsSQL
-// repeats it) and with nextDueSQL, leaves the planner one way to read due
+// repeats it) and before the other reads of the claim index
+// (queryRowPlanned, the reads by id), leaves the planner one way to read due
 // rows: outbox_event_claim_idx in order, stopping after a batch. The row estimates of a queue table are
 // often far off (a backlog arrives faster than ANALYZE, or autovacuum is
 // off), and a low estimate made the planner read every unsent row with a
