@@ -169,7 +169,7 @@ func (c *completer) run(stop <-chan struct{}) {
 
 // complete records one batch of outcomes.
 func (c *completer) complete(batch []outcome) {
-	var rel []uuid.UUID
+	var rel, unrun []uuid.UUID
 	var succ []task.Success
 	var fails []task.Failure
 	byTask := make(map[uuid.UUID]outcome, len(batch))
@@ -177,6 +177,8 @@ func (c *completer) complete(batch []outcome) {
 		id := o.r.task.ID
 		byTask[id] = o
 		switch {
+		case o.unrun:
+			unrun = append(unrun, id)
 		case o.released:
 			rel = append(rel, id)
 		case o.err == nil:
@@ -208,6 +210,9 @@ func (c *completer) complete(batch []outcome) {
 	results = append(results, c.storeCall("release", len(rel), func(ctx context.Context) ([]task.Result, error) {
 		return c.store.Release(ctx, me, rel...)
 	})...)
+	results = append(results, c.storeCall("release", len(unrun), func(ctx context.Context) ([]task.Result, error) {
+		return c.store.ReleaseUnrun(ctx, me, unrun...)
+	})...)
 
 	now := time.Now()
 	var acks []string
@@ -235,7 +240,11 @@ func (c *completer) complete(batch []outcome) {
 			acks = append(acks, d.id)
 			metric[d.id] = resultCancelled
 		case released:
-			c.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
+			if o.unrun {
+				c.log.Warn("task released unrun: its lease went unrenewed for half a lease while it waited for a handler slot; it runs again", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
+			} else {
+				c.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
+			}
 			later = append(later, deferral{id: d.id, taskID: res.ID, at: now})
 			metric[d.id] = resultReleased
 		case res.Status == task.Succeeded:

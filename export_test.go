@@ -55,6 +55,10 @@ func (w *worker) HandleResult(kind string, h ResultHandler) {
 // records outcomes (op: succeed, fail or release); call it before Run.
 func (w *worker) BeforeRecord(f func(op string)) { w.proc.completer.beforeRecord = f }
 
+// SkipBeats makes w's heartbeat skip its beats while skip reports true;
+// call it before Run.
+func (w *worker) SkipBeats(skip func() bool) { w.proc.heartbeater.skipBeat = skip }
+
 // FreeSlots returns the number of w's free handler slots.
 func (w *worker) FreeSlots() int { return w.proc.inflight.freeCount() }
 

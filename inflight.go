@@ -2,63 +2,224 @@ package ingest
 
 import (
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 )
 
-// inflight is the processor's accounting of what it handles: its free
-// handler slots, the messages in flight here, the runs of started tasks
-// (by message and by task) and whether it is draining. One lock guards it
-// all, and the flags of each run (returned, lost, cancelled). It does no
+// inflight is the processor's accounting of what it handles: its message
+// slots and handler slots, the messages in flight here, the runs of
+// started tasks (by message and by task), the runs and messages waiting
+// for a handler slot, and whether it is draining. One lock guards it all,
+// and the flags of each run (returned, lost, cancelled, slot). It does no
 // I/O: the processor, the heartbeater and the completer ask it and act.
 //
-// A message takes a slot when it is admitted. A run gives its slot back
-// once its handler has returned and handed its outcome to the completer
-// (handedOver), but stays in flight, its lease renewed, until its outcome
-// is recorded and its message settled; any other message gives its slot
-// back when it is settled (or, for a DLQ write being retried, at the
-// first failure). So the slots bound the handlers running and the
-// messages being started, and the completer's queue bounds the outcomes
-// waiting to be recorded.
+// A message takes a message slot when it is admitted. There are
+// Concurrency of them, plus ahead more while handlers return quickly
+// (aheadOn): the tasks of those are started before a handler slot is free,
+// so that a returning handler's slot passes straight to a started task
+// rather than waiting for a start's round trip (docs/ARCHITECTURE.md
+// §1.4). A run takes a handler slot (Concurrency of them) to call its
+// handler, or waits for one in ready, oldest first; a message of a
+// limited kind takes one before its task is started, or waits for one
+// unstarted (so a limited kind never holds a start it is not running).
+// A run gives both slots back once its handler has returned and handed
+// its outcome to the completer (handedOver), but stays in flight, its
+// lease renewed, until its outcome is recorded and its message settled;
+// any other message gives its message slot back when it is settled (or,
+// for a DLQ write being retried, at the first failure). So the handler
+// slots bound the handlers running, the message slots the messages being
+// started or waiting, and the completer's queue the outcomes waiting to
+// be recorded.
 type inflight struct {
 	mu       sync.Mutex
-	free     int  // free handler slots
+	free     int  // free message slots
 	draining bool // shutting down: start nothing new
+	// ahead is how many of the message slots are for tasks started ahead
+	// of the handler slots; handlerTime is a moving average of the
+	// handlers' run times, which decides whether they are granted
+	// (aheadOn).
+	ahead       int
+	handlerTime time.Duration
+	// handlers is the number of free handler slots; ready holds what waits
+	// for one, oldest first (never both: a freed handler slot goes to the
+	// oldest waiter). A started task whose lease was last known renewed
+	// longer than maxWait ago when a slot comes to it is released rather
+	// than run (its lease may have lapsed, and another worker run it).
+	handlers int
+	ready    []waiter
+	maxWait  time.Duration
+	// exec runs a run's goroutine; startHeld starts the task of a message
+	// that waited for a handler slot, holding it (both set by the
+	// processor).
+	exec      func(*run)
+	startHeld func(delivery)
 	// ids holds the message ids being handled here, each mapped to whether
-	// it still holds a slot.
+	// it still holds a message slot.
 	ids     map[string]bool
 	running map[string]*run      // by message id
 	byTask  map[uuid.UUID]string // task id → message id of its run
-	freed   chan struct{}        // signalled when slots are freed
+	freed   chan struct{}        // signalled when message slots are freed
 }
 
-func newInflight(slots int) *inflight {
-	return &inflight{free: slots, ids: map[string]bool{}, running: map[string]*run{},
+// waiter waits in inflight.ready for a handler slot: a started run, or
+// (r nil) the message of a limited kind, not yet started.
+type waiter struct {
+	r *run
+	d delivery
+}
+
+// aheadHandlerTime is the average handler run time under which tasks are
+// started ahead of the handler slots: above it a start's round trip is a
+// small part of a slot's time, and a task started ahead would wait long.
+const aheadHandlerTime = 50 * time.Millisecond
+
+// aheadSlots is how many tasks are started ahead of slots handler slots.
+func aheadSlots(slots int) int { return min(2*slots, 256) }
+
+// newInflight returns the accounting of slots handler slots, with ahead
+// message slots beside them; maxWait is how long ago a waiting task's
+// lease may have been renewed for it to run.
+func newInflight(slots, ahead int, maxWait time.Duration) *inflight {
+	return &inflight{free: slots + ahead, ahead: ahead, handlers: slots, maxWait: maxWait,
+		ids: map[string]bool{}, running: map[string]*run{},
 		byTask: map[uuid.UUID]string{}, freed: make(chan struct{}, 1)}
 }
 
-// freeCount returns the number of free slots.
+// freeCount returns the number of free handler slots.
 func (f *inflight) freeCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.free
+	return f.handlers
 }
 
-// reserve takes up to n free slots and returns how many it took.
+// reserve takes up to n free message slots and returns how many it took;
+// the ahead ones only while aheadOn.
 func (f *inflight) reserve(n int) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n = max(0, min(n, f.free))
+	avail := f.free
+	switch {
+	case !f.aheadOn():
+		avail -= f.ahead
+	case avail < f.ahead/4 && len(f.ready) >= f.ahead/4:
+		// Enough started tasks wait to cover a start's round trip: gather
+		// free slots for a bigger read and start, rather than one each.
+		return 0
+	}
+	n = max(0, min(n, avail))
 	f.free -= n
 	return n
 }
 
-// freeSlotsLocked gives back n slots and signals freed.
+// aheadOn reports whether tasks are started ahead of the handler slots:
+// while the handlers' average run time is under aheadHandlerTime.
+func (f *inflight) aheadOn() bool {
+	return f.ahead > 0 && f.handlerTime < aheadHandlerTime
+}
+
+// toRun gives r, a started run, a handler slot: it reports true when r
+// took one (the caller runs it), false when r waits in ready. While
+// draining r is released at once (see cutOffLocked).
+func (f *inflight) toRun(r *run) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.draining:
+		r.cancel(errShutdown)
+		f.cutOffLocked(r)
+		return false
+	case f.handlers > 0:
+		f.handlers--
+		r.slot = true
+		return true
+	}
+	f.ready = append(f.ready, waiter{r: r})
+	return false
+}
+
+// takeHandlers takes up to n free handler slots, for the starts of
+// messages of limited kinds, and returns how many it took.
+func (f *inflight) takeHandlers(n int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n = max(0, min(n, f.handlers))
+	f.handlers -= n
+	return n
+}
+
+// queueStart queues d, a message of a limited kind, until a handler slot
+// is free for its start (startHeld); it reports false, queueing nothing,
+// while draining.
+func (f *inflight) queueStart(d delivery) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.draining {
+		return false
+	}
+	f.ready = append(f.ready, waiter{d: d})
+	return true
+}
+
+// handlerDone gives back a handler slot: the oldest waiter takes it. A
+// run whose lease was last known renewed longer than maxWait ago is
+// released instead, and the slot goes on to the next.
+func (f *inflight) handlerDone() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.handlerDoneLocked()
+}
+
+func (f *inflight) handlerDoneLocked() {
+	for len(f.ready) > 0 {
+		w := f.ready[0]
+		f.ready[0] = waiter{}
+		f.ready = f.ready[1:]
+		if w.r == nil {
+			go f.startHeld(w.d)
+			return
+		}
+		if time.Since(w.r.leased) > f.maxWait {
+			w.r.cancel(errLeaseStale)
+			go f.exec(w.r)
+			continue
+		}
+		w.r.slot = true
+		go f.exec(w.r)
+		f.signalFreed() // fewer wait: reserve may grant slots again
+		return
+	}
+	f.handlers++
+}
+
+// cutOffLocked runs r, whose context was just cancelled, at once without
+// a handler slot if it waits for one: its handler is not called (begin),
+// and its outcome follows the cause. It does nothing to a run already
+// running.
+func (f *inflight) cutOffLocked(r *run) {
+	if r.slot || r.returned {
+		return
+	}
+	for i, w := range f.ready {
+		if w.r == r {
+			f.ready = append(f.ready[:i], f.ready[i+1:]...)
+			break
+		}
+	}
+	go f.exec(r)
+}
+
+// freeSlotsLocked gives back n message slots and signals freed.
 func (f *inflight) freeSlotsLocked(n int) {
 	if n <= 0 {
 		return
 	}
 	f.free += n
+	f.signalFreed()
+}
+
+// signalFreed wakes a reader waiting for message slots.
+func (f *inflight) signalFreed() {
 	select {
 	case f.freed <- struct{}{}:
 	default:
@@ -86,14 +247,23 @@ func (f *inflight) releaseLocked(ds []delivery) int {
 	return n
 }
 
-// handedOver gives back the slot of r, whose handler returned and whose
+// handedOver gives back the slots of r, whose handler returned and whose
 // outcome the completer has taken: r stays in flight until its message is
-// settled. Its slot was given back already if r was settled meanwhile.
-func (f *inflight) handedOver(r *run) {
+// settled. Its message slot was given back already if r was settled
+// meanwhile; it holds no handler slot if it was cut off while waiting for
+// one. took is how long its handler ran (0: it was not called).
+func (f *inflight) handedOver(r *run, took time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.running[r.d.id] == r {
 		f.freeSlotsLocked(f.releaseLocked([]delivery{r.d}))
+	}
+	if took > 0 {
+		f.handlerTime += (took - f.handlerTime) / 8
+	}
+	if r.slot {
+		r.slot = false
+		f.handlerDoneLocked()
 	}
 }
 
@@ -130,11 +300,25 @@ func (f *inflight) admit(msgs []delivery, reserved int, starting func()) (start 
 	return start, handBack, again
 }
 
-// drain makes admit start nothing from now on.
-func (f *inflight) drain() {
+// drain makes admit start nothing from now on: the runs waiting for a
+// handler slot are released (cause errShutdown), and the messages waiting
+// unstarted are returned, for the caller to hand back.
+func (f *inflight) drain() []delivery {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.draining = true
+	var back []delivery
+	ready := f.ready
+	f.ready = nil
+	for _, w := range ready {
+		if w.r == nil {
+			back = append(back, w.d)
+			continue
+		}
+		w.r.cancel(errShutdown)
+		go f.exec(w.r)
+	}
+	return back
 }
 
 // runningCount returns the number of runs whose handlers have not
@@ -260,10 +444,11 @@ func (f *inflight) live(ids []string) []string {
 }
 
 // renewed takes the outcome of a lease renewal of the tasks of ids, ok
-// holding those renewed: it returns the message ids of the renewed runs,
-// and marks lost (calling lose, under the lock) each other run whose
-// handler has not returned.
-func (f *inflight) renewed(ids []uuid.UUID, ok map[uuid.UUID]bool, lose func(mid string, r *run)) []string {
+// holding those renewed, made at at (zero: the renewal failed, ok holds
+// them all): it returns the message ids of the renewed runs, and marks
+// lost (calling lose, under the lock) each other run whose handler has
+// not returned.
+func (f *inflight) renewed(ids []uuid.UUID, ok map[uuid.UUID]bool, at time.Time, lose func(mid string, r *run)) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var fresh []string
@@ -275,11 +460,15 @@ func (f *inflight) renewed(ids []uuid.UUID, ok map[uuid.UUID]bool, lose func(mid
 			// settled meanwhile
 		case ok[id]:
 			fresh = append(fresh, mid)
+			if !at.IsZero() {
+				r.leased = at
+			}
 		case r.returned:
 			// its outcome is being recorded; the guard settles it
 		default:
 			r.lost = true
 			lose(mid, r)
+			f.cutOffLocked(r)
 		}
 	}
 	return fresh
@@ -297,6 +486,7 @@ func (f *inflight) cancelled(id uuid.UUID, cancel func(mid string, r *run)) {
 	}
 	r.cancelled = true
 	cancel(mid, r)
+	f.cutOffLocked(r)
 }
 
 // abandoned marks r lost, its lease no longer renewed, and reports true,

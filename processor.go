@@ -28,6 +28,12 @@ const handBackTimeout = 5 * time.Second
 // heartbeat found the task's lease taken over.
 var errLeaseLost = errors.New("task lease lost")
 
+// errLeaseStale is the cause of the context of a task started ahead of
+// the handler slots whose lease was last known renewed more than half a
+// lease ago when a slot came to it: it is released unrun (RETRYING, due
+// now, no failure counted), since its lease may have lapsed.
+var errLeaseStale = errors.New("lease of a task waiting for a handler slot not renewed for half a lease")
+
 // delivery is one queued message handed to the processor, whatever the
 // transport: a stream entry (Redis) or a record (Kafka), parsed.
 type delivery struct {
@@ -55,8 +61,12 @@ type run struct {
 	d      delivery
 	task   Task
 	cancel context.CancelCauseFunc
-	// returned is set once the handler returned (under inflight.mu).
+	// returned is set once the handler returned; slot while the run holds
+	// a handler slot; leased is when its lease was last known taken or
+	// renewed (all under inflight.mu).
 	returned bool
+	slot     bool
+	leased   time.Time
 	// lost is set once the heartbeat found the lease lost, or the handler
 	// outran its timeout by a lease (under mu).
 	lost bool
@@ -79,19 +89,22 @@ type run struct {
 	// attempts are spent it is DEAD with this error, for a redrive: never
 	// lost), then what the handler returned, with result; finish takes
 	// both. called is set once the handler returned (not by a panic or
-	// runtime.Goexit). Only the run's goroutine uses them.
+	// runtime.Goexit), and began when it was called. Only the run's
+	// goroutine uses them.
 	err    error
 	result json.RawMessage
 	called bool
+	began  time.Time
 }
 
 // outcome is what a handler run produced, for the completer.
 type outcome struct {
 	r   *run
 	err error
-	// released: cut off by shutdown; release the task (RETRYING, due now,
-	// no failure counted) and hand its entry back.
-	released bool
+	// released: cut off by shutdown, or unrun after waiting too long for
+	// a handler slot (unrun); release the task (RETRYING, due now, no
+	// failure counted) and hand its entry back.
+	released, unrun bool
 	// timedOut: the run hit the task timeout.
 	timedOut bool
 	// result is a successful run's checked result (nil: none).
@@ -152,7 +165,7 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 	p := &processor{
 		processorDeps: deps,
 		cfg:           cfg,
-		inflight:      newInflight(cfg.Concurrency),
+		inflight:      newInflight(cfg.Concurrency, aheadSlots(cfg.Concurrency), cfg.TaskLease/2),
 		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
 	}
 	p.admission.unflushed = deps.tr.redelivers()
@@ -160,6 +173,7 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 	p.handlerCtx, p.stopHandlers = context.WithCancelCause(p.ioCtx)
 	p.completer = newCompleter(p.ioCtx, cfg, deps.store, p, p.admission, deps.log)
 	p.heartbeater = newHeartbeater(p.ioCtx, cfg, deps.store, deps.tr, p.inflight, &p.settleMu, deps.log)
+	p.inflight.exec, p.inflight.startHeld = p.execute, p.startHeld
 	return p
 }
 
@@ -173,7 +187,9 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 // shutdown stops the processor once the readers feeding it have stopped,
 // in this order:
 //  1. From now on Process starts nothing: entries delivered to it (by the
-//     reclaimer) are made claimable at once for another worker.
+//     reclaimer) are made claimable at once for another worker, as are
+//     those waiting unstarted for a handler slot; the tasks started ahead
+//     of the handler slots and waiting for one are released unrun.
 //  2. Grace period (Config.ShutdownTimeout): running handlers may finish
 //     and hand their outcomes to the completer; the heartbeat keeps
 //     renewing the leases and entries of every run, returned or not, the
@@ -189,7 +205,12 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 //     its entry pending; the cancel listener stops).
 func (p *processor) shutdown() {
 	// 1.
-	p.inflight.drain()
+	if back := p.inflight.drain(); len(back) > 0 {
+		p.handBackHeld(p.ioCtx, back)
+		for range back {
+			p.work.Done() // theirs from holdLimited
+		}
+	}
 	p.log.Info("worker stopping: waiting for running handlers", "running", p.inflight.runningCount(), "timeout", p.cfg.ShutdownTimeout)
 	// 2.
 	workDone := p.workDone()
@@ -264,8 +285,70 @@ func (p *processor) process(ctx context.Context, msgs []delivery, reserved int) 
 	}
 	go func() {
 		defer p.work.Done()
-		p.start(batch)
+		p.start(batch, nil)
 	}()
+}
+
+// startHeld starts the task of d, a message of a limited kind that waited
+// for a handler slot and now holds one (inflight.handlerDone).
+func (p *processor) startHeld(d delivery) {
+	defer p.work.Done()
+	p.start([]delivery{d}, map[string]bool{d.id: true})
+}
+
+// holdLimited gives the messages of limited kinds among valid a handler
+// slot each before their start (marked in held, made when nil): a limited
+// kind's task is started only to run, never to wait, so its starts and
+// runs count against its limits only while it runs. Those for which no
+// slot is free wait for one unstarted (startHeld), or are handed back
+// while draining. It returns the messages to start now, and held.
+func (p *processor) holdLimited(valid []delivery, limits map[string]task.Limits, held map[string]bool) ([]delivery, map[string]bool) {
+	n := 0
+	for _, d := range valid {
+		if limits[d.kind].Limited() && !held[d.id] {
+			n++
+		}
+	}
+	if n == 0 {
+		return valid, held
+	}
+	if held == nil {
+		held = make(map[string]bool, n)
+	}
+	got := p.inflight.takeHandlers(n)
+	kept := valid[:0]
+	var back []delivery
+	for _, d := range valid {
+		switch {
+		case !limits[d.kind].Limited() || held[d.id]:
+		case got > 0:
+			got--
+			held[d.id] = true
+		default:
+			p.work.Add(1)
+			if !p.inflight.queueStart(d) {
+				p.work.Done()
+				back = append(back, d)
+			}
+			continue
+		}
+		kept = append(kept, d)
+	}
+	if len(back) > 0 {
+		p.handBackHeld(p.ioCtx, back)
+	}
+	return kept, held
+}
+
+// handBackHeld hands back ds, messages in flight here that are not
+// started, and ends their handling.
+func (p *processor) handBackHeld(ctx context.Context, ds []delivery) {
+	ids := make([]string, len(ds))
+	for i, d := range ds {
+		ids[i] = d.id
+	}
+	p.handBack(ctx, ids)
+	p.inflight.settled(ds...)
 }
 
 // handBack hands back entries delivered during shutdown, for another
@@ -290,8 +373,9 @@ func (p *processor) workDone() <-chan struct{} {
 }
 
 // start starts the tasks of one read in one store call and settles or
-// dispatches each entry.
-func (p *processor) start(batch []delivery) {
+// dispatches each entry. held marks the messages that hold a handler slot
+// (nil: none); a slot not used by a run is given back.
+func (p *processor) start(batch []delivery, held map[string]bool) {
 	ctx := p.ioCtx
 	var (
 		acks    []string
@@ -334,6 +418,16 @@ func (p *processor) start(batch []delivery) {
 		}
 		valid = kept
 	}
+	valid, held = p.holdLimited(valid, limits, held)
+	defer func() {
+		for range held { // the slots no run took
+			p.inflight.handlerDone()
+		}
+	}()
+	ids = ids[:0]
+	for _, d := range valid {
+		ids = append(ids, d.taskID)
+	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
 		res, err := p.admission.start(ctx, valid, ids, limits)
@@ -366,12 +460,12 @@ func (p *processor) start(batch []delivery) {
 		}
 		switch r.Outcome {
 		case task.Started:
-			p.dispatch(d, r.Task)
+			p.dispatch(d, r.Task, held, now)
 			continue
 		case task.TakenOver:
 			log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
 				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
-			p.dispatch(d, r.Task)
+			p.dispatch(d, r.Task, held, now)
 			continue
 		case task.DiedOnTakeover:
 			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,

@@ -11,8 +11,11 @@ import (
 	"github.com/ingest-worker/ingest/task"
 )
 
-// dispatch runs the handler of a started task in its slot.
-func (p *processor) dispatch(d delivery, t *task.Task) {
+// dispatch runs the handler of a started task in a handler slot: the one
+// its message holds (in held, which it leaves), or the next free one
+// (inflight.toRun).
+// leased is a time before the start that took its lease.
+func (p *processor) dispatch(d delivery, t *task.Task, held map[string]bool, leased time.Time) {
 	tp := cmp.Or(t.Traceparent, d.traceparent)
 	hctx, cancel := context.WithCancelCause(p.handlerCtx)
 	r := &run{d: d, cancel: cancel, timeout: p.timeoutOf(t), err: t.PayloadError(), handler: p.handlers.lookup(t.Kind), task: Task{
@@ -31,9 +34,16 @@ func (p *processor) dispatch(d delivery, t *task.Task) {
 		r.traceID = tracing.TraceID(hctx)
 	}
 	r.task.ctx = hctx
+	r.leased = leased
+	if held[d.id] {
+		delete(held, d.id)
+		r.slot = true
+	}
 	p.inflight.add(r)
 	p.work.Add(1)
-	go p.execute(r)
+	if r.slot || p.inflight.toRun(r) {
+		go p.execute(r)
+	}
 }
 
 // execute is the goroutine of run r: it calls the handler, and finish
@@ -67,6 +77,13 @@ func (p *processor) begin(r *run) bool {
 	if r.err != nil {
 		return false // sealed
 	}
+	if r.task.ctx.Err() != nil {
+		// Cut off before its handler was called (shutdown, a cancel, a
+		// lost lease, a wait too long for a handler slot).
+		r.err = context.Cause(r.task.ctx)
+		return false
+	}
+	r.began = time.Now()
 	if r.handler.isNil() {
 		r.err = fmt.Errorf("no handler registered for task kind %q", r.task.Kind)
 		return false
@@ -133,9 +150,11 @@ func (p *processor) handOver(r *run, ctx context.Context, timedOut bool) {
 	r.deadline = nil
 	o := outcome{r: r, err: err, result: result}
 	if err != nil {
-		switch {
-		case errors.Is(context.Cause(ctx), errShutdown):
+		switch cause := context.Cause(ctx); {
+		case errors.Is(cause, errShutdown):
 			o.released = true
+		case errors.Is(cause, errLeaseStale):
+			o.released, o.unrun = true, true
 		case timedOut:
 			o.err = fmt.Errorf("task timeout after %s: %w", r.timeout, err)
 			o.timedOut = true
@@ -152,7 +171,11 @@ func (p *processor) handOver(r *run, ctx context.Context, timedOut bool) {
 			"task_id", r.task.ID, "message_id", r.d.id, "attempt", r.task.Attempt, r.traceAttr())
 		r.endAttempt(resultConflict, o.err, o.timedOut)
 	}
-	p.inflight.handedOver(r)
+	var took time.Duration
+	if r.called {
+		took = max(time.Since(r.began), 1)
+	}
+	p.inflight.handedOver(r, took)
 }
 
 // prepare completes what a run's handler is given: a task with

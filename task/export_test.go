@@ -91,7 +91,7 @@ func HotPathStatements() map[string][3]string {
 		"progress":       n(progressSQL, `'00000000-0000-7000-8000-000000000001', 1, 50, 'half', ''`),
 		"succeed":        p(succeedSQL, ids+", "+owner+`, '{NULL,"{\"n\": 1}"}'`),
 		"fail":           p(failSQL, ids+", "+owner+`, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`),
-		"release":        p(handBackSQL, ids+", "+owner),
+		"release":        p(handBackSQL, ids+", "+owner+", 'released at shutdown'"),
 		"current":        p(currentSQL, ids),
 		"expired-leases": p(expiredLeasesSQL, ids+", "+owner),
 		"park-due":       p(parkDueSQL, ids),

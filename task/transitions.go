@@ -500,8 +500,8 @@ func (s *Store) Fail(ctx context.Context, owner string, fails ...Failure) ([]Res
 }
 
 // handBackSQL is Release's statement: owner's RUNNING tasks go back to
-// RETRYING, due at once (not to be confused with ReleaseParked, which
-// wakes parked tasks).
+// RETRYING, due at once, their audit rows saying $3 (not to be confused
+// with ReleaseParked, which wakes parked tasks).
 var handBackSQL = `
 WITH l AS (` + runningIDs + `
 ), u AS (
@@ -514,15 +514,29 @@ WITH l AS (` + runningIDs + `
     ` + guardedReturning + `
 ), audit AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
-    SELECT id, 'RUNNING', status, attempt_count, coalesce(` + cancelAuditMessage + `, 'released at shutdown'), ` + cancelAuditWorker + ` FROM u
+    SELECT id, 'RUNNING', status, attempt_count, coalesce(` + cancelAuditMessage + `, $3::text), ` + cancelAuditWorker + ` FROM u
 )` + guardedTail
 
 // Release hands back tasks that owner holds RUNNING without counting a
 // failure (graceful shutdown): they go RETRYING, due at once (CANCELLED if
 // their cancel was requested).
 func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
+	return s.release(ctx, owner, "released at shutdown", ids)
+}
+
+// ReleaseUnrun hands back, as Release does, tasks that owner started but
+// did not run: while they waited for a handler slot, their leases went
+// unrenewed for half a lease (they may have lapsed).
+func (s *Store) ReleaseUnrun(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
+	return s.release(ctx, owner, ReleasedUnrun, ids)
+}
+
+// ReleasedUnrun is the audit message of a ReleaseUnrun.
+const ReleasedUnrun = "released unrun: its lease went unrenewed for half a lease while it waited for a handler slot"
+
+func (s *Store) release(ctx context.Context, owner, message string, ids []uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
-	return s.guardedStatement(ctx, "release", ids, handBackSQL, ids, owner)
+	return s.guardedStatement(ctx, "release", ids, handBackSQL, ids, owner, message)
 }
 
 // redriveSQL moves DEAD and CANCELLED tasks back to QUEUED. An unfinished

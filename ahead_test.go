@@ -1,0 +1,238 @@
+package ingest_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// blockingHandler runs tasks until release is closed: it counts the runs
+// of each task, the most handlers at once, and sends each task's id on
+// started (buffered by the caller).
+type blockingHandler struct {
+	runs    runCounter
+	now     atomic.Int64
+	most    atomic.Int64
+	started chan uuid.UUID
+	release chan struct{}
+	once    sync.Once
+}
+
+// open lets every handler return (again: no effect).
+func (h *blockingHandler) open() { h.once.Do(func() { close(h.release) }) }
+
+func newBlockingHandler(n int) *blockingHandler {
+	return &blockingHandler{started: make(chan uuid.UUID, n), release: make(chan struct{})}
+}
+
+func (h *blockingHandler) handle(_ context.Context, tk ingest.Task) error {
+	n := h.now.Add(1)
+	defer h.now.Add(-1)
+	for m := h.most.Load(); n > m && !h.most.CompareAndSwap(m, n); m = h.most.Load() {
+	}
+	h.runs.ran(tk.ID)
+	h.started <- tk.ID
+	<-h.release
+	return nil
+}
+
+// TestTasksStartedAheadOfHandlerSlots: while the one handler slot is
+// busy, the next tasks are started (RUNNING under the worker's lease) up
+// to twice the slots, their handlers not called; once the slot frees they
+// run one at a time, each once.
+func TestTasksStartedAheadOfHandlerSlots(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, realRedis(t), task.Config{})
+	h := newBlockingHandler(5)
+	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"k": h.handle})
+	ids := bd.enqueue("k", 5, 3)
+	bd.run(w)
+	t.Cleanup(h.open) // before the worker stops, should the test fail
+
+	first := <-h.started
+	bd.eventually(30*time.Second, "two tasks started ahead of the busy slot",
+		func() bool { return bd.countStatus(task.Running) == 3 })
+	if n := h.runs.all.Load(); n != 1 {
+		t.Fatalf("%d handlers called with one slot, want 1", n)
+	}
+	if n := bd.countStatus(task.Running); n != 3 {
+		t.Fatalf("%d tasks RUNNING, want the running one and the two started ahead", n)
+	}
+	if s := bd.task(first).Status; s != task.Running {
+		t.Fatalf("the running task is %s", s)
+	}
+	h.open()
+	h.runs.succeededOnce(bd, ids)
+	if m := h.most.Load(); m != 1 {
+		t.Errorf("%d handlers ran at once with one slot", m)
+	}
+}
+
+// TestCancelOfATaskStartedAhead: a task started ahead of the busy slot
+// and cancelled while it waits ends CANCELLED without its handler being
+// called.
+func TestCancelOfATaskStartedAhead(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, realRedis(t), task.Config{})
+	h := newBlockingHandler(2)
+	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"k": h.handle})
+	ids := bd.enqueue("k", 2, 3)
+	bd.run(w)
+	t.Cleanup(h.open) // before the worker stops, should the test fail
+
+	first := <-h.started
+	waiting := ids[0]
+	if waiting == first {
+		waiting = ids[1]
+	}
+	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
+	if r, err := bd.store.Cancel(bd.ctx, "api:test", "enough", waiting); err != nil || r.Outcome != task.CancelRequested {
+		t.Fatalf("Cancel = %+v, %v", r, err)
+	}
+	bd.eventually(30*time.Second, "the waiting task CANCELLED", bd.statusIs(waiting, task.Cancelled))
+	if n := h.runs.of(waiting); n != 0 {
+		t.Errorf("the cancelled task's handler ran %d times, want 0", n)
+	}
+	h.open()
+	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(first, task.Succeeded))
+	bd.eventually(30*time.Second, "both entries acknowledged", func() bool { return bd.pending() == 0 })
+}
+
+// TestShutdownReleasesTasksStartedAhead: at shutdown the tasks started
+// ahead and still waiting are released at once (RETRYING, no attempt
+// counted), their handlers not called, while the running handler finishes
+// in the grace period; another worker then runs each of them once.
+func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, realRedis(t), task.Config{})
+	h := newBlockingHandler(3)
+	const idle = 200 * time.Millisecond
+	w, _ := bd.worker(ingest.Config{Concurrency: 1, ShutdownTimeout: time.Minute, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	ids := bd.enqueue("k", 3, 3)
+	stop := bd.run(w)
+	t.Cleanup(h.open)
+
+	first := <-h.started
+	bd.eventually(30*time.Second, "two tasks started ahead", func() bool { return bd.countStatus(task.Running) == 3 })
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		stop()
+	}()
+	var waiting []uuid.UUID
+	for _, id := range ids {
+		if id != first {
+			waiting = append(waiting, id)
+		}
+	}
+	for _, id := range waiting {
+		bd.eventually(30*time.Second, "a waiting task released", bd.statusIs(id, task.Retrying))
+		tk := bd.task(id)
+		if tk.AttemptCount != 0 {
+			t.Errorf("released task has attempt_count %d, want 0", tk.AttemptCount)
+		}
+		if got, want := bd.path(id), "QUEUED→RUNNING→RETRYING"; got != want {
+			t.Errorf("released task's audit %s, want %s", got, want)
+		}
+	}
+	if s := bd.task(first).Status; s != task.Running {
+		t.Errorf("the running task is %s during the grace period, want RUNNING", s)
+	}
+	h.open()
+	await(t, stopped, "the worker stopped")
+	if s := bd.task(first).Status; s != task.Succeeded {
+		t.Errorf("the task running at shutdown is %s, want SUCCEEDED within the grace period", s)
+	}
+
+	w2, _ := bd.worker(ingest.Config{Concurrency: 1, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	bd.reclaim(w2, idle)
+	bd.run(w2)
+	h.runs.succeededOnce(bd, ids)
+}
+
+// TestStaleLeaseReleasesUnrun: a task started ahead whose lease went
+// unrenewed for half a lease while it waited for a handler slot (the
+// heartbeat skipped) is released unrun when the slot comes to it, rather
+// than run on a lease that may have lapsed; it then runs once.
+func TestStaleLeaseReleasesUnrun(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, realRedis(t), task.Config{})
+	h := newBlockingHandler(2)
+	const lease, idle = 4 * time.Second, 200 * time.Millisecond
+	w, _ := bd.worker(ingest.Config{Concurrency: 1, TaskLease: lease, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	var skip atomic.Bool
+	w.SkipBeats(skip.Load)
+	ids := bd.enqueue("k", 2, 3)
+	bd.run(w)
+	t.Cleanup(h.open) // before the worker stops, should the test fail
+
+	first := <-h.started
+	waiting := ids[0]
+	if waiting == first {
+		waiting = ids[1]
+	}
+	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
+	skip.Store(true)
+	// The behaviour is a time bound: no renewal for over half a lease
+	// (the running task's lease, taken later, still holds).
+	time.Sleep(lease/2 + lease/10)
+	h.open()
+	bd.eventually(30*time.Second, "the waiting task released", bd.statusIs(waiting, task.Retrying))
+	skip.Store(false)
+	// Its entry is claimable at once, by a reclaimer.
+	w2, _ := bd.worker(ingest.Config{Concurrency: 1, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	bd.run(w2)
+	bd.reclaim(w2, idle)
+	h.runs.succeededOnce(bd, ids)
+	if got, want := bd.path(waiting), "QUEUED→RUNNING→RETRYING→RUNNING→SUCCEEDED"; got != want {
+		t.Errorf("the task whose lease went stale: audit %s, want %s", got, want)
+	}
+	if m := bd.transitions(waiting)[2].Message; m != task.ReleasedUnrun {
+		t.Errorf("its release says %q, want %q", m, task.ReleasedUnrun)
+	}
+	if tk := bd.task(waiting); tk.AttemptCount != 0 {
+		t.Errorf("attempt_count %d, want 0 (a release counts no failure)", tk.AttemptCount)
+	}
+}
+
+// TestLimitedKindNotStartedAhead: a task of a limited kind is not started
+// ahead of the handler slots; its message waits, delivered but unstarted,
+// until a slot frees, and then it runs.
+func TestLimitedKindNotStartedAhead(t *testing.T) {
+	t.Parallel()
+	bd := setup(t, realRedis(t), task.Config{})
+	many := 100 // a limit that never binds here
+	if _, err := bd.store.SetKind(bd.ctx, "test", "lim", task.KindUpdate{Concurrency: &many}); err != nil {
+		t.Fatal(err)
+	}
+	h := newBlockingHandler(3)
+	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"lim": h.handle})
+	ids := bd.enqueue("lim", 3, 3)
+	bd.run(w)
+	t.Cleanup(h.open) // before the worker stops, should the test fail
+
+	first := <-h.started
+	bd.eventually(30*time.Second, "all three entries delivered to the worker", func() bool { return bd.pending() == 3 })
+	if n := bd.countStatus(task.Running); n != 1 {
+		t.Errorf("%d tasks of a limited kind RUNNING with one busy slot, want 1", n)
+	}
+	for _, id := range ids {
+		if id != first {
+			if s := bd.task(id).Status; s != task.Queued {
+				t.Errorf("a waiting task of a limited kind is %s, want QUEUED", s)
+			}
+		}
+	}
+	h.open()
+	h.runs.succeededOnce(bd, ids)
+	if m := h.most.Load(); m != 1 {
+		t.Errorf("%d handlers ran at once with one slot", m)
+	}
+}
