@@ -158,7 +158,7 @@ func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 }
 
 // TestStaleLeaseReleasesUnrun: a task started ahead whose lease went
-// unrenewed for half a lease while it waited for a handler slot (the
+// unrenewed for two thirds of a lease while it waited for a handler slot (the
 // heartbeat skipped) is released unrun when the slot comes to it, rather
 // than run on a lease that may have lapsed; it then runs once.
 func TestStaleLeaseReleasesUnrun(t *testing.T) {
@@ -180,9 +180,9 @@ func TestStaleLeaseReleasesUnrun(t *testing.T) {
 	}
 	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
 	skip.Store(true)
-	// The behaviour is a time bound: no renewal for over half a lease
+	// The behaviour is a time bound: no renewal for over two thirds of a lease
 	// (the running task's lease, taken later, still holds).
-	time.Sleep(lease/2 + lease/10)
+	time.Sleep(lease*2/3 + lease/10)
 	h.open()
 	bd.eventually(30*time.Second, "the waiting task released", bd.statusIs(waiting, task.Retrying))
 	skip.Store(false)

@@ -19,7 +19,7 @@ import (
 // (aheadOn): the tasks of those are started before a handler slot is free,
 // so that a returning handler's slot passes straight to a started task
 // rather than waiting for a start's round trip (docs/ARCHITECTURE.md
-// §1.4). A run takes a handler slot (Concurrency of them) to call its
+// §1.3). A run takes a handler slot (Concurrency of them) to call its
 // handler, or waits for one in ready, oldest first; a message of a
 // limited kind takes one before its task is started, or waits for one
 // unstarted (so a limited kind never holds a start it is not running).
@@ -79,7 +79,7 @@ func aheadSlots(slots int) int { return min(2*slots, 256) }
 
 // newInflight returns the accounting of slots handler slots, with ahead
 // message slots beside them; maxWait is how long ago a waiting task's
-// lease may have been renewed for it to run.
+// lease may have been last known renewed for it to run.
 func newInflight(slots, ahead int, maxWait time.Duration) *inflight {
 	return &inflight{free: slots + ahead, ahead: ahead, handlers: slots, maxWait: maxWait,
 		ids: map[string]bool{}, running: map[string]*run{},
@@ -203,6 +203,7 @@ func (f *inflight) cutOffLocked(r *run) {
 	for i, w := range f.ready {
 		if w.r == r {
 			f.ready = append(f.ready[:i], f.ready[i+1:]...)
+			f.signalFreed()
 			break
 		}
 	}

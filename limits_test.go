@@ -125,6 +125,10 @@ func TestKindLimitsAcrossWorkers(t *testing.T) {
 		t.Errorf("the unlimited kind finished at %s, after the rated kind's last start %s", done, starts[len(starts)-1])
 	}
 	if n := count(`SELECT count(*) FROM ingest_task_transition WHERE to_status = 'RETRYING'`); n != 0 {
-		t.Errorf("%d failed attempts", n)
+		var why []string
+		if err := b.db.Pool.QueryRow(ctx, `SELECT array_agg(DISTINCT coalesce(message, '')) FROM ingest_task_transition WHERE to_status = 'RETRYING'`).Scan(&why); err != nil {
+			t.Fatal(err)
+		}
+		t.Errorf("%d failed attempts (%q)", n, why)
 	}
 }

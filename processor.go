@@ -29,10 +29,16 @@ const handBackTimeout = 5 * time.Second
 var errLeaseLost = errors.New("task lease lost")
 
 // errLeaseStale is the cause of the context of a task started ahead of
-// the handler slots whose lease was last known renewed more than half a
-// lease ago when a slot came to it: it is released unrun (RETRYING, due
-// now, no failure counted), since its lease may have lapsed.
-var errLeaseStale = errors.New("lease of a task waiting for a handler slot not renewed for half a lease")
+// the handler slots whose lease was last known renewed more than
+// staleAfter ago when a slot came to it: it is released unrun (RETRYING,
+// due now, no failure counted), since its lease may be about to lapse.
+var errLeaseStale = errors.New("lease of a task waiting for a handler slot not renewed for two thirds of a lease")
+
+// staleAfter is how long after its lease was last known renewed a task
+// waiting for a handler slot is released rather than run: two thirds of
+// the lease, so a heartbeat (every third of a lease) may be late by a
+// whole period.
+func staleAfter(lease time.Duration) time.Duration { return lease * 2 / 3 }
 
 // delivery is one queued message handed to the processor, whatever the
 // transport: a stream entry (Redis) or a record (Kafka), parsed.
@@ -165,7 +171,7 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 	p := &processor{
 		processorDeps: deps,
 		cfg:           cfg,
-		inflight:      newInflight(cfg.Concurrency, aheadSlots(cfg.Concurrency), cfg.TaskLease/2),
+		inflight:      newInflight(cfg.Concurrency, aheadSlots(cfg.Concurrency), staleAfter(cfg.TaskLease)),
 		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
 	}
 	p.admission.unflushed = deps.tr.redelivers()
