@@ -67,7 +67,11 @@ type Config struct {
 	// Concurrency is the number of handler slots, 1..MaxConcurrency: the
 	// handlers that run at once. A slot is free again once its handler has
 	// returned and handed its outcome to the completer, whose queue holds
-	// max(Concurrency, CompleteBatch × CompleteParallel) outcomes.
+	// max(Concurrency, CompleteBatch × CompleteParallel) outcomes. While
+	// handlers are short (under 50 ms on average), up to
+	// min(2 × Concurrency, 256) more tasks of kinds without limits are
+	// started ahead of the slots and wait for one (docs/ARCHITECTURE.md
+	// §1.3).
 	Concurrency int
 	// TaskLease is how long a started task is held without renewal; the
 	// heartbeat renews it every TaskLease/3.

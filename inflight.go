@@ -138,27 +138,22 @@ func (f *inflight) toRun(r *run) bool {
 	return false
 }
 
-// takeHandlers takes up to n free handler slots, for the starts of
-// messages of limited kinds, and returns how many it took.
-func (f *inflight) takeHandlers(n int) int {
+// holdFor gives d, the message of a limited kind, a handler slot for its
+// start: it reports held when d took a free one, queued when d waits in
+// ready until one is free (then startHeld starts it), neither while
+// draining.
+func (f *inflight) holdFor(d delivery) (held, queued bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	n = max(0, min(n, f.handlers))
-	f.handlers -= n
-	return n
-}
-
-// queueStart queues d, a message of a limited kind, until a handler slot
-// is free for its start (startHeld); it reports false, queueing nothing,
-// while draining.
-func (f *inflight) queueStart(d delivery) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.draining {
-		return false
+	switch {
+	case f.draining:
+		return false, false
+	case f.handlers > 0:
+		f.handlers--
+		return true, false
 	}
 	f.ready = append(f.ready, waiter{d: d})
-	return true
+	return false, true
 }
 
 // handlerDone gives back a handler slot: the oldest waiter takes it. A

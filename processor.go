@@ -309,36 +309,26 @@ func (p *processor) startHeld(d delivery) {
 // slot is free wait for one unstarted (startHeld), or are handed back
 // while draining. It returns the messages to start now, and held.
 func (p *processor) holdLimited(valid []delivery, limits map[string]task.Limits, held map[string]bool) ([]delivery, map[string]bool) {
-	n := 0
-	for _, d := range valid {
-		if limits[d.kind].Limited() && !held[d.id] {
-			n++
-		}
-	}
-	if n == 0 {
-		return valid, held
-	}
-	if held == nil {
-		held = make(map[string]bool, n)
-	}
-	got := p.inflight.takeHandlers(n)
 	kept := valid[:0]
 	var back []delivery
 	for _, d := range valid {
-		switch {
-		case !limits[d.kind].Limited() || held[d.id]:
-		case got > 0:
-			got--
-			held[d.id] = true
-		default:
-			p.work.Add(1)
-			if !p.inflight.queueStart(d) {
-				p.work.Done()
-				back = append(back, d)
-			}
+		if !limits[d.kind].Limited() || held[d.id] {
+			kept = append(kept, d)
 			continue
 		}
-		kept = append(kept, d)
+		p.work.Add(1) // for startHeld, should d wait
+		switch now, queued := p.inflight.holdFor(d); {
+		case now:
+			p.work.Done()
+			if held == nil {
+				held = map[string]bool{}
+			}
+			held[d.id] = true
+			kept = append(kept, d)
+		case !queued:
+			p.work.Done()
+			back = append(back, d)
+		}
 	}
 	if len(back) > 0 {
 		p.handBackHeld(p.ioCtx, back)
