@@ -142,7 +142,9 @@ func TestCompleterQueueBoundsOutcomes(t *testing.T) {
 
 	const ahead = 2
 	bd.eventually(30*time.Second, "four handlers ran, the fourth holds the slot, two tasks started ahead",
-		func() bool { return runs.all.Load() == 4 && w.FreeSlots() == 0 && bd.countStatus(task.Running) == 4+ahead })
+		func() bool {
+			return runs.all.Load() == 4 && w.FreeSlots() == 0 && bd.countStatus(task.Running) == 4+ahead
+		})
 	// The fourth handler cannot give its slot back while the queue is full,
 	// so nothing else can have started.
 	if n := runs.all.Load(); n != 4 || w.FreeSlots() != 0 {
