@@ -81,7 +81,9 @@ func aheadSlots(slots int) int { return min(2*slots, 256) }
 // message slots beside them; maxWait is how long ago a waiting task's
 // lease may have been last known renewed for it to run.
 func newInflight(slots, ahead int, maxWait time.Duration) *inflight {
-	return &inflight{free: slots + ahead, ahead: ahead, handlers: slots, maxWait: maxWait,
+	// Nothing is started ahead until a handler has returned quickly: a
+	// worker of long handlers never holds tasks waiting.
+	return &inflight{free: slots + ahead, ahead: ahead, handlerTime: aheadHandlerTime, handlers: slots, maxWait: maxWait,
 		ids: map[string]bool{}, running: map[string]*run{},
 		byTask: map[uuid.UUID]string{}, freed: make(chan struct{}, 1)}
 }
