@@ -43,20 +43,60 @@ func (h *blockingHandler) handle(_ context.Context, tk ingest.Task) error {
 	return nil
 }
 
+// aheadRun is a worker of one handler slot (unless cfg says otherwise)
+// running n new tasks of kind with a blockingHandler, whose first run has
+// begun.
+type aheadRun struct {
+	bd    *bundle
+	w     *ingest.Worker
+	h     *blockingHandler
+	ids   []uuid.UUID
+	first uuid.UUID // the task whose handler runs
+	stop  func()
+}
+
+// startAhead returns an aheadRun once its first handler runs; before, when
+// set, is called before the worker runs. The worker first runs a task of
+// kind "quick", whose handler returns at once: nothing is started ahead
+// until a handler has returned quickly.
+func startAhead(t *testing.T, cfg ingest.Config, kind string, n int, before func(*bundle, *ingest.Worker)) *aheadRun {
+	t.Helper()
+	bd := setup(t, realRedis(t), task.Config{})
+	h := newBlockingHandler(n)
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 1
+	}
+	w, _ := bd.worker(cfg, map[string]ingest.Handler{kind: h.handle, "quick": func(context.Context, ingest.Task) error { return nil }})
+	if before != nil {
+		before(bd, w)
+	}
+	stop := bd.run(w)
+	t.Cleanup(h.open) // before the worker stops, should the test fail
+	quick := bd.enqueue("quick", 1, 3)[0]
+	bd.eventually(30*time.Second, "the quick task SUCCEEDED", bd.statusIs(quick, task.Succeeded))
+	ids := bd.enqueue(kind, n, 3)
+	return &aheadRun{bd: bd, w: w, h: h, ids: ids, first: <-h.started, stop: stop}
+}
+
+// others returns the tasks but the first.
+func (a *aheadRun) others() []uuid.UUID {
+	var out []uuid.UUID
+	for _, id := range a.ids {
+		if id != a.first {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // TestTasksStartedAheadOfHandlerSlots: while the one handler slot is
 // busy, the next tasks are started (RUNNING under the worker's lease) up
 // to twice the slots, their handlers not called; once the slot frees they
 // run one at a time, each once.
 func TestTasksStartedAheadOfHandlerSlots(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	h := newBlockingHandler(5)
-	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"k": h.handle})
-	ids := bd.enqueue("k", 5, 3)
-	bd.run(w)
-	t.Cleanup(h.open) // before the worker stops, should the test fail
-
-	first := <-h.started
+	a := startAhead(t, ingest.Config{}, "k", 5, nil)
+	bd, h, ids, first := a.bd, a.h, a.ids, a.first
 	bd.eventually(30*time.Second, "two tasks started ahead of the busy slot",
 		func() bool { return bd.countStatus(task.Running) == 3 })
 	if n := h.runs.all.Load(); n != 1 {
@@ -80,18 +120,8 @@ func TestTasksStartedAheadOfHandlerSlots(t *testing.T) {
 // called.
 func TestCancelOfATaskStartedAhead(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	h := newBlockingHandler(2)
-	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"k": h.handle})
-	ids := bd.enqueue("k", 2, 3)
-	bd.run(w)
-	t.Cleanup(h.open) // before the worker stops, should the test fail
-
-	first := <-h.started
-	waiting := ids[0]
-	if waiting == first {
-		waiting = ids[1]
-	}
+	a := startAhead(t, ingest.Config{}, "k", 2, nil)
+	bd, h, first, waiting := a.bd, a.h, a.first, a.others()[0]
 	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
 	if r, err := bd.store.Cancel(bd.ctx, "api:test", "enough", waiting); err != nil || r.Outcome != task.CancelRequested {
 		t.Fatalf("Cancel = %+v, %v", r, err)
@@ -111,28 +141,16 @@ func TestCancelOfATaskStartedAhead(t *testing.T) {
 // in the grace period; another worker then runs each of them once.
 func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	h := newBlockingHandler(3)
 	const idle = 200 * time.Millisecond
-	w, _ := bd.worker(ingest.Config{Concurrency: 1, ShutdownTimeout: time.Minute, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
-	ids := bd.enqueue("k", 3, 3)
-	stop := bd.run(w)
-	t.Cleanup(h.open)
-
-	first := <-h.started
+	a := startAhead(t, ingest.Config{ShutdownTimeout: time.Minute, ReclaimIdle: idle}, "k", 3, nil)
+	bd, h, ids, first := a.bd, a.h, a.ids, a.first
 	bd.eventually(30*time.Second, "two tasks started ahead", func() bool { return bd.countStatus(task.Running) == 3 })
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		stop()
+		a.stop()
 	}()
-	var waiting []uuid.UUID
-	for _, id := range ids {
-		if id != first {
-			waiting = append(waiting, id)
-		}
-	}
-	for _, id := range waiting {
+	for _, id := range a.others() {
 		bd.eventually(30*time.Second, "a waiting task released", bd.statusIs(id, task.Retrying))
 		tk := bd.task(id)
 		if tk.AttemptCount != 0 {
@@ -151,7 +169,8 @@ func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 		t.Errorf("the task running at shutdown is %s, want SUCCEEDED within the grace period", s)
 	}
 
-	w2, _ := bd.worker(ingest.Config{Concurrency: 1, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	// Two slots: one worker's blocking read holds one while it waits.
+	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.reclaim(w2, idle)
 	bd.run(w2)
 	h.runs.succeededOnce(bd, ids)
@@ -163,21 +182,10 @@ func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 // than run on a lease that may have lapsed; it then runs once.
 func TestStaleLeaseReleasesUnrun(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	h := newBlockingHandler(2)
 	const lease, idle = 4 * time.Second, 200 * time.Millisecond
-	w, _ := bd.worker(ingest.Config{Concurrency: 1, TaskLease: lease, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	var skip atomic.Bool
-	w.SkipBeats(skip.Load)
-	ids := bd.enqueue("k", 2, 3)
-	bd.run(w)
-	t.Cleanup(h.open) // before the worker stops, should the test fail
-
-	first := <-h.started
-	waiting := ids[0]
-	if waiting == first {
-		waiting = ids[1]
-	}
+	a := startAhead(t, ingest.Config{TaskLease: lease, ReclaimIdle: idle}, "k", 2, func(_ *bundle, w *ingest.Worker) { w.SkipBeats(skip.Load) })
+	bd, h, ids, waiting := a.bd, a.h, a.ids, a.others()[0]
 	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
 	skip.Store(true)
 	// The behaviour is a time bound: no renewal for over two thirds of a lease
@@ -187,7 +195,8 @@ func TestStaleLeaseReleasesUnrun(t *testing.T) {
 	bd.eventually(30*time.Second, "the waiting task released", bd.statusIs(waiting, task.Retrying))
 	skip.Store(false)
 	// Its entry is claimable at once, by a reclaimer.
-	w2, _ := bd.worker(ingest.Config{Concurrency: 1, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	// Two slots: one worker's blocking read holds one while it waits.
+	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.run(w2)
 	bd.reclaim(w2, idle)
 	h.runs.succeededOnce(bd, ids)
@@ -207,27 +216,20 @@ func TestStaleLeaseReleasesUnrun(t *testing.T) {
 // until a slot frees, and then it runs.
 func TestLimitedKindNotStartedAhead(t *testing.T) {
 	t.Parallel()
-	bd := setup(t, realRedis(t), task.Config{})
-	many := 100 // a limit that never binds here
-	if _, err := bd.store.SetKind(bd.ctx, "test", "lim", task.KindUpdate{Concurrency: &many}); err != nil {
-		t.Fatal(err)
-	}
-	h := newBlockingHandler(3)
-	w, _ := bd.worker(ingest.Config{Concurrency: 1}, map[string]ingest.Handler{"lim": h.handle})
-	ids := bd.enqueue("lim", 3, 3)
-	bd.run(w)
-	t.Cleanup(h.open) // before the worker stops, should the test fail
-
-	first := <-h.started
+	a := startAhead(t, ingest.Config{}, "lim", 3, func(bd *bundle, _ *ingest.Worker) {
+		many := 100 // a limit that never binds here
+		if _, err := bd.store.SetKind(bd.ctx, "test", "lim", task.KindUpdate{Concurrency: &many}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	bd, h, ids := a.bd, a.h, a.ids
 	bd.eventually(30*time.Second, "all three entries delivered to the worker", func() bool { return bd.pending() == 3 })
 	if n := bd.countStatus(task.Running); n != 1 {
 		t.Errorf("%d tasks of a limited kind RUNNING with one busy slot, want 1", n)
 	}
-	for _, id := range ids {
-		if id != first {
-			if s := bd.task(id).Status; s != task.Queued {
-				t.Errorf("a waiting task of a limited kind is %s, want QUEUED", s)
-			}
+	for _, id := range a.others() {
+		if s := bd.task(id).Status; s != task.Queued {
+			t.Errorf("a waiting task of a limited kind is %s, want QUEUED", s)
 		}
 	}
 	h.open()
