@@ -185,7 +185,7 @@ func TestStaleLeaseReleasesUnrun(t *testing.T) {
 	const lease, idle = 4 * time.Second, 200 * time.Millisecond
 	var skip atomic.Bool
 	a := startAhead(t, ingest.Config{TaskLease: lease, ReclaimIdle: idle}, "k", 2, func(_ *bundle, w *ingest.Worker) { w.SkipBeats(skip.Load) })
-	bd, h, ids, waiting := a.bd, a.h, a.ids, a.others()[0]
+	bd, h, ids, first, waiting := a.bd, a.h, a.ids, a.first, a.others()[0]
 	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
 	skip.Store(true)
 	// The behaviour is a time bound: no renewal for over two thirds of a lease
@@ -193,6 +193,9 @@ func TestStaleLeaseReleasesUnrun(t *testing.T) {
 	time.Sleep(lease*2/3 + lease/10)
 	h.open()
 	bd.eventually(30*time.Second, "the waiting task released", bd.statusIs(waiting, task.Retrying))
+	// The running task's outcome may commit after the release (another
+	// flusher): await it, so the second worker cannot take it over.
+	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(first, task.Succeeded))
 	skip.Store(false)
 	// Its entry is claimable at once, by a reclaimer.
 	// Two slots: one worker's blocking read holds one while it waits.
