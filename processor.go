@@ -107,9 +107,9 @@ type run struct {
 type outcome struct {
 	r   *run
 	err error
-	// released: cut off by shutdown, or unrun after waiting too long for
-	// a handler slot (unrun); release the task (RETRYING, due now, no
-	// failure counted) and hand its entry back.
+	// released: cut off by shutdown, or (unrun) not run because its lease
+	// went unrenewed while it waited for a handler slot; release the task
+	// (RETRYING, due now, no failure counted) and hand its entry back.
 	released, unrun bool
 	// timedOut: the run hit the task timeout.
 	timedOut bool

@@ -13,8 +13,8 @@ import (
 
 // dispatch runs the handler of a started task in a handler slot: the one
 // its message holds (in held, which it leaves), or the next free one
-// (inflight.toRun).
-// leased is a time before the start that took its lease.
+// (inflight.toRun). leased is a time before the start that took the
+// task's lease.
 func (p *processor) dispatch(d delivery, t *task.Task, held map[string]bool, leased time.Time) {
 	tp := cmp.Or(t.Traceparent, d.traceparent)
 	hctx, cancel := context.WithCancelCause(p.handlerCtx)
