@@ -379,7 +379,6 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 		letters []letter
 		settle  []delivery // settled after the transport calls below
 		valid   []delivery
-		ids     []uuid.UUID
 		metric  = map[string]string{} // entry id → result
 	)
 	now := time.Now()
@@ -395,7 +394,6 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 			letters = append(letters, p.poison(d, d.kind, d.err.Error(), now))
 		default:
 			valid = append(valid, d)
-			ids = append(ids, d.taskID)
 		}
 	}
 	// Tasks of a paused kind are parked, not started: their entries are
@@ -403,14 +401,13 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 	limits := p.admission.limits(ctx)
 	if parked := p.admission.parkPaused(ctx, valid, limits); len(parked) > 0 {
 		kept := valid[:0]
-		ids = ids[:0]
 		for _, d := range valid {
 			if parked[d.taskID] {
 				acks, settle = append(acks, d.id), append(settle, d)
 				metric[d.id] = resultPaused
 				continue
 			}
-			kept, ids = append(kept, d), append(ids, d.taskID)
+			kept = append(kept, d)
 		}
 		valid = kept
 	}
@@ -420,9 +417,9 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 			p.inflight.handlerDone()
 		}
 	}()
-	ids = ids[:0]
-	for _, d := range valid {
-		ids = append(ids, d.taskID)
+	ids := make([]uuid.UUID, len(valid))
+	for i, d := range valid {
+		ids[i] = d.taskID
 	}
 	var results map[uuid.UUID]task.StartResult
 	if len(ids) > 0 {
