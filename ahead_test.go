@@ -89,6 +89,17 @@ func (a *aheadRun) others() []uuid.UUID {
 	return out
 }
 
+// runOneAtATime lets every handler return, and checks that each task ran
+// once and that no two handlers ran at once (one slot).
+func (a *aheadRun) runOneAtATime(t *testing.T) {
+	t.Helper()
+	a.h.open()
+	a.h.runs.succeededOnce(a.bd, a.ids)
+	if m := a.h.most.Load(); m != 1 {
+		t.Errorf("%d handlers ran at once with one slot", m)
+	}
+}
+
 // TestTasksStartedAheadOfHandlerSlots: while the one handler slot is
 // busy, the next tasks are started (RUNNING under the worker's lease) up
 // to twice the slots, their handlers not called; once the slot frees they
@@ -96,7 +107,7 @@ func (a *aheadRun) others() []uuid.UUID {
 func TestTasksStartedAheadOfHandlerSlots(t *testing.T) {
 	t.Parallel()
 	a := startAhead(t, ingest.Config{}, "k", 5, nil)
-	bd, h, ids, first := a.bd, a.h, a.ids, a.first
+	bd, h, first := a.bd, a.h, a.first
 	bd.eventually(30*time.Second, "two tasks started ahead of the busy slot",
 		func() bool { return bd.countStatus(task.Running) == 3 })
 	if n := h.runs.all.Load(); n != 1 {
@@ -108,11 +119,7 @@ func TestTasksStartedAheadOfHandlerSlots(t *testing.T) {
 	if s := bd.task(first).Status; s != task.Running {
 		t.Fatalf("the running task is %s", s)
 	}
-	h.open()
-	h.runs.succeededOnce(bd, ids)
-	if m := h.most.Load(); m != 1 {
-		t.Errorf("%d handlers ran at once with one slot", m)
-	}
+	a.runOneAtATime(t)
 }
 
 // TestCancelOfATaskStartedAhead: a task started ahead of the busy slot
@@ -225,7 +232,7 @@ func TestLimitedKindNotStartedAhead(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	bd, h, ids := a.bd, a.h, a.ids
+	bd := a.bd
 	bd.eventually(30*time.Second, "all three entries delivered to the worker", func() bool { return bd.pending() == 3 })
 	if n := bd.countStatus(task.Running); n != 1 {
 		t.Errorf("%d tasks of a limited kind RUNNING with one busy slot, want 1", n)
@@ -235,9 +242,5 @@ func TestLimitedKindNotStartedAhead(t *testing.T) {
 			t.Errorf("a waiting task of a limited kind is %s, want QUEUED", s)
 		}
 	}
-	h.open()
-	h.runs.succeededOnce(bd, ids)
-	if m := h.most.Load(); m != 1 {
-		t.Errorf("%d handlers ran at once with one slot", m)
-	}
+	a.runOneAtATime(t)
 }

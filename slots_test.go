@@ -146,7 +146,7 @@ func TestCompleterQueueBoundsOutcomes(t *testing.T) {
 			return runs.all.Load() == 4 && w.FreeSlots() == 0 && bd.countStatus(task.Running) == 4+ahead
 		})
 	// The fourth handler cannot give its slot back while the queue is full,
-	// so nothing else can have started.
+	// so no other handler can have run.
 	if n := runs.all.Load(); n != 4 || w.FreeSlots() != 0 {
 		t.Errorf("%d handler runs and %d free slots with the completer's queue full, want 4 and 0", n, w.FreeSlots())
 	}
