@@ -178,7 +178,7 @@ func (f *inflight) handlerDoneLocked() {
 		}
 		if time.Since(w.r.leased) > f.maxWait {
 			w.r.cancel(errLeaseStale)
-			go f.exec(w.r)
+			f.cutOffLocked(w.r)
 			continue
 		}
 		w.r.slot = true
@@ -190,9 +190,9 @@ func (f *inflight) handlerDoneLocked() {
 }
 
 // cutOffLocked runs r, whose context was just cancelled, at once without
-// a handler slot if it waits for one: its handler is not called (begin),
-// and its outcome follows the cause. It does nothing to a run already
-// running.
+// a handler slot if it waits for one (in ready, or just taken from it):
+// its handler is not called (begin), and its outcome follows the cause.
+// It does nothing to a run already running.
 func (f *inflight) cutOffLocked(r *run) {
 	if r.slot || r.returned {
 		return
@@ -314,7 +314,7 @@ func (f *inflight) drain() []delivery {
 			continue
 		}
 		w.r.cancel(errShutdown)
-		go f.exec(w.r)
+		f.cutOffLocked(w.r)
 	}
 	return back
 }
