@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/task"
@@ -183,35 +184,129 @@ func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 	h.runs.succeededOnce(bd, ids)
 }
 
-// TestStaleLeaseReleasesUnrun: a task started ahead whose lease went
-// unrenewed for two thirds of a lease while it waited for a handler slot (the
-// heartbeat skipped) is released unrun when the slot comes to it, rather
-// than run on a lease that may have lapsed; it then runs once.
-func TestStaleLeaseReleasesUnrun(t *testing.T) {
-	t.Parallel()
-	const lease, idle = 4 * time.Second, 200 * time.Millisecond
-	var skip atomic.Bool
-	a := startAhead(t, ingest.Config{TaskLease: lease, ReclaimIdle: idle}, "k", 2, func(_ *bundle, w *ingest.Worker) { w.SkipBeats(skip.Load) })
-	bd, h, ids, first, waiting := a.bd, a.h, a.ids, a.first, a.others()[0]
-	bd.eventually(30*time.Second, "the second task started ahead", bd.statusIs(waiting, task.Running))
+// staleWait starts two tasks of one slot with a lease of 4 s and the
+// heartbeat skipped once the second has been started ahead; between and
+// after, between runs what the test does to the waiting task's row. It
+// returns once the waiting task's lease has gone unrenewed for over two
+// thirds of a lease, the first handler still running.
+func staleWait(t *testing.T, between func(bd *bundle, waiting uuid.UUID)) (a *aheadRun, waiting uuid.UUID, skip *atomic.Bool) {
+	t.Helper()
+	const lease = 4 * time.Second
+	skip = new(atomic.Bool)
+	a = startAhead(t, ingest.Config{TaskLease: lease, ReclaimIdle: 200 * time.Millisecond}, "k", 2,
+		func(_ *bundle, w *ingest.Worker) { w.SkipBeats(skip.Load) })
+	waiting = a.others()[0]
+	a.bd.eventually(30*time.Second, "the second task started ahead", a.bd.statusIs(waiting, task.Running))
 	skip.Store(true)
-	// The behaviour is a time bound: no renewal for over two thirds of a lease
-	// (the running task's lease, taken later, still holds).
+	if between != nil {
+		between(a.bd, waiting)
+	}
+	// The behaviour is a time bound: no renewal for over two thirds of a
+	// lease (the running task's lease, taken later, still holds).
 	time.Sleep(lease*2/3 + lease/10)
+	return a, waiting, skip
+}
+
+// TestStaleLeaseConfirmedBeforeRun: a task started ahead whose lease went
+// unrenewed for two thirds of a lease while it waited for a handler slot
+// (the heartbeat late: here skipped) has its lease confirmed when the slot
+// comes to it, and runs once, never released.
+func TestStaleLeaseConfirmedBeforeRun(t *testing.T) {
+	t.Parallel()
+	a, waiting, _ := staleWait(t, nil)
+	bd := a.bd
+	a.runOneAtATime(t)
+	if got, want := bd.path(waiting), "QUEUED→RUNNING→SUCCEEDED"; got != want {
+		t.Errorf("the task whose lease went unrenewed: audit %s, want %s", got, want)
+	}
+}
+
+// TestLostLeaseOfAWaitingTaskNotRun: a task started ahead whose lease
+// another worker took while it waited (the heartbeat, skipped, did not
+// notice) is not run when the slot comes to it: the confirmation finds the
+// lease lost, and the row is left to its holder.
+func TestLostLeaseOfAWaitingTaskNotRun(t *testing.T) {
+	t.Parallel()
+	a, waiting, _ := staleWait(t, func(bd *bundle, waiting uuid.UUID) {
+		// What a takeover leaves: the row RUNNING under another owner.
+		if _, err := bd.db.Exec(bd.ctx, `UPDATE ingest_task SET lease_owner = 'elsewhere' WHERE id = $1`, waiting); err != nil {
+			t.Fatal(err)
+		}
+	})
+	bd, h := a.bd, a.h
 	h.open()
+	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(a.first, task.Succeeded))
+	// Its outcome goes to the completer, whose guard refuses it: the entry
+	// stays pending, for the worker holding the task.
+	bd.eventually(30*time.Second, "the waiting task's outcome refused", func() bool {
+		return bd.logs.count("task outcome not recorded: lease lost") == 1
+	})
+	if n := bd.logs.count("task lease lost while it waited for a handler slot"); n != 1 {
+		t.Errorf("%d log lines of the lost lease found by its confirmation, want 1", n)
+	}
+	if n := h.runs.of(waiting); n != 0 {
+		t.Errorf("the handler of the task whose lease was lost ran %d times, want 0", n)
+	}
+	if tk := bd.task(waiting); tk.Status != task.Running || tk.LeaseOwner != "elsewhere" || tk.AttemptCount != 0 {
+		t.Errorf("the taken-over task is %s, owner %q, attempt_count %d: want RUNNING under elsewhere, 0", tk.Status, tk.LeaseOwner, tk.AttemptCount)
+	}
+	if got, want := bd.path(waiting), "QUEUED→RUNNING"; got != want {
+		t.Errorf("the taken-over task: audit %s, want %s", got, want)
+	}
+}
+
+// TestStaleLeaseReleasedUnrunWhenConfirmFails: a task started ahead whose
+// lease cannot be confirmed when the slot comes to it (the renewal does
+// not answer within a lease: here its row is locked) is
+// released unrun, never run on a lease that may have lapsed; it then runs
+// once.
+func TestStaleLeaseReleasedUnrunWhenConfirmFails(t *testing.T) {
+	t.Parallel()
+	var lock pgx.Tx
+	a, waiting, skip := staleWait(t, func(bd *bundle, waiting uuid.UUID) {
+		var err error
+		if lock, err = bd.db.Begin(bd.ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = lock.Rollback(context.Background()) })
+		if _, err := lock.Exec(bd.ctx, `SELECT 1 FROM ingest_task WHERE id = $1 FOR UPDATE`, waiting); err != nil {
+			t.Fatal(err)
+		}
+	})
+	bd, h := a.bd, a.h
+	h.open()
+	// The confirmation waits for the lock and gives up; the release that
+	// follows waits for it too.
+	var me int
+	if err := lock.QueryRow(bd.ctx, `SELECT pg_backend_pid()`).Scan(&me); err != nil {
+		t.Fatal(err)
+	}
+	bd.eventually(30*time.Second, "the release waits for the row lock", func() bool {
+		var n int
+		err := bd.db.QueryRow(bd.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE $1 = ANY(pg_blocking_pids(pid)) AND query LIKE '%RETRYING%'`, me).Scan(&n)
+		return err == nil && n > 0
+	})
+	if n := h.runs.of(waiting); n != 0 {
+		t.Errorf("the task whose lease could not be confirmed ran %d times", n)
+	}
+	if err := lock.Commit(bd.ctx); err != nil {
+		t.Fatal(err)
+	}
 	bd.eventually(30*time.Second, "the waiting task released", bd.statusIs(waiting, task.Retrying))
 	// The running task's outcome may commit after the release (another
 	// flusher): await it, so the second worker cannot take it over.
-	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(first, task.Succeeded))
+	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(a.first, task.Succeeded))
 	skip.Store(false)
 	// Its entry is claimable at once, by a reclaimer.
 	// Two slots: one worker's blocking read holds one while it waits.
+	const idle = 200 * time.Millisecond
 	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.run(w2)
 	bd.reclaim(w2, idle)
-	h.runs.succeededOnce(bd, ids)
+	h.runs.succeededOnce(bd, a.ids)
 	if got, want := bd.path(waiting), "QUEUED→RUNNING→RETRYING→RUNNING→SUCCEEDED"; got != want {
-		t.Errorf("the task whose lease went stale: audit %s, want %s", got, want)
+		t.Errorf("the task whose lease could not be confirmed: audit %s, want %s", got, want)
 	}
 	if m := bd.transitions(waiting)[2].Message; m != task.ReleasedUnrun {
 		t.Errorf("its release says %q, want %q", m, task.ReleasedUnrun)

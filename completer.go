@@ -241,7 +241,7 @@ func (c *completer) complete(batch []outcome) {
 			metric[d.id] = resultCancelled
 		case released:
 			if o.unrun {
-				c.log.Warn("task released unrun: its lease went unrenewed for two thirds of a lease while it waited for a handler slot; it runs again", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
+				c.log.Warn("task released unrun: its lease could not be confirmed after a wait for a handler slot; it runs again", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
 			} else {
 				c.log.Info("task released at shutdown; another worker runs it", "task_id", res.ID, "message_id", d.id, o.r.traceAttr())
 			}

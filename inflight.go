@@ -44,8 +44,8 @@ type inflight struct {
 	// handlers is the number of free handler slots; ready holds what waits
 	// for one, oldest first (never both: a freed handler slot goes to the
 	// oldest waiter). A started task whose lease was last known renewed
-	// longer than maxWait ago when a slot comes to it is released rather
-	// than run (its lease may have lapsed, and another worker run it).
+	// longer than maxWait ago when its handler is about to be called has
+	// its lease confirmed first (stale; processor.confirmLease).
 	handlers int
 	ready    []waiter
 	maxWait  time.Duration
@@ -78,8 +78,9 @@ const aheadHandlerTime = 50 * time.Millisecond
 func aheadSlots(slots int) int { return min(2*slots, 256) }
 
 // newInflight returns the accounting of slots handler slots, with ahead
-// message slots beside them; maxWait is how long ago a waiting task's
-// lease may have been last known renewed for it to run.
+// message slots beside them; maxWait is how long ago a task's lease may
+// have been last known renewed for its handler to be called without
+// confirming it.
 func newInflight(slots, ahead int, maxWait time.Duration) *inflight {
 	// Nothing is started ahead until a handler has returned quickly: a
 	// worker of long handlers never holds tasks waiting.
@@ -158,9 +159,7 @@ func (f *inflight) holdFor(d delivery) (held, queued bool) {
 	return false, true
 }
 
-// handlerDone gives back a handler slot: the oldest waiter takes it. A
-// run whose lease was last known renewed longer than maxWait ago is
-// released instead, and the slot goes on to the next.
+// handlerDone gives back a handler slot: the oldest waiter takes it.
 func (f *inflight) handlerDone() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -168,25 +167,41 @@ func (f *inflight) handlerDone() {
 }
 
 func (f *inflight) handlerDoneLocked() {
-	for len(f.ready) > 0 {
-		w := f.ready[0]
-		f.ready[0] = waiter{}
-		f.ready = f.ready[1:]
-		if w.r == nil {
-			go f.startHeld(w.d)
-			return
-		}
-		if time.Since(w.r.leased) > f.maxWait {
-			w.r.cancel(errLeaseStale)
-			f.cutOffLocked(w.r)
-			continue
-		}
-		w.r.slot = true
-		go f.exec(w.r)
-		f.signalFreed() // fewer wait: reserve may grant slots again
+	if len(f.ready) == 0 {
+		f.handlers++
 		return
 	}
-	f.handlers++
+	w := f.ready[0]
+	f.ready[0] = waiter{}
+	f.ready = f.ready[1:]
+	if w.r == nil {
+		go f.startHeld(w.d)
+		return
+	}
+	w.r.slot = true
+	go f.exec(w.r)
+	f.signalFreed() // fewer wait: reserve may grant slots again
+}
+
+// stale reports whether r's lease was last known renewed longer than
+// maxWait ago: its handler is not called before the lease is confirmed.
+func (f *inflight) stale(r *run) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return time.Since(r.leased) > f.maxWait
+}
+
+// leaseConfirmed takes the outcome of the confirmation of r's lease, made
+// at at: renewed (r.leased moves on), or lost (r is marked lost, its lease
+// no longer renewed; the caller cancels it).
+func (f *inflight) leaseConfirmed(r *run, renewed bool, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if renewed {
+		r.leased = at
+	} else {
+		r.lost = true
+	}
 }
 
 // cutOffLocked runs r, whose context was just cancelled, at once without

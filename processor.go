@@ -22,16 +22,16 @@ const handBackTimeout = 5 * time.Second
 // heartbeat found the task's lease taken over.
 var errLeaseLost = errors.New("task lease lost")
 
-// errLeaseStale is the cause of the context of a task started ahead of
-// the handler slots whose lease was last known renewed more than
-// staleAfter ago when a slot came to it: it is released unrun (RETRYING,
-// due now, no failure counted), since its lease may be about to lapse.
-var errLeaseStale = errors.New("lease of a task waiting for a handler slot not renewed for two thirds of a lease")
+// errLeaseStale is the cause of the context of a run whose lease could not
+// be confirmed before its handler was called (processor.confirmLease): it
+// is released unrun (RETRYING, due now, no failure counted).
+var errLeaseStale = errors.New("the lease of a task waiting for a handler slot could not be confirmed")
 
-// staleAfter is how long after its lease was last known renewed a task
-// waiting for a handler slot is released rather than run: two thirds of
-// the lease, so a heartbeat (every third of a lease) may be late by a
-// whole period.
+// staleAfter is how long after its lease was last known renewed a task's
+// lease is confirmed before its handler is called (a task started ahead
+// waits for a handler slot while the heartbeat is late or failing): two
+// thirds of the lease, so a heartbeat (every third of a lease) may be
+// late by a whole period.
 func staleAfter(lease time.Duration) time.Duration { return lease * 2 / 3 }
 
 // delivery is one queued message handed to the processor, whatever the
@@ -102,7 +102,7 @@ type outcome struct {
 	r   *run
 	err error
 	// released: cut off by shutdown, or (unrun) not run because its lease
-	// went unrenewed while it waited for a handler slot; release the task
+	// could not be confirmed after a wait for a handler slot; release the task
 	// (RETRYING, due now, no failure counted) and hand its entry back.
 	released, unrun bool
 	// timedOut: the run hit the task timeout.
@@ -190,7 +190,7 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 //  1. From now on Process starts nothing: entries delivered to it (by the
 //     reclaimer) are made claimable at once for another worker, as are
 //     those waiting unstarted for a handler slot; the tasks started ahead
-//     of the handler slots and waiting for one are released unrun.
+//     of the handler slots and waiting for one are released, not run.
 //  2. Grace period (Config.ShutdownTimeout): running handlers may finish
 //     and hand their outcomes to the completer; the heartbeat keeps
 //     renewing the leases and entries of every run, returned or not, the

@@ -77,9 +77,9 @@ func (p *processor) begin(r *run) bool {
 	if r.err != nil {
 		return false // sealed
 	}
-	if r.task.ctx.Err() != nil {
+	if r.task.ctx.Err() != nil || (p.inflight.stale(r) && !p.confirmLease(r)) {
 		// Cut off before its handler was called (shutdown, a cancel, a
-		// lost lease, a wait too long for a handler slot).
+		// lost lease, a lease that could not be confirmed).
 		r.err = context.Cause(r.task.ctx)
 		return false
 	}
@@ -96,6 +96,42 @@ func (p *processor) begin(r *run) bool {
 	}
 	r.err = p.prepare(r.task.ctx, r)
 	return r.err == nil
+}
+
+// confirmLease renews the lease of r before its handler is called, its
+// lease last known renewed over staleAfter ago (it waited for a handler
+// slot while the heartbeat was late or failing, so the lease may have
+// lapsed and another worker taken the task): one guarded statement, the
+// heartbeat's renewal for this task alone. It reports whether r may run;
+// when not, r's context is cancelled with why: its lease lost (taken
+// over, or the task finished elsewhere: nothing of it is recorded here),
+// an operator's cancel, or a renewal that failed or did not answer within
+// a lease (errLeaseStale: the task is released unrun and runs again).
+func (p *processor) confirmLease(r *run) bool {
+	// A slow answer is still an answer: a renewal counts from when it
+	// runs. Past a lease the database is not answering.
+	ctx, cancel := context.WithTimeout(r.task.ctx, p.cfg.TaskLease)
+	defer cancel()
+	at := time.Now()
+	renewed, cancelled, err := p.store.Renew(ctx, p.cfg.Consumer, p.cfg.TaskLease, r.task.ID)
+	switch {
+	case r.task.ctx.Err() != nil:
+		// Cut off meanwhile (shutdown, a cancel): its cause stands.
+	case err != nil:
+		p.log.Warn("confirming the lease of a task that waited for a handler slot failed; releasing it unrun",
+			"task_id", r.task.ID, "message_id", r.d.id, "err", err, r.traceAttr())
+		r.cancel(errLeaseStale)
+	case len(renewed) == 0:
+		p.inflight.leaseConfirmed(r, false, at)
+		p.log.Warn("task lease lost while it waited for a handler slot; not running it", "task_id", r.task.ID, "message_id", r.d.id, "attempt", r.task.Attempt, r.traceAttr())
+		r.cancel(errLeaseLost)
+	case len(cancelled) > 0:
+		p.heartbeater.cancelRun(r.task.ID, "lease confirmation")
+	default:
+		p.inflight.leaseConfirmed(r, true, at)
+		return true
+	}
+	return false
 }
 
 // deadline is what a run with a deadline holds beside its context.

@@ -525,14 +525,14 @@ func (s *Store) Release(ctx context.Context, owner string, ids ...uuid.UUID) ([]
 }
 
 // ReleaseUnrun hands back, as Release does, tasks that owner started but
-// did not run: while they waited for a handler slot, their leases went
-// unrenewed for two thirds of a lease (they may be about to lapse).
+// did not run: they waited for a handler slot while their leases went
+// unrenewed, and the renewal that was to confirm them failed.
 func (s *Store) ReleaseUnrun(ctx context.Context, owner string, ids ...uuid.UUID) ([]Result, error) {
 	return s.release(ctx, owner, ReleasedUnrun, ids)
 }
 
 // ReleasedUnrun is the audit message of a ReleaseUnrun.
-const ReleasedUnrun = "released unrun: its lease went unrenewed for two thirds of a lease while it waited for a handler slot"
+const ReleasedUnrun = "released unrun: its lease could not be confirmed after a wait for a handler slot"
 
 func (s *Store) release(ctx context.Context, owner, message string, ids []uuid.UUID) ([]Result, error) {
 	ids = distinct(ids)
