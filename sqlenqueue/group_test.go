@@ -1,0 +1,157 @@
+package sqlenqueue_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestGroupWindowMatchesCreateTx: ingest_enqueue_batch holds tasks back by
+// their group's window as CreateTx does. The same batches through both, on
+// a kind of window 2 with a group of weight 2, park the same tasks (due
+// now, with a group, beyond the room its window leaves, or behind parked
+// tasks of their group), each parked task without an outbox row; a
+// delayed task and a task without a group are never held back. Tasks it
+// parked are released like the Go store's.
+func TestGroupWindowMatchesCreateTx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	useStream(t, db, "s:window")
+	store := newStore(t, db, task.Config{Stream: "s:window"})
+	window := 2
+	for _, kind := range []string{"go-win", "sql-win"} {
+		if _, err := store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &window, GroupWeights: map[string]int{"heavy": 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type item struct {
+		group string
+		delay time.Duration
+	}
+	batches := [][]item{
+		{{group: "a"}, {group: "a"}, {group: "a"}, {group: "a"}, {group: "a", delay: time.Hour},
+			{group: "heavy"}, {group: "heavy"}, {group: "heavy"}, {group: "heavy"}, {group: "heavy"},
+			{}, {}, {}},
+		// Room is left in a's window by nobody; b is new.
+		{{group: "a"}, {group: "b"}},
+	}
+	// created lists, per path, each task: its group, whether parked, and
+	// its outbox rows.
+	created := map[string][]string{}
+	var sqlIDs []uuid.UUID
+	for _, batch := range batches {
+		var nts []task.NewTask
+		var js []string
+		for i, it := range batch {
+			nts = append(nts, task.NewTask{Kind: "go-win", Payload: json.RawMessage(fmt.Sprint(i)), GroupKey: it.group, Delay: it.delay})
+			js = append(js, fmt.Sprintf(`{"kind":"sql-win","payload":%d,"group_key":%q,"delay_ms":%d}`, i, it.group, it.delay.Milliseconds()))
+		}
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := store.CreateTx(ctx, tx, nts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var ids []uuid.UUID
+		if err := db.QueryRow(ctx, `SELECT ingest_enqueue_batch($1::jsonb)`, "["+strings.Join(js, ",")+"]").Scan(&ids); err != nil {
+			t.Fatalf("ingest_enqueue_batch: %v", err)
+		}
+		sqlIDs = append(sqlIDs, ids...)
+		for i := range batch {
+			created["go"] = append(created["go"], describe(t, db, res[i].Task.ID))
+			created["sql"] = append(created["sql"], describe(t, db, ids[i]))
+		}
+	}
+	want := []string{
+		"a in flight 1 row", "a in flight 1 row", "a parked 0 rows", "a parked 0 rows", "a delayed 1 row",
+		"heavy in flight 1 row", "heavy in flight 1 row", "heavy in flight 1 row", "heavy in flight 1 row", "heavy parked 0 rows",
+		" in flight 1 row", " in flight 1 row", " in flight 1 row",
+		"a parked 0 rows", "b in flight 1 row",
+	}
+	for path, got := range created {
+		if strings.Join(got, ", ") != strings.Join(want, ", ") {
+			t.Errorf("%s path created\n%s\nwant\n%s", path, strings.Join(got, ", "), strings.Join(want, ", "))
+		}
+	}
+
+	// The tasks the SQL create parked are released as the Go store's are:
+	// with group a's window free again (its delayed task counts in it
+	// too), the oldest two of a, each with an outbox row due now.
+	for _, id := range []uuid.UUID{sqlIDs[0], sqlIDs[1], sqlIDs[4]} {
+		if _, err := store.Cancel(ctx, "test", "", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	released, err := store.ReleaseParked(ctx, "sql-win", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[uuid.UUID]bool{}
+	for _, id := range released {
+		got[id] = true
+	}
+	if !got[sqlIDs[2]] || !got[sqlIDs[3]] || got[sqlIDs[13]] {
+		t.Errorf("released %v, want the two oldest parked tasks of group a, %s and %s (not %s)", released, sqlIDs[2], sqlIDs[3], sqlIDs[13])
+	}
+	for _, id := range []uuid.UUID{sqlIDs[2], sqlIDs[3]} {
+		if d := describe(t, db, id); d != "a in flight 1 row" {
+			t.Errorf("released task %s: %s, want in flight with its outbox row", id, d)
+		}
+	}
+}
+
+// TestGroupWindowDefault: a kind without a group window holds a group's
+// tasks beyond task.DefaultGroupWindow in flight back, through the SQL
+// create as through the Go store.
+func TestGroupWindowDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	useStream(t, db, "s:default-window")
+	var ids []uuid.UUID
+	if err := db.QueryRow(ctx, `SELECT ingest_enqueue_batch(jsonb_agg(jsonb_build_object('kind', 'k', 'payload', i, 'group_key', 'g')))
+		FROM generate_series(1, $1::int) i`, task.DefaultGroupWindow+3).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM ingest_task WHERE id = ANY($1) AND parked_at IS NOT NULL`, ids).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 3 {
+		t.Errorf("%d of %d tasks of one group created parked, want 3 (the window is %d)", n, task.DefaultGroupWindow+3, task.DefaultGroupWindow)
+	}
+}
+
+// describe says of task id: its group, whether it is parked, delayed or
+// in flight, and how many outbox rows it has.
+func describe(t *testing.T, db *pgxpool.Pool, id uuid.UUID) string {
+	t.Helper()
+	var group, state string
+	var rows int
+	if err := db.QueryRow(context.Background(), `SELECT coalesce(group_key, ''),
+		CASE WHEN parked_at IS NOT NULL THEN 'parked' WHEN next_retry_at IS NOT NULL THEN 'delayed' ELSE 'in flight' END,
+		(SELECT count(*) FROM outbox_event o WHERE o.task_id = t.id)
+		FROM ingest_task t WHERE id = $1`, id).Scan(&group, &state, &rows); err != nil {
+		t.Fatalf("task %s: %v", id, err)
+	}
+	plural := "s"
+	if rows == 1 {
+		plural = ""
+	}
+	return fmt.Sprintf("%s %s %d row%s", group, state, rows, plural)
+}
