@@ -257,8 +257,8 @@ func TestLostLeaseOfAWaitingTaskNotRun(t *testing.T) {
 }
 
 // TestStaleLeaseReleasedUnrunWhenConfirmFails: a task started ahead whose
-// lease cannot be confirmed when the slot comes to it (the renewal does
-// not answer within a lease: here its row is locked) is
+// lease cannot be confirmed when the slot comes to it (the renewal fails:
+// here its connection is terminated while it waits for a row lock) is
 // released unrun, never run on a lease that may have lapsed; it then runs
 // once.
 func TestStaleLeaseReleasedUnrunWhenConfirmFails(t *testing.T) {
@@ -276,18 +276,32 @@ func TestStaleLeaseReleasedUnrunWhenConfirmFails(t *testing.T) {
 	})
 	bd, h := a.bd, a.h
 	h.open()
-	// The confirmation waits for the lock and gives up; the release that
-	// follows waits for it too.
 	var me int
 	if err := lock.QueryRow(bd.ctx, `SELECT pg_backend_pid()`).Scan(&me); err != nil {
 		t.Fatal(err)
 	}
-	bd.eventually(30*time.Second, "the release waits for the row lock", func() bool {
-		var n int
-		err := bd.db.QueryRow(bd.ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE $1 = ANY(pg_blocking_pids(pid)) AND query LIKE '%RETRYING%'`, me).Scan(&n)
-		return err == nil && n > 0
+	// blocked returns the backends waiting for the row lock whose
+	// statement holds text.
+	blocked := func(text string) []int {
+		var pids []int
+		err := bd.db.QueryRow(bd.ctx, `SELECT coalesce(array_agg(pid), '{}') FROM pg_stat_activity
+			WHERE $1 = ANY(pg_blocking_pids(pid)) AND strpos(query, $2) > 0`, me, text).Scan(&pids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pids
+	}
+	// The confirmation waits for the lock; its connection is cut.
+	var renewal []int
+	bd.eventually(30*time.Second, "the confirmation waits for the row lock", func() bool {
+		renewal = blocked("lease_until = now() +")
+		return len(renewal) > 0
 	})
+	if _, err := bd.db.Exec(bd.ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS x(pid)`, renewal); err != nil {
+		t.Fatal(err)
+	}
+	// The release that follows waits for the lock too.
+	bd.eventually(30*time.Second, "the release waits for the row lock", func() bool { return len(blocked("RETRYING")) > 0 })
 	if n := h.runs.of(waiting); n != 0 {
 		t.Errorf("the task whose lease could not be confirmed ran %d times", n)
 	}

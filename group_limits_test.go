@@ -36,7 +36,7 @@ func TestGroupLimitsAcrossWorkers(t *testing.T) {
 		"grate":  func(context.Context, ingest.Task) error { return nil },
 	}
 	for _, name := range []string{"w1", "w2", "w3"} {
-		b.run(b.fastConfig(name), handlers, slog.LevelError)
+		b.run(b.limitConfig(name), handlers, slog.LevelError)
 	}
 	var nts []task.NewTask
 	for _, g := range []string{"a", "b", "c", ""} {
@@ -159,6 +159,11 @@ WHERE t.kind = $1 AND tr.to_status = 'RUNNING'`, kind)
 		}
 	}
 	if n := b.query(`SELECT count(*) FROM ingest_task_transition WHERE to_status = 'RETRYING'`); n != 0 {
-		t.Errorf("%d failed attempts", n)
+		var why []string
+		if err := b.db.Pool.QueryRow(ctx, `SELECT array_agg(DISTINCT t.kind || ': ' || coalesce(tr.message, '')) FROM ingest_task_transition tr
+			JOIN ingest_task t ON t.id = tr.task_id WHERE tr.to_status = 'RETRYING'`).Scan(&why); err != nil {
+			t.Fatal(err)
+		}
+		t.Errorf("%d failed attempts (%q)", n, why)
 	}
 }

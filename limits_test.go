@@ -67,7 +67,7 @@ func TestKindLimitsAcrossWorkers(t *testing.T) {
 		},
 	}
 	for _, name := range []string{"w1", "w2"} {
-		b.run(b.fastConfig(name), handlers, slog.LevelError)
+		b.run(b.limitConfig(name), handlers, slog.LevelError)
 	}
 	b.createKind("capped", 90)
 	b.createKind("rated", 60)

@@ -105,15 +105,15 @@ func (p *processor) begin(r *run) bool {
 // heartbeat's renewal for this task alone. It reports whether r may run;
 // when not, r's context is cancelled with why: its lease lost (taken
 // over, or the task finished elsewhere: nothing of it is recorded here),
-// an operator's cancel, or a renewal that failed or did not answer within
-// a lease (errLeaseStale: the task is released unrun and runs again).
+// an operator's cancel, or a renewal that failed (errLeaseStale: the task
+// is released unrun and runs again).
 func (p *processor) confirmLease(r *run) bool {
-	// A slow answer is still an answer: a renewal counts from when it
-	// runs. Past a lease the database is not answering.
-	ctx, cancel := context.WithTimeout(r.task.ctx, p.cfg.TaskLease)
-	defer cancel()
+	// No deadline of its own: a slow answer (a busy database, a pool
+	// whose connections are all taken) is still an answer, its guard
+	// decides whatever the wait, and nothing else could start meanwhile
+	// on a database that does not answer. Shutdown's cut-off ends it.
 	at := time.Now()
-	renewed, cancelled, err := p.store.Renew(ctx, p.cfg.Consumer, p.cfg.TaskLease, r.task.ID)
+	renewed, cancelled, err := p.store.Renew(r.task.ctx, p.cfg.Consumer, p.cfg.TaskLease, r.task.ID)
 	switch {
 	case r.task.ctx.Err() != nil:
 		// Cut off meanwhile (shutdown, a cancel): its cause stands.

@@ -67,6 +67,16 @@ func (b *serviceBundle) fastConfig(consumer string) ingest.Config {
 	}
 }
 
+// limitConfig is fastConfig with a lease long enough that a heartbeat
+// late on a loaded machine never lets one lapse: a test of the limits
+// counts runs at once, and a lapsed lease frees its run's slot (as a
+// crashed worker's) while the handler still runs.
+func (b *serviceBundle) limitConfig(consumer string) ingest.Config {
+	cfg := b.fastConfig(consumer)
+	cfg.TaskLease, cfg.ReclaimIdle = 4*time.Second, 2*time.Second
+	return cfg
+}
+
 // start runs a Service with handler h for kind "k" until the test ends.
 func (b *serviceBundle) start(cfg ingest.Config, h ingest.Handler) {
 	b.t.Helper()
