@@ -177,9 +177,8 @@ func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 		t.Errorf("the task running at shutdown is %s, want SUCCEEDED within the grace period", s)
 	}
 
-	// One slot: its blocking read on the idle stream leaves it to the
-	// reclaimer.
-	w2, _ := bd.worker(ingest.Config{Concurrency: 1, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	// Two slots: one worker's blocking read holds one while it waits.
+	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.reclaim(w2, idle)
 	bd.run(w2)
 	h.runs.succeededOnce(bd, ids)
@@ -314,10 +313,9 @@ func TestStaleLeaseReleasedUnrunWhenConfirmFails(t *testing.T) {
 	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(a.first, task.Succeeded))
 	skip.Store(false)
 	// Its entry is claimable at once, by a reclaimer.
-	// One slot: its blocking read on the idle stream leaves it to the
-	// reclaimer.
+	// Two slots: one worker's blocking read holds one while it waits.
 	const idle = 200 * time.Millisecond
-	w2, _ := bd.worker(ingest.Config{Concurrency: 1, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
+	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.run(w2)
 	bd.reclaim(w2, idle)
 	h.runs.succeededOnce(bd, a.ids)

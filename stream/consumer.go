@@ -95,7 +95,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 // readNew reads new entries: as many as there are free slots (up to
 // Config.Count) without blocking, from the streams of every priority in
 // the order of PriorityShare, and, when there are none, waits for one with
-// a blocking read (blockOnce), which holds no slot while it waits.
+// a blocking read. Waiting for new entries so holds a single slot, and the
+// other free slots stay available to the reclaimer feeding the same Sink.
+// (A blocking read of several streams can return an entry of each; those
+// beyond the slot take more free slots, or are handed back to the
+// reclaimers: see blockOnce.)
 func (c *Consumer) readNew(ctx context.Context) error {
 	n, _, err := c.readOnce(ctx, c.cfg.Count, func(ctx context.Context, n int) ([]redis.XMessage, error) {
 		return c.reader.readNew(ctx, n)
@@ -106,23 +110,19 @@ func (c *Consumer) readNew(ctx context.Context) error {
 	return c.blockOnce(ctx)
 }
 
-// blockOnce waits for a free slot, then waits up to Config.Block for a new
-// entry of any priority's stream (XREADGROUP COUNT 1 over all of them)
-// without holding the slot: a reclaimer feeding the same Sink may take it
-// meanwhile (a worker of one slot would otherwise hold its only slot in
-// the read whenever its streams are idle, and never reclaim). The entries
-// read then take free slots, waiting up to Config.Block for the first;
-// those beyond (the slot was taken, or several streams had an entry) are
-// handed back (Config.HandBackIdle), so a reclaimer claims them at its
-// next round.
+// blockOnce reserves one slot and waits up to Config.Block for a new entry
+// of any priority's stream (XREADGROUP COUNT 1 over all of them). Should
+// the read return more than one entry (several streams had one), it
+// reserves free slots for the others; entries beyond those are handed back
+// (Config.HandBackIdle), so a reclaimer claims them at its next round.
 func (c *Consumer) blockOnce(ctx context.Context) error {
 	n := c.reserve(ctx, 1)
 	if n == 0 {
 		return ctx.Err()
 	}
-	c.sink.Process(ctx, nil, n)
 	msgs, err := c.reader.block(context.WithoutCancel(ctx), c.cfg.Block)
 	if err != nil {
+		c.sink.Process(ctx, nil, n)
 		if IsNoGroup(err) || isNoGroupIn(err) {
 			return errNoGroup{err}
 		}
@@ -130,13 +130,7 @@ func (c *Consumer) blockOnce(ctx context.Context) error {
 		c.sleep(ctx, c.cfg.ErrorBackoff)
 		return err
 	}
-	if len(msgs) == 0 {
-		return nil
-	}
-	wait, cancel := context.WithTimeout(ctx, c.cfg.Block)
-	n = c.reserve(wait, len(msgs))
-	cancel()
-	if n > 0 && len(msgs) > n {
+	if len(msgs) > n {
 		n += c.sink.Reserve(len(msgs) - n)
 	}
 	if len(msgs) > n {

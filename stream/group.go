@@ -44,9 +44,9 @@ type Config struct {
 	ErrorBackoff time.Duration
 	// HandBackIdle is the idle time that makes a pending entry claimable
 	// at once by the reclaimers (their min-idle, INGEST_REDIS_RECLAIM_IDLE_MS).
-	// The entries of a blocking read beyond the free slots (it holds none
-	// while it waits, and may return an entry per priority stream) are
-	// handed back so. Zero: DefaultHandBackIdle.
+	// A blocking read of every priority's stream may return an entry per
+	// stream; the ones beyond the free slots are handed back so. Zero:
+	// DefaultHandBackIdle.
 	HandBackIdle time.Duration
 }
 

@@ -3,7 +3,6 @@ package stream_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -346,79 +345,6 @@ func TestConsumerNeverOverrunsSlots(t *testing.T) {
 		defer sink.mu.Unlock()
 		if sink.overrun {
 			t.Error("the consumer read more entries than it had reserved slots for")
-		}
-	})
-}
-
-// blockSignal is a go-redis hook that signals blocked each time a
-// blocking XREADGROUP is sent.
-type blockSignal struct{ blocked chan struct{} }
-
-func (blockSignal) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (blockSignal) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h blockSignal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "xreadgroup" && strings.Contains(strings.ToLower(fmt.Sprint(cmd.Args()...)), "block") {
-			select {
-			case h.blocked <- struct{}{}:
-			default:
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-
-// TestBlockingReadHoldsNoSlot: a consumer waiting for new entries on an
-// idle stream holds no slot, so a reclaimer feeding the same Sink can take
-// the only one; an entry the read then returns, with no slot free within
-// Block, is handed back (claimable by the reclaimers at once), never
-// delivered beyond the slots; once the slot is back, new entries flow.
-func TestBlockingReadHoldsNoSlot(t *testing.T) {
-	t.Parallel()
-	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
-		t.Parallel()
-		ctx := context.Background()
-		key, _ := testenv.Keys(t)
-		rdb := testenv.Client(t, b.URL)
-		hook := blockSignal{blocked: make(chan struct{}, 1)}
-		rdb.AddHook(hook)
-		// Block is long: the entry below must arrive while the read waits.
-		cfg := stream.Config{Stream: key, Consumer: "c1", Block: 5 * time.Second, HandBackIdle: time.Hour}
-		sink := newSink(1)
-		c, err := stream.NewConsumer(cfg, rdb, sink, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		runConsumer(t, c)
-		select {
-		case <-hook.blocked:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the consumer never waited on the idle stream")
-		}
-		// What a reclaimer does: take the free slot while the read waits.
-		if n := sink.Reserve(1); n != 1 {
-			t.Fatalf("reserved %d of the one slot while the consumer waits for new entries, want 1", n)
-		}
-		id := add(t, b.Client, key, newEntry("k"))[0]
-		testenv.Eventually(t, 30*time.Second, "the entry read and handed back", func() bool {
-			p, err := b.Client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: key, Group: stream.DefaultGroup, Start: "-", End: "+", Count: 10}).Result()
-			return err == nil && len(p) == 1 && p[0].ID == id && p[0].Idle >= time.Hour
-		})
-		if got := sink.ids(); len(got) != 0 {
-			t.Errorf("delivered %v with no free slot", got)
-		}
-		sink.Process(ctx, nil, 1) // the reclaimer's slot comes back
-		next := add(t, b.Client, key, newEntry("k"))[0]
-		testenv.Eventually(t, 30*time.Second, "the next entry delivered", func() bool {
-			got := sink.ids()
-			return len(got) == 1 && got[0] == next
-		})
-		sink.mu.Lock()
-		defer sink.mu.Unlock()
-		if sink.overrun {
-			t.Error("the consumer delivered more entries than it had reserved slots for")
 		}
 	})
 }
