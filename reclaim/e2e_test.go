@@ -402,11 +402,15 @@ func TestE2ETrimmedPendingEntriesSucceed(t *testing.T) {
 	if err := e.rdb.XTrimMaxLen(context.Background(), e.stream, 10).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// The survivor's heartbeat refreshes the entries it holds every lease/3
+	// (1 s); a min-idle of 2.5 s leaves a late heartbeat on a loaded
+	// machine 1.5 s before its own reclaimer would claim one of them (and
+	// count it).
 	w := startWorker(t, e, workerOpts{
-		name: "survivor", concurrency: 16, minIdle: 300 * time.Millisecond, interval: 100 * time.Millisecond, relay: true, lease: 600 * time.Millisecond,
+		name: "survivor", concurrency: 16, minIdle: 2500 * time.Millisecond, interval: 100 * time.Millisecond, relay: true, lease: 3 * time.Second,
 		handlers: map[string]ingest.Handler{"work": func(context.Context, ingest.Task) error { return nil }},
 	})
-	testenv.Eventually(t, 20*time.Second, "100 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 100 })
+	testenv.Eventually(t, 40*time.Second, "100 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 100 })
 	if v := reclaimCounter(t, w.reg, "deleted"); v != 90 {
 		t.Errorf("deleted counter %v, want 90", v)
 	}
