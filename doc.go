@@ -14,7 +14,8 @@
 //
 // It owns the worker engine: the processor (processor.go: start, dispatch,
 // execute, shutdown) and its parts, each owning its state: the in-flight
-// set (inflight.go), per-kind admission (kinds.go), the completer
+// set (inflight.go; its message slots and their reservation by readers
+// and reclaim rounds, slots.go), per-kind admission (kinds.go), the completer
 // (completer.go) and the heartbeater with its cancel listener
 // (heartbeat.go, cancel.go), the progress writer of each run
 // (progress.go), the batcher that gathers runs into a batch handler's

@@ -60,6 +60,11 @@ type inflight struct {
 	running map[string]*run      // by message id
 	byTask  map[uuid.UUID]string // task id → message id of its run
 	freed   chan struct{}        // signalled when message slots are freed
+	// claimants counts the reclaim rounds waiting for a message slot
+	// ahead of the readers; claimFreed wakes one when slots are freed
+	// (reserveFirst, slots.go).
+	claimants  int
+	claimFreed chan struct{}
 }
 
 // waiter waits in inflight.ready for a handler slot: a started run, or
@@ -86,7 +91,7 @@ func newInflight(slots, ahead int, maxWait time.Duration) *inflight {
 	// worker of long handlers never holds tasks waiting.
 	return &inflight{free: slots + ahead, ahead: ahead, handlerTime: aheadHandlerTime, handlers: slots, maxWait: maxWait,
 		ids: map[string]bool{}, running: map[string]*run{},
-		byTask: map[uuid.UUID]string{}, freed: make(chan struct{}, 1)}
+		byTask: map[uuid.UUID]string{}, freed: make(chan struct{}, 1), claimFreed: make(chan struct{}, 1)}
 }
 
 // freeCount returns the number of free handler slots.
@@ -94,31 +99,6 @@ func (f *inflight) freeCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.handlers
-}
-
-// reserve takes up to n free message slots and returns how many it took;
-// the ahead ones only while aheadOn.
-func (f *inflight) reserve(n int) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	avail := f.free
-	switch {
-	case !f.aheadOn():
-		avail -= f.ahead
-	case avail < f.ahead/4 && len(f.ready) >= f.ahead/4:
-		// Enough started tasks wait to cover a start's round trip: gather
-		// free slots for a bigger read and start, rather than one each.
-		return 0
-	}
-	n = max(0, min(n, avail))
-	f.free -= n
-	return n
-}
-
-// aheadOn reports whether tasks are started ahead of the handler slots:
-// while the handlers' average run time is under aheadHandlerTime.
-func (f *inflight) aheadOn() bool {
-	return f.ahead > 0 && f.handlerTime < aheadHandlerTime
 }
 
 // toRun gives r, a started run, a handler slot: it reports true when r
@@ -220,23 +200,6 @@ func (f *inflight) cutOffLocked(r *run) {
 		}
 	}
 	go f.exec(r)
-}
-
-// freeSlotsLocked gives back n message slots and signals freed.
-func (f *inflight) freeSlotsLocked(n int) {
-	if n <= 0 {
-		return
-	}
-	f.free += n
-	f.signalFreed()
-}
-
-// signalFreed wakes a reader waiting for message slots.
-func (f *inflight) signalFreed() {
-	select {
-	case f.freed <- struct{}{}:
-	default:
-	}
 }
 
 // freeSlots gives back the slots that ds still hold, keeping them in

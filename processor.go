@@ -264,6 +264,11 @@ func waitFor(ch <-chan struct{}, d time.Duration) bool {
 // Reserve implements stream.Sink.
 func (p *processor) Reserve(n int) int { return p.inflight.reserve(n) }
 
+// ReserveFirst implements stream.SlotWaiter, for the reclaimer.
+func (p *processor) ReserveFirst(ctx context.Context, n int, wait time.Duration) int {
+	return p.inflight.reserveFirst(ctx, n, wait)
+}
+
 // SlotFreed implements stream.SlotNotifier.
 func (p *processor) SlotFreed() <-chan struct{} { return p.inflight.freed }
 

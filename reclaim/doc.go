@@ -6,11 +6,16 @@
 // (PEL) with XAUTOCLAIM and claims, for its own consumer, the entries idle for
 // at least Config.MinIdle. It claims only what the processing path can run
 // soon: it first reserves handler slots on the stream.Sink and asks
-// XAUTOCLAIM for at most that many entries; with no free slot it skips the
-// round. Claimed entries go to the Sink exactly like a fresh delivery, so the
-// task store's guarded start decides what happens (STARTED, or NOT_DUE /
-// LEASE_HELD / FINISHED for entries claimed early or already finished
-// elsewhere). The
+// XAUTOCLAIM for at most that many entries, keeping one slot that a page
+// left unused for the round's next page; with no free slot it waits for
+// one, up to Config.Interval, ahead of the consumer's reads (when the Sink
+// is a stream.SlotWaiter, as a worker's is), and skips the round when
+// none came free. The wait matters to a worker of one slot: its
+// consumer's blocking read holds that slot while the streams are idle and
+// would take it again as soon as the read returns. Claimed entries go to
+// the Sink exactly like a fresh delivery, so the task store's guarded
+// start decides what happens (STARTED, or NOT_DUE / LEASE_HELD / FINISHED
+// for entries claimed early or already finished elsewhere). The
 // reclaimer never acks anything: the Sink does, after the outcome is
 // committed in Postgres. Delivery stays at-least-once.
 //

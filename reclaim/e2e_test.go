@@ -4,6 +4,7 @@ package reclaim_test
 // PostgreSQL and a real redis-server.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -117,6 +118,7 @@ type workerOpts struct {
 	lease       time.Duration // task lease; the heartbeat runs every lease/3
 	minIdle     time.Duration // reclaim idle time (0: the default 10 min)
 	interval    time.Duration // reclaim interval
+	block       time.Duration // a blocking read's wait (0: 100ms)
 	handlers    map[string]ingest.Handler
 	relay       bool // also run an outbox relay
 }
@@ -135,7 +137,7 @@ func startWorker(t *testing.T, e *env, o workerOpts) *running {
 	svc, err := ingest.NewService(ingest.Config{
 		Stream: e.stream, Group: group, DLQ: e.dlq, Consumer: o.name,
 		Concurrency: o.concurrency, TaskLease: o.lease, ReclaimIdle: o.minIdle,
-		Block: 100 * time.Millisecond, ShutdownTimeout: 2 * time.Second,
+		Block: cmp.Or(o.block, 100*time.Millisecond), ShutdownTimeout: 2 * time.Second,
 		Store:         e.store.Config(),
 		Reclaim:       reclaim.Config{Interval: o.interval},
 		Relay:         outbox.RelayConfig{PublishInterval: 50 * time.Millisecond},
@@ -322,6 +324,38 @@ func TestE2ECrashedConsumerEntriesComplete(t *testing.T) {
 		}
 	}
 	testenv.Eventually(t, 5*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
+}
+
+// TestE2EOneSlotWorkerReclaimsWhileIdle: a worker of one slot whose
+// stream is idle, its consumer's blocking read holding that slot for 2 s
+// at a time, still claims a dead consumer's entries: its reclaim round
+// waits for the slot and takes it when the read returns. Each task runs
+// once.
+func TestE2EOneSlotWorkerReclaimsWhileIdle(t *testing.T) {
+	t.Parallel()
+	const minIdle = 300 * time.Millisecond
+	e := newEnv(t, task.Config{})
+	ids := e.create(t, "work", 3, 5)
+	reclaim.PublishOutbox(t, e.pool(), e.rdb, e.stream)
+	e.readAsCrashed(t, 3, 0)
+	var runs sync.Map
+	startWorker(t, e, workerOpts{
+		name: "survivor", concurrency: 1, lease: 3 * time.Second, minIdle: minIdle, interval: 100 * time.Millisecond,
+		block: 2 * time.Second,
+		handlers: map[string]ingest.Handler{"work": func(ctx context.Context, tk ingest.Task) error {
+			if _, dup := runs.LoadOrStore(tk.ID, true); dup {
+				t.Errorf("task %s ran twice", tk.ID)
+			}
+			return nil
+		}},
+	})
+	testenv.Eventually(t, 60*time.Second, "the dead consumer's 3 tasks to succeed", func() bool { return e.statusCount(t, task.Succeeded) == 3 })
+	for _, id := range ids {
+		if _, ok := runs.Load(id); !ok {
+			t.Errorf("task %s succeeded without a run here", id)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
 }
 
 // TestE2ELongTaskIsNotReclaimed: a handler running 5× the reclaim idle time

@@ -46,6 +46,10 @@ type Reclaimer struct {
 	takeoverFroms map[string]map[string]string
 	// cur is the priority stream a round is working on.
 	cur priorityStream
+	// kept is the slot a round keeps from one page to the next (0 or 1);
+	// waited is set once the round has waited for a slot (reserve).
+	kept   int
+	waited bool
 }
 
 // priorityStream is one of the streams of the task stream (stream.Keys):
@@ -147,6 +151,8 @@ type roundResult struct {
 func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.waited = false
+	defer r.giveBack(ctx)
 	var res roundResult
 	if len(r.backlog) > 0 && ctx.Err() == nil {
 		ids := r.backlog
@@ -180,7 +186,7 @@ func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 	cursor := "0-0"
 	for ctx.Err() == nil {
-		n := r.sink.Reserve(r.cfg.BatchSize)
+		n := r.reserve(ctx, r.cfg.BatchSize)
 		if n == 0 {
 			res.Skipped = true
 			return
@@ -204,7 +210,7 @@ func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 		}
 		r.sawGroup = true
 		// Hand over first: the slots were reserved for these entries.
-		r.sink.Process(ctx, r.qualify(msgs), n)
+		r.hand(ctx, r.qualify(msgs), n)
 		res.Claimed += len(msgs)
 		r.metrics.add(resultClaimed, len(msgs))
 		if len(deleted) > 0 {
@@ -219,6 +225,48 @@ func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 			return
 		}
 		cursor = next
+	}
+}
+
+// reserve reserves up to n slots of the sink for a page: the one the
+// round kept from its page before, and more. The round's first
+// reservation that finds none free waits for one, up to Interval, when
+// the sink is a stream.SlotWaiter: the consumer's blocking read holds a
+// slot while the streams are idle, and without the wait a worker of one
+// slot would almost never reclaim.
+func (r *Reclaimer) reserve(ctx context.Context, n int) int {
+	got := r.kept
+	r.kept = 0
+	if got >= n {
+		return got
+	}
+	got += r.sink.Reserve(n - got)
+	if got == 0 && !r.waited {
+		r.waited = true
+		if w, ok := r.sink.(stream.SlotWaiter); ok {
+			got = w.ReserveFirst(ctx, n, r.cfg.Interval)
+		}
+	}
+	return got
+}
+
+// hand hands a page's entries to the sink on the n slots reserved for
+// them, keeping one left over for the round's next page (so that a
+// round that got a slot goes through every stream with it).
+func (r *Reclaimer) hand(ctx context.Context, msgs []redis.XMessage, n int) {
+	if n > len(msgs) {
+		r.kept, n = 1, n-1
+	}
+	if n > 0 {
+		r.sink.Process(ctx, msgs, n)
+	}
+}
+
+// giveBack gives the slot a round kept back to the sink at its end.
+func (r *Reclaimer) giveBack(ctx context.Context) {
+	if r.kept > 0 {
+		r.sink.Process(ctx, nil, r.kept)
+		r.kept = 0
 	}
 }
 

@@ -104,7 +104,7 @@ func (r *Reclaimer) takeOverFrom(ctx context.Context, consumer string, budget *i
 			return true
 		}
 		if len(claimable) > 0 {
-			n := r.sink.Reserve(len(claimable))
+			n := r.reserve(ctx, len(claimable))
 			if n == 0 {
 				res.Skipped = true
 				r.takeoverFrom[consumer] = start // this page again next round
@@ -119,7 +119,7 @@ func (r *Reclaimer) takeOverFrom(ctx context.Context, consumer string, budget *i
 				r.takeoverFailed(ctx, consumer, fmt.Errorf("xclaim %s %s: %w", r.cur.key, r.cfg.Group, err))
 				return true
 			}
-			r.sink.Process(ctx, r.qualify(msgs), n)
+			r.hand(ctx, r.qualify(msgs), n)
 			res.TakenOver += len(msgs)
 			r.metrics.add(resultTakeover, len(msgs))
 			for _, m := range msgs {

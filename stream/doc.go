@@ -32,7 +32,10 @@
 //     (Sink.Reserve before every read). While entries flow it reads as many
 //     as there are free slots without blocking; when there are none it
 //     blocks for one, so an idle consumer holds one slot and leaves the
-//     rest to the reclaimer feeding the same Sink.
+//     rest to the reclaimer feeding the same Sink. A Sink that is a
+//     SlotWaiter lets a reclaim round wait for a slot ahead of the
+//     consumer, so the one slot a blocking read holds goes to the round
+//     when the read returns.
 //   - A missing group (NOGROUP: the stream was deleted, or Redis restarted
 //     empty) is recreated with MKSTREAM and reading continues; an existing
 //     group (BUSYGROUP) is fine.
