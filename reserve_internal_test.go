@@ -13,6 +13,26 @@ func claimantsOf(f *inflight) int {
 	return f.claimants
 }
 
+// freeOne gives one message slot of f back, as a settled message does.
+func freeOne(f *inflight) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.freeSlotsLocked(1)
+}
+
+// receive returns what ch gives, failing the test if it gives nothing
+// within 30 s.
+func receive(t *testing.T, ch <-chan int, what string) int {
+	t.Helper()
+	select {
+	case n := <-ch:
+		return n
+	case <-time.After(30 * time.Second):
+		t.Fatalf("waited 30s for %s", what)
+		return 0
+	}
+}
+
 // awaitClaimants waits until n reclaim rounds wait for a slot of f.
 func awaitClaimants(t *testing.T, f *inflight, n int) {
 	t.Helper()
@@ -40,27 +60,18 @@ func TestReserveFirstTakesTheNextFreedSlot(t *testing.T) {
 
 	// The reader's read returns empty: its slot comes back, and it asks
 	// for one again at once.
-	f.mu.Lock()
-	f.freeSlotsLocked(1)
-	f.mu.Unlock()
+	freeOne(f)
 	if n := f.reserve(1); n != 0 {
 		t.Fatalf("the reader reserved %d slots while a reclaim round waited for one, want 0", n)
 	}
-	select {
-	case n := <-got:
-		if n != 1 {
-			t.Fatalf("the reclaim round reserved %d slots, want the 1 freed", n)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the reclaim round never got the freed slot")
+	if n := receive(t, got, "the reclaim round's reservation"); n != 1 {
+		t.Fatalf("the reclaim round reserved %d slots, want the 1 freed", n)
 	}
 	awaitClaimants(t, f, 0)
 	if n := f.reserve(1); n != 0 {
 		t.Fatalf("the reader reserved %d slots while the reclaim round held the only one", n)
 	}
-	f.mu.Lock()
-	f.freeSlotsLocked(1)
-	f.mu.Unlock()
+	freeOne(f)
 	if n := f.reserve(1); n != 1 {
 		t.Fatalf("the reader reserved %d slots after the reclaim round gave its slot back, want 1", n)
 	}
@@ -81,18 +92,11 @@ func TestReserveFirstGivesUp(t *testing.T) {
 	go func() { got <- f.reserveFirst(ctx, 1, time.Hour) }()
 	awaitClaimants(t, f, 1)
 	cancel()
-	select {
-	case n := <-got:
-		if n != 0 {
-			t.Fatalf("reserved %d slots with none free, want 0 once its context ended", n)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the wait did not end with its context")
+	if n := receive(t, got, "the end of the wait with its context"); n != 0 {
+		t.Fatalf("reserved %d slots with none free, want 0 once its context ended", n)
 	}
 	awaitClaimants(t, f, 0)
-	f.mu.Lock()
-	f.freeSlotsLocked(1)
-	f.mu.Unlock()
+	freeOne(f)
 	if n := f.reserve(1); n != 1 {
 		t.Fatalf("the reader reserved %d slots once no reclaim round waited, want 1", n)
 	}
