@@ -57,6 +57,9 @@ func TestSchedulingUnderKills(t *testing.T) {
 	if _, err := c.store.SetKind(ctx, "chaos", "rated", task.KindUpdate{Rate: &rate}); err != nil {
 		t.Fatal(err)
 	}
+	// A kind limited per group (groups_test.go), set before the workers
+	// start like the limits above.
+	groups := newGroupLoad(t, c)
 	ws := c.spawn("w", 4)
 	seconds := size(10, 60)
 	span := time.Duration(seconds) * time.Second
@@ -123,7 +126,7 @@ func TestSchedulingUnderKills(t *testing.T) {
 	limited("rated", nRated, 5)
 	// Grouped tasks (groups_test.go): a burst now, quiet groups a few
 	// tasks per kill.
-	groups := newGroupLoad(t, c)
+	groups.createBurst()
 
 	outcomes := map[uuid.UUID]task.CancelOutcome{}
 	cancel := func(ids []uuid.UUID) {
