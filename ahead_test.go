@@ -177,7 +177,8 @@ func TestShutdownReleasesTasksStartedAhead(t *testing.T) {
 		t.Errorf("the task running at shutdown is %s, want SUCCEEDED within the grace period", s)
 	}
 
-	// Two slots: one worker's blocking read holds one while it waits.
+	// Two slots: the stand-in reclaimer (bd.reclaim) needs one beside the
+	// one the blocking read holds.
 	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.reclaim(w2, idle)
 	bd.run(w2)
@@ -313,7 +314,8 @@ func TestStaleLeaseReleasedUnrunWhenConfirmFails(t *testing.T) {
 	bd.eventually(30*time.Second, "the running task SUCCEEDED", bd.statusIs(a.first, task.Succeeded))
 	skip.Store(false)
 	// Its entry is claimable at once, by a reclaimer.
-	// Two slots: one worker's blocking read holds one while it waits.
+	// Two slots: the stand-in reclaimer (bd.reclaim) needs one beside the
+	// one the blocking read holds.
 	const idle = 200 * time.Millisecond
 	w2, _ := bd.worker(ingest.Config{Concurrency: 2, ReclaimIdle: idle}, map[string]ingest.Handler{"k": h.handle})
 	bd.run(w2)

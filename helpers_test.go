@@ -220,6 +220,9 @@ func (bd *bundle) dlqEntries() []redis.XMessage {
 
 // reclaim stands in for the reclaimer (package reclaim): it XAUTOCLAIMs
 // entries idle for minIdle to w's consumer every 20ms and feeds w's Sink.
+// Unlike the reclaimer it does not wait for a slot ahead of the consumer
+// (stream.SlotWaiter): a worker it feeds needs a slot beside the one its
+// consumer's blocking read holds while the stream is idle.
 func (bd *bundle) reclaim(w *ingest.Worker, minIdle time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
