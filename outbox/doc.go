@@ -37,7 +37,11 @@
 // transition (package task).
 //
 // InsertDue writes an event due later (a delayed task; Kafka mode brings a task back at its
-// retry time this way).
+// retry time this way). When such a row of a task with a group falls due,
+// the pass that claimed it first asks PostgreSQL (ingest_task_hold_due,
+// migration 00032) whether the group's window has room: a task it parks
+// instead has its row deleted rather than published (pass.go holdSQL),
+// and the release that unparks it writes a new one.
 //
 // Writer is the one place that decides how the tasks a transaction makes
 // due now reach the stream; package task writes the rows of the tasks it

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -80,8 +81,10 @@ SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan'
 // publishing. SKIP LOCKED lets concurrent passes take disjoint batches; a
 // row another pass marked meanwhile is re-checked against the WHERE clause
 // after locking, so it is skipped. A row whose task is gone comes back
-// with orphan true. Each row comes with its next_retry_at, the first
-// one's being the relay's next bound.
+// with orphan true; one whose task has a group and a due time of its own
+// (a delayed task fallen due, which its group's window may hold back:
+// holdSQL) with holdable true. Each row comes with its next_retry_at, the
+// first one's being the relay's next bound.
 const claimSQL = `
 WITH due AS (
     SELECT id, task_id, stream, next_retry_at, created_at FROM outbox_event
@@ -92,9 +95,19 @@ WITH due AS (
     FOR UPDATE SKIP LOCKED
 )
 SELECT d.id, d.task_id, d.stream, coalesce(t.kind, ''), d.created_at, coalesce(t.traceparent, ''),
-       coalesce(t.priority, 2), t.id IS NULL, d.next_retry_at
+       coalesce(t.priority, 2), t.id IS NULL, d.next_retry_at, t.group_key IS NOT NULL AND t.next_retry_at IS NOT NULL
 FROM due d LEFT JOIN ingest_task t ON t.id = d.task_id
 ORDER BY d.next_retry_at, d.id`
+
+// holdSQL holds those of the tasks $1 (a pass's holdable rows) that their
+// group's window holds back when they fall due: it parks them, in the
+// pass's transaction, and returns them (migration 00032). The pass deletes
+// their rows (withdrawSQL) instead of publishing them; the release that
+// unparks a task writes it a new row.
+const holdSQL = `SELECT ingest_task_hold_due($1::uuid[])`
+
+// withdrawSQL deletes the rows $1 of a pass whose tasks holdSQL parked.
+const withdrawSQL = `DELETE FROM outbox_event WHERE id = ANY($1::bigint[]) AND status IN ('NEW', 'RETRYING')`
 
 // The marking statements of a pass take their times from
 // statement_timestamp(): now() is the start of the pass's transaction,
@@ -169,6 +182,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	bound, token := r.from.claim()
 	batch.Queue(claimSQL, r.cfg.BatchSize, bound)
 	var c claimed
+	var holdables []uuid.UUID
 	var taken int64
 	var first pgtype.Timestamptz
 	br := conn.SendBatch(ctx, batch)
@@ -182,22 +196,30 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			var rw row
-			var orphan bool
+			var orphan, holdable bool
 			var due pgtype.Timestamptz
-			_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &rw.traceparent, &rw.priority, &orphan, &due}, func() error {
+			_, err = pgx.ForEachRow(rows, []any{&rw.id, &rw.taskID, &rw.stream, &rw.kind, &rw.createdAt, &rw.traceparent, &rw.priority, &orphan, &due, &holdable}, func() error {
 				if !first.Valid {
 					first = due
 				}
-				if orphan {
+				switch {
+				case orphan:
 					c.orphans = append(c.orphans, rw.id)
-				} else {
+				case holdable:
+					holdables = append(holdables, rw.taskID)
+					fallthrough
+				default:
 					c.rows = append(c.rows, rw)
 				}
 				return nil
 			})
 		}
 	}
-	if err = errors.Join(err, br.Close()); err != nil {
+	err = errors.Join(err, br.Close())
+	if err == nil && len(holdables) > 0 {
+		err = c.hold(ctx, conn, holdables)
+	}
+	if err != nil {
 		endPass(conn)
 		r.from.reset()
 		return claimed{}, fmt.Errorf("claim outbox rows: %w", err)
@@ -210,12 +232,39 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	case first.Valid:
 		r.from.found(first, token)
 	}
-	if len(c.rows) == 0 && len(c.orphans) == 0 {
+	if len(c.rows) == 0 && len(c.orphans) == 0 && len(c.withdrawn) == 0 {
 		endPass(conn)
 		return claimed{}, nil
 	}
 	c.conn = conn
 	return c, nil
+}
+
+// hold runs holdSQL in the pass's transaction (on conn) for the tasks of its
+// holdable rows, and moves the rows of the tasks it parked from c.rows to
+// c.withdrawn.
+func (c *claimed) hold(ctx context.Context, conn *pgxpool.Conn, tasks []uuid.UUID) error {
+	var held []uuid.UUID
+	if err := conn.QueryRow(ctx, holdSQL, tasks).Scan(&held); err != nil {
+		return fmt.Errorf("hold delayed tasks to their groups' windows: %w", err)
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	parked := make(map[uuid.UUID]bool, len(held))
+	for _, id := range held {
+		parked[id] = true
+	}
+	kept := c.rows[:0]
+	for _, rw := range c.rows {
+		if parked[rw.taskID] {
+			c.withdrawn = append(c.withdrawn, rw.id)
+		} else {
+			kept = append(kept, rw)
+		}
+	}
+	c.rows = kept
+	return nil
 }
 
 // endPass rolls back the transaction of conn, if one is open, and returns
@@ -237,7 +286,7 @@ func endPass(conn *pgxpool.Conn) {
 // is nil.
 func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []error) (DrainResult, error) {
 	defer endPass(c.conn)
-	res := DrainResult{Claimed: len(c.rows) + len(c.orphans)}
+	res := DrainResult{Claimed: len(c.rows) + len(c.orphans) + len(c.withdrawn), Held: len(c.withdrawn)}
 	if r.afterPublish != nil {
 		r.afterPublish()
 	}
@@ -264,6 +313,9 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 	if len(c.orphans) > 0 {
 		batch.Queue(orphanSQL, r.cfg.ID, r.cfg.Lease.Milliseconds(), c.orphans)
 	}
+	if len(c.withdrawn) > 0 {
+		batch.Queue(withdrawSQL, c.withdrawn)
+	}
 	batch.Queue("COMMIT")
 
 	var delays []float64
@@ -283,6 +335,9 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 		}
 	}
 	if err == nil && len(c.orphans) > 0 {
+		_, err = br.Exec()
+	}
+	if err == nil && len(c.withdrawn) > 0 {
 		_, err = br.Exec()
 	}
 	if err == nil {

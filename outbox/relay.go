@@ -174,6 +174,10 @@ type DrainResult struct {
 	Retried int
 	// Dead rows: the XADD failed for the last allowed time, now DEAD.
 	Dead int
+	// Held rows: their tasks, delayed and fallen due, were parked by
+	// their groups' windows (a release publishes them later) and the rows
+	// deleted (see holdSQL).
+	Held int
 	// Stale rows: their claim had been taken over by another relay (this
 	// one stalled past its lease, and its transaction was ended) before
 	// this pass could mark them, so the pass changed nothing; their
@@ -509,7 +513,7 @@ func (r *Relay) logPass(res DrainResult, failMsgs []string) {
 		r.logger.Warn("outbox relay lost its lease before marking rows: another relay published them again",
 			"stale", res.Stale)
 	}
-	r.logger.Debug("outbox relay pass", "claimed", res.Claimed, "published", res.Published)
+	r.logger.Debug("outbox relay pass", "claimed", res.Claimed, "published", res.Published, "held", res.Held)
 }
 
 // row is one claimed outbox row.
@@ -536,6 +540,9 @@ type claimed struct {
 	// the rows it locked whose task is gone.
 	conn    *pgxpool.Conn
 	orphans []int64
+	// withdrawn are the rows it locked whose tasks it parked (hold):
+	// deleted at its commit, not published.
+	withdrawn []int64
 	// unwritten: the rows are not in outbox_event yet (see reserve); the
 	// relay writes them after the XADD. committed is when the claim was
 	// handed over.

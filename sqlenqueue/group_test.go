@@ -90,8 +90,8 @@ func TestGroupWindowMatchesCreateTx(t *testing.T) {
 	}
 
 	// The tasks the SQL create parked are released as the Go store's are:
-	// with group a's window free again (its delayed task counts in it
-	// too), the oldest two of a, each with an outbox row due now.
+	// with group a's window free again (its delayed task, due later, takes
+	// no room in it), the oldest two of a, each with an outbox row due now.
 	for _, id := range []uuid.UUID{sqlIDs[0], sqlIDs[1], sqlIDs[4]} {
 		if _, err := store.Cancel(ctx, "test", "", id); err != nil {
 			t.Fatal(err)
@@ -111,6 +111,76 @@ func TestGroupWindowMatchesCreateTx(t *testing.T) {
 	for _, id := range []uuid.UUID{sqlIDs[2], sqlIDs[3]} {
 		if d := describe(t, db, id); d != "a in flight 1 row" {
 			t.Errorf("released task %s: %s, want in flight with its outbox row", id, d)
+		}
+	}
+}
+
+// TestGroupWindowCountsTasksInTheStream: a group's window counts its
+// tasks in the stream or running, not those that wait elsewhere: with a
+// window of 2, three delayed tasks of group d (due in an hour) and two
+// tasks of group h waiting for a dependency leave both windows empty, so
+// two tasks of each group created next are in flight, through
+// ingest_enqueue_batch as through CreateTx; a third one of each is parked.
+func TestGroupWindowCountsTasksInTheStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.DB(t)
+	useStream(t, db, "s:count")
+	store := newStore(t, db, task.Config{Stream: "s:count"})
+	window := 2
+	parent, err := store.Create(ctx, task.NewTask{Kind: "parent", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kind := range []string{"go-count", "sql-count"} {
+		if _, err := store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &window}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiting := []task.NewTask{
+		{GroupKey: "d", Delay: time.Hour}, {GroupKey: "d", Delay: time.Hour}, {GroupKey: "d", Delay: time.Hour},
+		{GroupKey: "h", DependsOn: []uuid.UUID{parent.Task.ID}}, {GroupKey: "h", DependsOn: []uuid.UUID{parent.Task.ID}},
+	}
+	next := []task.NewTask{{GroupKey: "d"}, {GroupKey: "d"}, {GroupKey: "d"}, {GroupKey: "h"}, {GroupKey: "h"}, {GroupKey: "h"}}
+	want := "d in flight 1 row, d in flight 1 row, d parked 0 rows, h in flight 1 row, h in flight 1 row, h parked 0 rows"
+	for _, path := range []string{"go", "sql"} {
+		var got []string
+		for _, batch := range [][]task.NewTask{waiting, next} {
+			var ids []uuid.UUID
+			if path == "go" {
+				nts := make([]task.NewTask, len(batch))
+				for i, nt := range batch {
+					nt.Kind, nt.Payload = "go-count", json.RawMessage(fmt.Sprint(i))
+					nts[i] = nt
+				}
+				res, err := store.CreateBatch(ctx, nts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range res {
+					ids = append(ids, r.Task.ID)
+				}
+			} else {
+				var js []string
+				for i, nt := range batch {
+					deps := ""
+					if len(nt.DependsOn) > 0 {
+						deps = fmt.Sprintf(`,"depends_on":[%q]`, nt.DependsOn[0])
+					}
+					js = append(js, fmt.Sprintf(`{"kind":"sql-count","payload":%d,"group_key":%q,"delay_ms":%d%s}`, i, nt.GroupKey, nt.Delay.Milliseconds(), deps))
+				}
+				if err := db.QueryRow(ctx, `SELECT ingest_enqueue_batch($1::jsonb)`, "["+strings.Join(js, ",")+"]").Scan(&ids); err != nil {
+					t.Fatalf("ingest_enqueue_batch: %v", err)
+				}
+			}
+			if len(batch) == len(next) {
+				for _, id := range ids {
+					got = append(got, describe(t, db, id))
+				}
+			}
+		}
+		if g := strings.Join(got, ", "); g != want {
+			t.Errorf("%s path: tasks created after the waiting ones\n%s\nwant\n%s", path, g, want)
 		}
 	}
 }

@@ -33,8 +33,11 @@ import (
 // kind) fill what room is left, serving the kind's groups round-robin. So
 // the stream holds at most a window of each group's tasks, and a task of
 // a quiet group waits behind at most a window of each busier group's
-// tasks, whatever their backlog. Tasks without a group and delayed tasks
-// are never held back.
+// tasks, whatever their backlog. A delayed task takes no room until it
+// falls due, and is held to its window then: the outbox relay's pass
+// calls ingest_task_hold_due (migration 00032), which parks it when its
+// group has no room, before publishing it. Tasks without a group are
+// never held back.
 //
 // Weights: a kind's group_weights gives a group a weight from 1 to
 // MaxGroupWeight (a group not listed weighs 1). Its window is the kind's
@@ -225,14 +228,25 @@ func weightSQL(k, g string) string {
 }
 
 // admittedSQL counts the tasks of group g of kind k in the stream or
-// running: unfinished and not parked, in two probes of
-// ingest_task_group_idx, the recent ones (as liveTasks: at or above the
-// low water, not lingering) and the lingering ones.
+// running: unfinished, not parked, not held by an edge (a dependency or
+// its sequence: no outbox row of it is due) and not a QUEUED task due
+// later (a delayed task enters its group's window when it falls due), in
+// two probes of ingest_task_group_idx, the recent ones (as liveTasks: at
+// or above the low water, not lingering) and the lingering ones. A retry
+// waiting for its backoff counts: its entry is still in the stream.
+// Migration 00032's ingest_group_admitted is the same count in SQL.
 func admittedSQL(k, g string) string {
 	return `((SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + ` AND a.parked_at IS NULL
-        AND ` + recentGuard("a") + `)
+        AND ` + recentGuard("a") + ` AND ` + inStreamGuard("a") + `)
     + (SELECT count(*) FROM ingest_task a WHERE a.kind = ` + k + ` AND a.group_key = ` + g + ` AND a.parked_at IS NULL
-        AND ` + lingeringGuard("a") + `))`
+        AND ` + lingeringGuard("a") + ` AND ` + inStreamGuard("a") + `))`
+}
+
+// inStreamGuard holds for an unparked, unfinished task that is in the
+// stream or running (admittedSQL): neither held by an edge nor QUEUED and
+// due later. a is the alias of ingest_task.
+func inStreamGuard(a string) string {
+	return `(` + notHeld(a) + ` AND (` + a + `.status <> 'QUEUED' OR ` + a + `.next_retry_at IS NULL OR ` + a + `.next_retry_at <= now()))`
 }
 
 // createRoomSQL tells, for each (kind $1[i], group $2[i]) of a batch

@@ -75,7 +75,9 @@ SELECT l.status, l.next_retry_at, ` + parkedSQL("l") + `, NOT ` + notHeld("l") +
 
 // RunNow makes task id, QUEUED or RETRYING and due later, due now on
 // behalf of actor (recorded as the audit row's worker), and publishes it at
-// once. See RunNowOutcome for the refusals; it returns ErrNotFound for an
+// once (a task with a group takes its turn in its group's window: the
+// relay parks it when the window has no room, as it does a delayed task
+// falling due). See RunNowOutcome for the refusals; it returns ErrNotFound for an
 // unknown id.
 func (s *Store) RunNow(ctx context.Context, actor string, id uuid.UUID) (RunNowResult, error) {
 	if actor == "" {

@@ -1,0 +1,139 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/outbox"
+	"github.com/ingest-worker/ingest/task"
+)
+
+// TestDelayedTasksHeldToTheirGroupWindow: a delayed task with a group is
+// held to its group's window when it falls due. With a window of 2 and
+// one task of group g in flight, of g's four delayed tasks the relay
+// publishes the one that fits and parks the other three, deleting their
+// outbox rows; a delayed task of another group and one without a group are
+// published. Before they fall due, the delayed tasks take no room: a task
+// of g created meanwhile is not parked. A parked task is released when
+// its group has room, and its new row is published, not held again.
+func TestDelayedTasksHeldToTheirGroupWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const kind = "win"
+	w := 2
+	if _, err := b.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+	r := b.relay(t, outbox.RelayConfig{ID: "hold-relay"})
+	newTask := func(i int, group string, delay time.Duration) task.NewTask {
+		return task.NewTask{Kind: kind, Payload: json.RawMessage(fmt.Sprint(i)), GroupKey: group, Delay: delay}
+	}
+	// Long enough for the creates below to come first on a slow machine.
+	const delay = 2 * time.Second
+	res, err := b.store.CreateBatch(ctx, []task.NewTask{
+		newTask(0, "g", delay), newTask(1, "g", delay), newTask(2, "g", delay), newTask(3, "g", delay),
+		newTask(4, "other", delay), newTask(5, "", delay),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delayed := make([]uuid.UUID, len(res))
+	for i, cr := range res {
+		delayed[i] = cr.Task.ID
+	}
+	created, err := b.store.Create(ctx, newTask(6, "g", 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := created.Task
+	if now.ParkedAt != nil {
+		t.Fatal("a task of g created while g's four delayed tasks are not due was parked: they took room in its window of 2")
+	}
+
+	// Once every row is due, passes until none is left.
+	testenv.Eventually(t, 60*time.Second, "the delayed rows due", func() bool {
+		return b.count(t, `status = 'NEW' AND next_retry_at > now()`) == 0
+	})
+	var total outbox.DrainResult
+	for {
+		res, err := r.DrainOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Claimed == 0 {
+			break
+		}
+		total.Published += res.Published
+		total.Held += res.Held
+	}
+	if total.Published != 4 || total.Held != 3 {
+		t.Errorf("passes published %d rows and held %d, want 4 (g's task due now, one of g's delayed tasks, other's, the ungrouped one) and 3", total.Published, total.Held)
+	}
+	parked := b.parked(t, delayed...)
+	for i, id := range delayed {
+		rows := b.count(t, `task_id = $1`, id)
+		switch want := i >= 1 && i <= 3; {
+		case parked[id] != want:
+			t.Errorf("delayed task %d: parked %v, want %v", i, parked[id], want)
+		case want && rows != 0:
+			t.Errorf("parked delayed task %d has %d outbox rows, want 0 (its row is withdrawn)", i, rows)
+		case !want && b.count(t, `task_id = $1 AND status = 'SENT'`, id) != 1:
+			t.Errorf("delayed task %d: not published", i)
+		}
+	}
+	b.checkPublishedOnce(t, 4)
+
+	// g's window is full (the task due now and delayed task 0): nothing
+	// is released. Once one of them ends, the oldest parked one is, and
+	// its new row is published.
+	if rel, err := b.store.ReleaseParked(ctx, kind, 0, 0); err != nil || len(rel) != 0 {
+		t.Fatalf("release with g's window full: %v, %v; want nothing", rel, err)
+	}
+	if _, err := b.store.Cancel(ctx, "test", "", now.ID); err != nil {
+		t.Fatal(err)
+	}
+	rel, err := b.store.ReleaseParked(ctx, kind, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rel) != 1 || rel[0] != delayed[1] {
+		t.Fatalf("released %v, want the oldest parked task of g, %s", rel, delayed[1])
+	}
+	res1, err := r.DrainOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res1.Published != 1 || res1.Held != 0 {
+		t.Errorf("the released task's pass published %d and held %d, want 1 and 0", res1.Published, res1.Held)
+	}
+	b.checkPublishedOnce(t, 5)
+}
+
+// parked tells which of ids are parked.
+func (b *bundle) parked(t *testing.T, ids ...uuid.UUID) map[uuid.UUID]bool {
+	t.Helper()
+	rows, err := b.db.Query(context.Background(), `SELECT id, parked_at IS NOT NULL FROM ingest_task WHERE id = ANY($1)`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uuid.UUID]bool{}
+	for rows.Next() {
+		var id uuid.UUID
+		var p bool
+		if err := rows.Scan(&id, &p); err != nil {
+			t.Fatal(err)
+		}
+		out[id] = p
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
