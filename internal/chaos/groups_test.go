@@ -17,7 +17,9 @@ import (
 // groupLoad is scenario 9's grouped tasks: a kind ("grouped") limited per
 // group to groupCap running tasks and groupRate starts, with a small group
 // window, whose tasks are spread over quiet groups created a few at a
-// time while workers are killed, and one burst group created at once.
+// time while workers are killed, one burst group created at once, and one
+// group of delayed tasks all due at one moment, which the relays hold to
+// the group's window when they fall due.
 type groupLoad struct {
 	t          *testing.T
 	c          *cluster
@@ -26,13 +28,17 @@ type groupLoad struct {
 	perRound   int      // tasks per quiet group created in each round
 	created    map[string]int
 	burst      int // tasks of the burst group
+	scheduled  int // delayed tasks of the scheduled group
 	cap        int
 	rate       task.Rate
 	window     int
 	createdAll time.Time // when the last quiet task was created
 }
 
-const burstGroup = "burst"
+const (
+	burstGroup     = "burst"
+	scheduledGroup = "scheduled"
+)
 
 // newGroupLoad sets the grouped kind's limits. Call it before the
 // workers start: a worker reads the kinds' settings at most every second,
@@ -40,7 +46,7 @@ const burstGroup = "burst"
 // about a second, and a burst created meanwhile would start unlimited
 // (as documented; this scenario checks the limits, not that delay).
 func newGroupLoad(t *testing.T, c *cluster) *groupLoad {
-	g := &groupLoad{t: t, c: c, each: size(10, 30), perRound: size(3, 6), burst: size(80, 300),
+	g := &groupLoad{t: t, c: c, each: size(10, 30), perRound: size(3, 6), burst: size(80, 300), scheduled: size(40, 120),
 		cap: 2, rate: task.Rate{Count: 5, Per: time.Second}, window: 4, created: map[string]int{}}
 	for i := range size(4, 9) {
 		g.quiet = append(g.quiet, fmt.Sprintf("tenant-%d", i))
@@ -53,16 +59,21 @@ func newGroupLoad(t *testing.T, c *cluster) *groupLoad {
 	return g
 }
 
-// createBurst creates the burst group's tasks at once.
-func (g *groupLoad) createBurst() { g.create(burstGroup, g.burst) }
+// createBurst creates the burst group's tasks at once, and the scheduled
+// group's, due together two seconds later.
+func (g *groupLoad) createBurst() {
+	g.create(burstGroup, g.burst, 0)
+	g.create(scheduledGroup, g.scheduled, 2*time.Second)
+}
 
 // create creates n tasks of group, each running 100 ms (so that the
-// concurrency limit binds while a killed worker's runs are taken over).
-func (g *groupLoad) create(group string, n int) {
+// concurrency limit binds while a killed worker's runs are taken over),
+// due after delay.
+func (g *groupLoad) create(group string, n int, delay time.Duration) {
 	g.t.Helper()
 	nts := make([]task.NewTask, n)
 	for i := range nts {
-		nts[i] = task.NewTask{Kind: "grouped", Payload: json.RawMessage(`{"ms":100}`), MaxAttempts: 50, GroupKey: group}
+		nts[i] = task.NewTask{Kind: "grouped", Payload: json.RawMessage(`{"ms":100}`), MaxAttempts: 50, GroupKey: group, Delay: delay}
 	}
 	if _, err := g.c.store.CreateBatch(context.Background(), nts); err != nil {
 		g.t.Fatal(err)
@@ -76,7 +87,7 @@ func (g *groupLoad) create(group string, n int) {
 func (g *groupLoad) round() (done bool) {
 	for _, q := range g.quiet {
 		if n := min(g.perRound, g.each-g.created[q]); n > 0 {
-			g.create(q, n)
+			g.create(q, n, 0)
 		}
 	}
 	done = g.created[g.quiet[0]] >= g.each
@@ -95,7 +106,7 @@ func (g *groupLoad) round() (done bool) {
 // figures for the scenario's row.
 func (g *groupLoad) check() string {
 	t, c, ctx := g.t, g.c, context.Background()
-	total := g.burst + g.each*len(g.quiet)
+	total := g.burst + g.scheduled + g.each*len(g.quiet)
 	var succeeded int
 	if err := c.db.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'SUCCEEDED') FROM ingest_task WHERE kind = 'grouped'`).Scan(&succeeded); err != nil {
 		t.Fatal(err)
@@ -137,8 +148,8 @@ func (g *groupLoad) check() string {
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if len(events) != len(g.quiet)+1 {
-		t.Errorf("handler runs of %d groups, want %d", len(events), len(g.quiet)+1)
+	if len(events) != len(g.quiet)+2 {
+		t.Errorf("handler runs of %d groups, want %d", len(events), len(g.quiet)+2)
 	}
 	maxCap := 0
 	for group, evs := range events {
@@ -199,8 +210,8 @@ func (g *groupLoad) check() string {
 	if err := c.db.Pool.QueryRow(ctx, `WITH first AS (
 		SELECT t.group_key AS g, min(tr.created_at) AS at FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
 		WHERE t.kind = 'grouped' AND tr.to_status = 'RUNNING' GROUP BY t.id, t.group_key)
-		SELECT coalesce(max(at) FILTER (WHERE g = $1), 'epoch'), coalesce(max(at) FILTER (WHERE g <> $1), 'epoch') FROM first`,
-		burstGroup).Scan(&burstLast, &quietLast); err != nil {
+		SELECT coalesce(max(at) FILTER (WHERE g = $1), 'epoch'), coalesce(max(at) FILTER (WHERE g NOT IN ($1, $2)), 'epoch') FROM first`,
+		burstGroup, scheduledGroup).Scan(&burstLast, &quietLast); err != nil {
 		t.Fatal(err)
 	}
 	if !quietLast.Before(burstLast) {
@@ -212,9 +223,9 @@ func (g *groupLoad) check() string {
 	var p50, p95, most float64
 	if err := c.db.Pool.QueryRow(ctx, `WITH w AS (
 		SELECT extract(epoch FROM min(tr.created_at) - t.created_at) AS s FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
-		WHERE t.kind = 'grouped' AND t.group_key <> $1 AND tr.to_status = 'RUNNING' GROUP BY t.id, t.created_at)
+		WHERE t.kind = 'grouped' AND t.group_key NOT IN ($1, $2) AND tr.to_status = 'RUNNING' GROUP BY t.id, t.created_at)
 		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY s), 0), coalesce(percentile_cont(0.95) WITHIN GROUP (ORDER BY s), 0), coalesce(max(s), 0) FROM w`,
-		burstGroup).Scan(&p50, &p95, &most); err != nil {
+		burstGroup, scheduledGroup).Scan(&p50, &p95, &most); err != nil {
 		t.Fatal(err)
 	}
 	// The long waits, and how many of them had a worker killed between
@@ -222,8 +233,8 @@ func (g *groupLoad) check() string {
 	// not started waits for the reclaim).
 	long, killedBetween := 0, 0
 	rows, err = c.db.Pool.Query(ctx, `SELECT t.created_at, min(tr.created_at) FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id
-		WHERE t.kind = 'grouped' AND t.group_key <> $1 AND tr.to_status = 'RUNNING' GROUP BY t.id, t.created_at
-		HAVING min(tr.created_at) - t.created_at > interval '1 second'`, burstGroup)
+		WHERE t.kind = 'grouped' AND t.group_key NOT IN ($1, $2) AND tr.to_status = 'RUNNING' GROUP BY t.id, t.created_at
+		HAVING min(tr.created_at) - t.created_at > interval '1 second'`, burstGroup, scheduledGroup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,18 +260,18 @@ func (g *groupLoad) check() string {
 	// shared capacity, not the burst.
 	var b50, b95 float64
 	if err := c.db.Pool.QueryRow(ctx, `WITH q AS (
-		SELECT min(created_at) AS lo, max(created_at) AS hi FROM ingest_task WHERE kind = 'grouped' AND group_key <> $1),
+		SELECT min(created_at) AS lo, max(created_at) AS hi FROM ingest_task WHERE kind = 'grouped' AND group_key NOT IN ($1, $2)),
 		w AS (SELECT extract(epoch FROM min(tr.created_at) - greatest(t.created_at, coalesce(t.due_at, t.created_at))) AS s
 		FROM ingest_task_transition tr JOIN ingest_task t ON t.id = tr.task_id, q
 		WHERE t.kind = 'ok' AND tr.to_status = 'RUNNING'
 		  AND greatest(t.created_at, coalesce(t.due_at, t.created_at)) BETWEEN q.lo AND q.hi GROUP BY t.id)
 		SELECT coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY s), 0), coalesce(percentile_cont(0.95) WITHIN GROUP (ORDER BY s), 0) FROM w`,
-		burstGroup).Scan(&b50, &b95); err != nil {
+		burstGroup, scheduledGroup).Scan(&b50, &b95); err != nil {
 		t.Fatal(err)
 	}
 	secs := func(f float64) time.Duration {
 		return time.Duration(f * float64(time.Second)).Round(10 * time.Millisecond)
 	}
-	return fmt.Sprintf("%d grouped tasks (a burst of %d, %d quiet groups × %d created during the kills), %d SUCCEEDED, limited per group to %d running and %s: at most %d at once and %d starts in %s; the quiet groups' last start %s before the burst's last, their create-to-start p50 %s p95 %s max %s (%d waited over 1 s, %d of them across a kill; ungrouped tasks due in the same period: p50 %s p95 %s)",
-		total, g.burst, len(g.quiet), g.each, succeeded, g.cap, g.rate, maxCap, mostRated, g.rate.Per, burstLast.Sub(quietLast).Round(100*time.Millisecond), secs(p50), secs(p95), secs(most), long, killedBetween, secs(b50), secs(b95))
+	return fmt.Sprintf("%d grouped tasks (a burst of %d, %d of one group delayed to one moment, %d quiet groups × %d created during the kills), %d SUCCEEDED, limited per group to %d running and %s: at most %d at once and %d starts in %s; the quiet groups' last start %s before the burst's last, their create-to-start p50 %s p95 %s max %s (%d waited over 1 s, %d of them across a kill; ungrouped tasks due in the same period: p50 %s p95 %s)",
+		total, g.burst, g.scheduled, len(g.quiet), g.each, succeeded, g.cap, g.rate, maxCap, mostRated, g.rate.Per, burstLast.Sub(quietLast).Round(100*time.Millisecond), secs(p50), secs(p95), secs(most), long, killedBetween, secs(b50), secs(b95))
 }

@@ -124,8 +124,8 @@ func TestSchedulingUnderKills(t *testing.T) {
 	nCapped, nRated := size(60, 300), size(60, 400)
 	limited("capped", nCapped, 100)
 	limited("rated", nRated, 5)
-	// Grouped tasks (groups_test.go): a burst now, quiet groups a few
-	// tasks per kill.
+	// Grouped tasks (groups_test.go): a burst now, a group's delayed
+	// tasks due together soon, quiet groups a few tasks per kill.
 	groups.createBurst()
 
 	outcomes := map[uuid.UUID]task.CancelOutcome{}
