@@ -25,7 +25,11 @@
 -- groups' advisory locks are the create's (task/group.go groupLockSQL), so
 -- that a create and a hold of one group count its window one after the
 -- other; a task another transaction holds locked (a run-now, a cancel) is
--- skipped, and published. The function plans without sequential and
+-- skipped, and published. A group lock held by another transaction is
+-- waited for 50 ms at most (lock_timeout), once per call: a caller's
+-- transaction that created a task of the group (CreateTx) may stay open
+-- for as long as it likes, and the relay must not wait for it; such a
+-- group's tasks are published unheld. The function plans without sequential and
 -- bitmap scans, and its conditions on the tasks are CASEs, so that the
 -- tasks are read by their ids through the primary key (not by a scan of
 -- a partial index their conditions match) and the windows counted on
@@ -53,7 +57,7 @@ COMMENT ON FUNCTION ingest_group_admitted(text, text) IS
 -- +goose StatementBegin
 CREATE FUNCTION ingest_task_hold_due(ids uuid[]) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE
-SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+SET enable_seqscan = off SET enable_bitmapscan = off SET lock_timeout = '50ms' AS $$
 DECLARE
     cids uuid[];
     ck text[];
@@ -63,6 +67,8 @@ DECLARE
     gg text[] := '{}';
     groom bigint[] := '{}';
     binds boolean := false;
+    waited boolean := false;
+    locked boolean;
     grp record;
     win bigint;
     room bigint;
@@ -82,8 +88,26 @@ BEGIN
     -- window less its tasks in the stream or running, the candidates
     -- (due and not parked: counted there) aside.
     FOR grp IN SELECT u.k, u.g, count(*) AS n FROM unnest(ck, cg) AS u(k, g) GROUP BY u.k, u.g ORDER BY u.k, u.g LOOP
-        PERFORM pg_advisory_xact_lock(hashtextextended('ingest-group/' || grp.k || '/' || grp.g, 0));
-        IF EXISTS (SELECT 1 FROM ingest_task p WHERE p.kind = grp.k AND p.group_key = grp.g AND p.parked_at IS NOT NULL) THEN
+        -- A create holds its groups' locks until its transaction ends, and
+        -- a caller's own transaction (CreateTx) may last: the pass waits
+        -- up to lock_timeout for the first busy group, and not at all for
+        -- the next ones once one has made it wait in vain. A group whose
+        -- lock it did not get is not held this time: its tasks are
+        -- published.
+        IF waited THEN
+            locked := pg_try_advisory_xact_lock(hashtextextended('ingest-group/' || grp.k || '/' || grp.g, 0));
+        ELSE
+            BEGIN
+                PERFORM pg_advisory_xact_lock(hashtextextended('ingest-group/' || grp.k || '/' || grp.g, 0));
+                locked := true;
+            EXCEPTION WHEN lock_not_available THEN
+                locked := false;
+                waited := true;
+            END;
+        END IF;
+        IF NOT locked THEN
+            room := grp.n;
+        ELSIF EXISTS (SELECT 1 FROM ingest_task p WHERE p.kind = grp.k AND p.group_key = grp.g AND p.parked_at IS NOT NULL) THEN
             room := 0;
         ELSE
             SELECT coalesce(nullif(w.group_window, 0), 100) * coalesce((w.group_weights ->> grp.g)::int, 1) INTO win

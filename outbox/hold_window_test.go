@@ -137,3 +137,51 @@ func (b *bundle) parked(t *testing.T, ids ...uuid.UUID) map[uuid.UUID]bool {
 	}
 	return out
 }
+
+// TestHoldDoesNotWaitForAnOpenCreate: a caller's transaction that created
+// a task of a group (CreateTx) holds the group's lock until it ends; a
+// relay's pass over a delayed task of that group falling due meanwhile
+// does not wait for it, and publishes the task unheld.
+func TestHoldDoesNotWaitForAnOpenCreate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const kind = "win-open"
+	w := 1
+	if _, err := b.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+	r := b.relay(t, outbox.RelayConfig{ID: "hold-open-relay"})
+	delayed, err := b.store.Create(ctx, task.NewTask{Kind: kind, Payload: json.RawMessage(`1`), GroupKey: "g", Delay: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := b.store.CreateTx(ctx, tx, task.NewTask{Kind: kind, Payload: json.RawMessage(`2`), GroupKey: "g"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "the delayed row due", func() bool {
+		return b.count(t, `task_id = $1 AND next_retry_at <= now()`, delayed.Task.ID) == 1
+	})
+	done := make(chan outbox.DrainResult, 1)
+	go func() {
+		res, err := r.DrainOnce(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	select {
+	case res := <-done:
+		if res.Published != 1 || res.Held != 0 {
+			t.Errorf("the pass published %d rows and held %d, want the delayed task published, unheld", res.Published, res.Held)
+		}
+	case <-time.After(60 * time.Second):
+		_ = tx.Rollback(ctx) // lets the pass end
+		t.Fatal("the pass waited for the open transaction that holds the group's lock")
+	}
+}
