@@ -2,9 +2,11 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ingest-worker/ingest/internal/testenv"
@@ -94,4 +96,60 @@ func TestHotPathKeepsIndexPathsNeverAnalyzed(t *testing.T) {
 	testenv.CheckIndexPaths(t, db, "never analyzed, empty", outbox.HotPathStatements(), "outbox_event", "ingest_task")
 	testenv.GrowTasks(t, db, 10000)
 	testenv.CheckIndexPaths(t, db, "never analyzed, 10,000 tasks", outbox.HotPathStatements(), "outbox_event", "ingest_task")
+}
+
+// TestHoldReadsItsTasksByID checks that ingest_task_hold_due reads the
+// tasks it is given through the primary key and counts their groups'
+// windows on the group index, on a never-analyzed table that holds many
+// finished tasks of another group: the buffers a call touches do not grow
+// with them. Its first version read every unfinished task with a group
+// (a scan of the group index, whose predicate its conditions matched).
+func TestHoldReadsItsTasksByID(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.NeverAnalyzed(t)
+	buffers := func() int64 {
+		var ids []uuid.UUID
+		if err := db.QueryRow(ctx, `SELECT array_agg(id) FROM ingest_task WHERE group_key = 'quiet'`).Scan(&ids); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		var plan []byte
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT ingest_task_hold_due($1::uuid[])`, ids).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		var out []struct {
+			Plan struct {
+				Hit  int64 `json:"Shared Hit Blocks"`
+				Read int64 `json:"Shared Read Blocks"`
+			}
+		}
+		if err := json.Unmarshal(plan, &out); err != nil || len(out) != 1 {
+			t.Fatalf("EXPLAIN output %s: %v", plan, err)
+		}
+		return out[0].Plan.Hit + out[0].Plan.Read
+	}
+	// 100 delayed tasks of group quiet, fallen due, in a window of 100.
+	if _, err := db.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, group_key, next_retry_at, due_at)
+		SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 'quiet', now() - interval '1 second', now() - interval '1 second'
+		FROM generate_series(1, 100) g`); err != nil {
+		t.Fatal(err)
+	}
+	buffers() // the function's first call plans its statements
+	small := buffers()
+	if _, err := db.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, group_key, status, finished_at)
+		SELECT gen_random_uuid(), 'plan', '{}', md5(g::text), 'busy', 'SUCCEEDED', now() FROM generate_series(1, 50000) g`); err != nil {
+		t.Fatal(err)
+	}
+	buffers()
+	large := buffers()
+	t.Logf("buffers of a call over 100 tasks: %d beside them alone, %d beside 50,000 of another group", small, large)
+	// The primary key's extra level adds a buffer per task read; reading
+	// the other group's tasks adds thousands.
+	if large > 3*small {
+		t.Errorf("a call over 100 tasks touched %d buffers beside 50,000 tasks of another group, %d without them: it reads more than its tasks and their group", large, small)
+	}
 }
