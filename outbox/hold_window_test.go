@@ -185,3 +185,68 @@ func TestHoldDoesNotWaitForAnOpenCreate(t *testing.T) {
 		t.Fatal("the pass waited for the open transaction that holds the group's lock")
 	}
 }
+
+// TestRedrivenTasksHeldToTheirGroupWindow: tasks of a group that a
+// redrive makes due again are held to its window too. With a window of 1,
+// of three cancelled tasks of h redriven together the relay publishes one
+// and parks two.
+func TestRedrivenTasksHeldToTheirGroupWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const kind = "win-redrive"
+	w := 1
+	if _, err := b.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+	r := b.relay(t, outbox.RelayConfig{ID: "hold-redrive-relay"})
+	drain := func() (published, held int) {
+		t.Helper()
+		for {
+			res, err := r.DrainOnce(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Claimed == 0 {
+				return published, held
+			}
+			published, held = published+res.Published, held+res.Held
+		}
+	}
+	hs, err := b.store.CreateBatch(ctx, []task.NewTask{
+		{Kind: kind, Payload: json.RawMessage(`1`), GroupKey: "h"},
+		{Kind: kind, Payload: json.RawMessage(`2`), GroupKey: "h"},
+		{Kind: kind, Payload: json.RawMessage(`3`), GroupKey: "h"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for _, cr := range hs {
+		ids = append(ids, cr.Task.ID)
+	}
+	for _, id := range ids {
+		if _, err := b.store.Cancel(ctx, "test", "", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drain() // the first task's row, created within the window
+	if _, err := b.store.Redrive(ctx, "test", ids...); err != nil {
+		t.Fatal(err)
+	}
+	if p, h := drain(); p != 1 || h != 2 {
+		t.Errorf("redriven together: %d published and %d held, want 1 and 2 (a window of 1)", p, h)
+	}
+	if n := len(b.parked(t, ids...)); n != 3 {
+		t.Fatalf("%d of the 3 tasks found", n)
+	}
+	parked := 0
+	for _, p := range b.parked(t, ids...) {
+		if p {
+			parked++
+		}
+	}
+	if parked != 2 {
+		t.Errorf("%d of the redriven tasks parked, want 2", parked)
+	}
+}

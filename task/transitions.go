@@ -541,9 +541,14 @@ func (s *Store) release(ctx context.Context, owner, message string, ids []uuid.U
 
 // redriveSQL moves DEAD and CANCELLED tasks back to QUEUED. An unfinished
 // task again, it is made lingering: its id may be below the low water,
-// and the lingering tasks are found whatever their id (liveTasks).
+// and the lingering tasks are found whatever their id (liveTasks). A task
+// with a group is due now by its next_retry_at, as a delayed task fallen
+// due is, so that the relay holds it to its group's window
+// (ingest_task_hold_due, group.go): a bulk redrive of one group's dead
+// tasks takes its turn with the other groups' work.
 var redriveSQL = `
-UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = NULL, due_at = now(), finished_at = NULL, lingering = true,
+UPDATE ingest_task t SET status = 'QUEUED', attempt_count = 0, next_retry_at = CASE WHEN t.group_key IS NOT NULL THEN now() END,
+    due_at = now(), finished_at = NULL, lingering = true,
     lease_owner = NULL, lease_until = NULL, cancel_requested_at = NULL, cancel_reason = NULL, cancel_requested_by = NULL,
     progress_percent = NULL, progress_message = NULL, progress_at = NULL, updated_at = now()
 FROM (SELECT id, status, finished_at FROM ingest_task WHERE id = ANY($1::uuid[])
