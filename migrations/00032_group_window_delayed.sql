@@ -39,6 +39,15 @@
 --
 -- The SQL enqueue functions' body counts the window with
 -- ingest_group_admitted (otherwise as in 00031).
+--
+-- A task with a group that the end of what it waited for releases (its
+-- dependencies, its predecessor in a sequence) gets its due time in
+-- next_retry_at, as a delayed task has it, so that the relay holds it to
+-- its group's window too; a released task is no longer parked (a create
+-- may have parked it by its window while it waited: it took no room then,
+-- and the relay decides now). ingest_task_end_edges, otherwise as in
+-- 00018. A redriven task of a group gets next_retry_at too
+-- (task/transitions.go redriveSQL).
 -- +goose StatementBegin
 CREATE FUNCTION ingest_group_admitted(k text, g text) RETURNS bigint
 LANGUAGE sql STABLE AS $$
@@ -538,8 +547,139 @@ END;
 $$;
 -- +goose StatementEnd
 
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_task_end_edges(ids uuid[], ends text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM ingest_task t
+    WHERE t.id IN (SELECT e.task_id FROM ingest_task_dependency e
+                   WHERE e.depends_on = ANY(ids) AND e.released_at IS NULL)
+    ORDER BY t.id FOR NO KEY UPDATE;
+
+    WITH ended AS (
+        SELECT DISTINCT ON (d.id) d.id, d.end_state FROM unnest(ids, ends) AS d(id, end_state) ORDER BY d.id
+    ), rel AS (
+        UPDATE ingest_task_dependency e SET released_at = now()
+        FROM ended d, ingest_task t
+        WHERE e.depends_on = d.id AND e.released_at IS NULL AND t.id = e.task_id
+          AND (d.end_state IN ('SUCCEEDED', 'DELETED')
+               OR (e.reason = 'dependency' AND t.on_dependency_failure = 'run')
+               OR (e.reason = 'sequence' AND (d.end_state = 'CANCELLED'
+                   -- the DEAD case of a 'sequence' edge: ingest_sequence_continues
+                   OR (d.end_state = 'DEAD' AND ingest_sequence_continues(t.kind)))))
+        RETURNING e.task_id
+    ), n AS (
+        SELECT task_id, count(*)::int AS n FROM rel GROUP BY task_id
+    ), upd AS (
+        UPDATE ingest_task t SET waiting_for = greatest(t.waiting_for - n.n, 0), updated_at = now(),
+            due_at = CASE WHEN t.waiting_for - n.n <= 0 THEN greatest(now(), coalesce(t.next_retry_at, now())) ELSE t.due_at END,
+            next_retry_at = CASE WHEN t.waiting_for - n.n <= 0 AND t.group_key IS NOT NULL
+                                 THEN greatest(now(), coalesce(t.next_retry_at, now())) ELSE t.next_retry_at END,
+            parked_at = CASE WHEN t.waiting_for - n.n <= 0 THEN NULL ELSE t.parked_at END
+        FROM n WHERE t.id = n.task_id AND t.status = 'QUEUED' AND t.waiting_for > 0
+        RETURNING t.id, t.waiting_for, t.next_retry_at
+    ), freed AS (
+        SELECT id, next_retry_at FROM upd WHERE waiting_for = 0
+    ), held AS (
+        DELETE FROM outbox_event o USING freed f
+        WHERE o.task_id = f.id AND o.status IN ('NEW', 'RETRYING')
+        RETURNING o.task_id, o.stream
+    )
+    INSERT INTO outbox_event (task_id, stream, next_retry_at)
+    SELECT f.id, coalesce((SELECT h.stream FROM held h WHERE h.task_id = f.id LIMIT 1), ingest_task_default_stream()),
+           greatest(now(), coalesce(f.next_retry_at, now()))
+    FROM freed f ORDER BY f.id;
+
+    WITH ended AS (
+        SELECT DISTINCT ON (d.id) d.id, d.end_state FROM unnest(ids, ends) AS d(id, end_state) ORDER BY d.id
+    ), victim AS (
+        SELECT DISTINCT ON (e.task_id) e.task_id, d.id AS dep, d.end_state
+        FROM ended d JOIN ingest_task_dependency e ON e.depends_on = d.id
+        WHERE e.released_at IS NULL AND e.reason = 'dependency' AND d.end_state IN ('DEAD', 'CANCELLED')
+        ORDER BY e.task_id, d.id
+    ), c AS (
+        UPDATE ingest_task t SET status = 'CANCELLED', finished_at = now(), next_retry_at = NULL, parked_at = NULL,
+            cancel_requested_at = now(), cancel_requested_by = 'dependency',
+            cancel_reason = 'dependency ' || v.dep || ' ended ' || v.end_state, updated_at = now()
+        FROM victim v
+        WHERE t.id = v.task_id AND t.status = 'QUEUED' AND coalesce(t.on_dependency_failure, 'cancel') = 'cancel'
+        RETURNING t.id, t.attempt_count, t.cancel_reason
+    ), gone AS (
+        DELETE FROM outbox_event o USING c WHERE o.task_id = c.id AND o.status IN ('NEW', 'RETRYING')
+    )
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+    SELECT id, 'QUEUED', 'CANCELLED', attempt_count, 'cancelled: ' || cancel_reason, 'dependency' FROM c ORDER BY id;
+END;
+$$;
+
+-- +goose StatementEnd
+
 -- +goose Down
 DROP FUNCTION ingest_task_hold_due(uuid[]);
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION ingest_task_end_edges(ids uuid[], ends text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM ingest_task t
+    WHERE t.id IN (SELECT e.task_id FROM ingest_task_dependency e
+                   WHERE e.depends_on = ANY(ids) AND e.released_at IS NULL)
+    ORDER BY t.id FOR NO KEY UPDATE;
+
+    WITH ended AS (
+        SELECT DISTINCT ON (d.id) d.id, d.end_state FROM unnest(ids, ends) AS d(id, end_state) ORDER BY d.id
+    ), rel AS (
+        UPDATE ingest_task_dependency e SET released_at = now()
+        FROM ended d, ingest_task t
+        WHERE e.depends_on = d.id AND e.released_at IS NULL AND t.id = e.task_id
+          AND (d.end_state IN ('SUCCEEDED', 'DELETED')
+               OR (e.reason = 'dependency' AND t.on_dependency_failure = 'run')
+               OR (e.reason = 'sequence' AND (d.end_state = 'CANCELLED'
+                   -- the DEAD case of a 'sequence' edge: ingest_sequence_continues
+                   OR (d.end_state = 'DEAD' AND ingest_sequence_continues(t.kind)))))
+        RETURNING e.task_id
+    ), n AS (
+        SELECT task_id, count(*)::int AS n FROM rel GROUP BY task_id
+    ), upd AS (
+        UPDATE ingest_task t SET waiting_for = greatest(t.waiting_for - n.n, 0), updated_at = now(),
+            due_at = CASE WHEN t.waiting_for - n.n <= 0 THEN greatest(now(), coalesce(t.next_retry_at, now())) ELSE t.due_at END
+        FROM n WHERE t.id = n.task_id AND t.status = 'QUEUED' AND t.waiting_for > 0
+        RETURNING t.id, t.waiting_for, t.next_retry_at
+    ), freed AS (
+        SELECT id, next_retry_at FROM upd WHERE waiting_for = 0
+    ), held AS (
+        DELETE FROM outbox_event o USING freed f
+        WHERE o.task_id = f.id AND o.status IN ('NEW', 'RETRYING')
+        RETURNING o.task_id, o.stream
+    )
+    INSERT INTO outbox_event (task_id, stream, next_retry_at)
+    SELECT f.id, coalesce((SELECT h.stream FROM held h WHERE h.task_id = f.id LIMIT 1), ingest_task_default_stream()),
+           greatest(now(), coalesce(f.next_retry_at, now()))
+    FROM freed f ORDER BY f.id;
+
+    WITH ended AS (
+        SELECT DISTINCT ON (d.id) d.id, d.end_state FROM unnest(ids, ends) AS d(id, end_state) ORDER BY d.id
+    ), victim AS (
+        SELECT DISTINCT ON (e.task_id) e.task_id, d.id AS dep, d.end_state
+        FROM ended d JOIN ingest_task_dependency e ON e.depends_on = d.id
+        WHERE e.released_at IS NULL AND e.reason = 'dependency' AND d.end_state IN ('DEAD', 'CANCELLED')
+        ORDER BY e.task_id, d.id
+    ), c AS (
+        UPDATE ingest_task t SET status = 'CANCELLED', finished_at = now(), next_retry_at = NULL, parked_at = NULL,
+            cancel_requested_at = now(), cancel_requested_by = 'dependency',
+            cancel_reason = 'dependency ' || v.dep || ' ended ' || v.end_state, updated_at = now()
+        FROM victim v
+        WHERE t.id = v.task_id AND t.status = 'QUEUED' AND coalesce(t.on_dependency_failure, 'cancel') = 'cancel'
+        RETURNING t.id, t.attempt_count, t.cancel_reason
+    ), gone AS (
+        DELETE FROM outbox_event o USING c WHERE o.task_id = c.id AND o.status IN ('NEW', 'RETRYING')
+    )
+    INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
+    SELECT id, 'QUEUED', 'CANCELLED', attempt_count, 'cancelled: ' || cancel_reason, 'dependency' FROM c ORDER BY id;
+END;
+$$;
+
+-- +goose StatementEnd
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION ingest_enqueue_tasks(tasks jsonb, numbered boolean) RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE AS $$

@@ -116,17 +116,22 @@ WITH t AS (
 INSERT INTO outbox_event (task_id, stream, next_retry_at)
 SELECT id, $2, now() - interval '1 hour' + row_number() OVER () * interval '100 milliseconds' FROM t`
 
-// drainAll runs passes of r until one claims nothing.
-func drainAll(t *testing.T, r *outbox.Relay) {
+// drainAll runs passes of r until one claims nothing, and returns what
+// they did in all.
+func drainAll(t *testing.T, r *outbox.Relay) outbox.DrainResult {
 	t.Helper()
+	var total outbox.DrainResult
 	for {
 		res, err := r.DrainOnce(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		if res.Claimed == 0 {
-			return
+			return total
 		}
+		total.Claimed += res.Claimed
+		total.Published += res.Published
+		total.Held += res.Held
 	}
 }
 

@@ -27,10 +27,7 @@ func TestDelayedTasksHeldToTheirGroupWindow(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	const kind = "win"
-	w := 2
-	if _, err := b.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
-		t.Fatal(err)
-	}
+	b.window(t, kind, 2)
 	r := b.relay(t, outbox.RelayConfig{ID: "hold-relay"})
 	newTask := func(i int, group string, delay time.Duration) task.NewTask {
 		return task.NewTask{Kind: kind, Payload: json.RawMessage(fmt.Sprint(i)), GroupKey: group, Delay: delay}
@@ -61,18 +58,7 @@ func TestDelayedTasksHeldToTheirGroupWindow(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, "the delayed rows due", func() bool {
 		return b.count(t, `status = 'NEW' AND next_retry_at > now()`) == 0
 	})
-	var total outbox.DrainResult
-	for {
-		res, err := r.DrainOnce(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Claimed == 0 {
-			break
-		}
-		total.Published += res.Published
-		total.Held += res.Held
-	}
+	total := drainAll(t, r)
 	if total.Published != 4 || total.Held != 3 {
 		t.Errorf("passes published %d rows and held %d, want 4 (g's task due now, one of g's delayed tasks, other's, the ungrouped one) and 3", total.Published, total.Held)
 	}
@@ -147,10 +133,7 @@ func TestHoldDoesNotWaitForAnOpenCreate(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	const kind = "win-open"
-	w := 1
-	if _, err := b.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
-		t.Fatal(err)
-	}
+	b.window(t, kind, 1)
 	r := b.relay(t, outbox.RelayConfig{ID: "hold-open-relay"})
 	delayed, err := b.store.Create(ctx, task.NewTask{Kind: kind, Payload: json.RawMessage(`1`), GroupKey: "g", Delay: 100 * time.Millisecond})
 	if err != nil {
@@ -195,24 +178,8 @@ func TestRedrivenTasksHeldToTheirGroupWindow(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
 	const kind = "win-redrive"
-	w := 1
-	if _, err := b.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
-		t.Fatal(err)
-	}
+	b.window(t, kind, 1)
 	r := b.relay(t, outbox.RelayConfig{ID: "hold-redrive-relay"})
-	drain := func() (published, held int) {
-		t.Helper()
-		for {
-			res, err := r.DrainOnce(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if res.Claimed == 0 {
-				return published, held
-			}
-			published, held = published+res.Published, held+res.Held
-		}
-	}
 	hs, err := b.store.CreateBatch(ctx, []task.NewTask{
 		{Kind: kind, Payload: json.RawMessage(`1`), GroupKey: "h"},
 		{Kind: kind, Payload: json.RawMessage(`2`), GroupKey: "h"},
@@ -230,23 +197,74 @@ func TestRedrivenTasksHeldToTheirGroupWindow(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	drain() // the first task's row, created within the window
+	drainAll(t, r) // the first task's row, created within the window
 	if _, err := b.store.Redrive(ctx, "test", ids...); err != nil {
 		t.Fatal(err)
 	}
-	if p, h := drain(); p != 1 || h != 2 {
-		t.Errorf("redriven together: %d published and %d held, want 1 and 2 (a window of 1)", p, h)
+	if res, parked := drainAll(t, r), b.countParked(t, ids...); res.Published != 1 || res.Held != 2 || parked != 2 {
+		t.Errorf("redriven together: %d published, %d held, %d parked; want 1, 2 and 2 (a window of 1)", res.Published, res.Held, parked)
 	}
-	if n := len(b.parked(t, ids...)); n != 3 {
-		t.Fatalf("%d of the 3 tasks found", n)
+}
+
+// TestReleasedTasksHeldToTheirGroupWindow: tasks of a group waiting for a
+// dependency take no room in its window and are not parked by it at
+// create; the end of their dependency makes them due, and the relay holds
+// them to the window then. With a window of 1, of three tasks of g
+// released together the relay publishes one and parks two.
+func TestReleasedTasksHeldToTheirGroupWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const kind = "win-release"
+	b.window(t, kind, 1)
+	r := b.relay(t, outbox.RelayConfig{ID: "hold-release-relay"})
+	parent, err := b.store.Create(ctx, task.NewTask{Kind: "parent", Payload: json.RawMessage(`0`)})
+	if err != nil {
+		t.Fatal(err)
 	}
-	parked := 0
-	for _, p := range b.parked(t, ids...) {
-		if p {
-			parked++
+	nts := make([]task.NewTask, 3)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: kind, Payload: json.RawMessage(fmt.Sprint(i)), GroupKey: "g",
+			DependsOn: []uuid.UUID{parent.Task.ID}, OnDependencyFailure: task.OnFailureRun}
+	}
+	created, err := b.store.CreateBatch(ctx, nts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for _, cr := range created {
+		ids = append(ids, cr.Task.ID)
+		if cr.Task.ParkedAt != nil {
+			t.Errorf("task %s, waiting for its dependency, was parked by its group's window", cr.Task.ID)
 		}
 	}
-	if parked != 2 {
-		t.Errorf("%d of the redriven tasks parked, want 2", parked)
+	if _, err := r.DrainOnce(ctx); err != nil { // the parent
+		t.Fatal(err)
 	}
+	if _, err := b.store.Cancel(ctx, "test", "", parent.Task.ID); err != nil {
+		t.Fatal(err)
+	}
+	if res, parked := drainAll(t, r), b.countParked(t, ids...); res.Published != 1 || res.Held != 2 || parked != 2 {
+		t.Errorf("released together: %d published, %d held, %d parked; want 1, 2 and 2 (a window of 1)", res.Published, res.Held, parked)
+	}
+}
+
+// window sets kind's group window to w.
+func (b *bundle) window(t *testing.T, kind string, w int) {
+	t.Helper()
+	if _, err := b.store.SetKind(context.Background(), "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countParked counts the parked tasks among ids.
+func (b *bundle) countParked(t *testing.T, ids ...uuid.UUID) int {
+	t.Helper()
+	n := 0
+	for _, p := range b.parked(t, ids...) {
+		if p {
+			n++
+		}
+	}
+	return n
 }

@@ -181,7 +181,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		return nil, claim, err
 	}
 	inserted := map[uuid.UUID]Task{}
-	windowed, err := s.holdBack(ctx, tx, items, ins)
+	windowed, err := s.holdBack(ctx, tx, items, ins, heads)
 	if err != nil {
 		return nil, claim, err
 	}

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -36,8 +37,11 @@ import (
 // tasks, whatever their backlog. A delayed task takes no room until it
 // falls due, and is held to its window then: the outbox relay's pass
 // calls ingest_task_hold_due (migration 00032), which parks it when its
-// group has no room, before publishing it. Tasks without a group are
-// never held back.
+// group has no room, before publishing it. So is a task of a group that
+// the end of its dependencies or its sequence predecessor releases
+// (ingest_task_end_edges gives it a due time), and a redriven one
+// (redriveSQL): the relay's hold covers every task that becomes due after
+// its create. Tasks without a group are never held back.
 //
 // Weights: a kind's group_weights gives a group a weight from 1 to
 // MaxGroupWeight (a group not listed weighs 1). Its window is the kind's
@@ -267,15 +271,29 @@ FROM unnest($1::text[], $2::text[]) AS x(k, g) ORDER BY k, g`
 
 // holdBack decides which of the tasks items[ins[j]] about to be inserted
 // are created parked by their group's window: tasks due now with a group
-// beyond the room its window leaves (createRoomSQL). It returns nil when
-// none has a group.
-func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) ([]bool, error) {
+// beyond the room its window leaves (createRoomSQL). A task that will wait
+// for an edge (its dependencies, or a predecessor in its sequence: heads)
+// is not due now: it takes no room, and the relay holds it to the window
+// once the edge releases it (ingest_task_end_edges gives it a due time,
+// migration 00032). It returns nil when none has a group.
+func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, heads map[seqKey]seqHead) ([]bool, error) {
 	type pair struct{ kind, group string }
 	index := map[pair]int{}
 	var kinds, groups []string
-	for _, i := range ins {
+	waits := make([]bool, len(ins))
+	seen := map[seqKey]bool{}
+	for j, i := range ins {
 		it := items[i]
-		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 {
+		if it.SequenceKey != "" {
+			k := seqKey{it.Kind, it.SequenceKey}
+			waits[j] = seen[k] || heads[k].pred != uuid.Nil
+			seen[k] = true
+		}
+		waits[j] = waits[j] || it.hasDependencies()
+	}
+	for j, i := range ins {
+		it := items[i]
+		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits[j] {
 			continue
 		}
 		p := pair{it.Kind, it.GroupKey}
@@ -302,7 +320,7 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 	for j, i := range ins {
 		it := items[i]
 		g, ok := index[pair{it.Kind, it.GroupKey}]
-		if !ok || it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 {
+		if !ok || it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits[j] {
 			continue
 		}
 		if room[g] > 0 {
