@@ -186,7 +186,7 @@ func (b *bundle) kill(t *testing.T, id uuid.UUID, msg string) {
 	}
 	err = b.rdb.XAdd(b.ctx, &redis.XAddArgs{Stream: b.dlqKey, Values: map[string]any{
 		dlq.FieldTaskID: id.String(), dlq.FieldKind: tk.Kind, dlq.FieldAttemptCount: tk.AttemptCount,
-		dlq.FieldLastError: msg, dlq.FieldSourceID: "1-1", dlq.FieldDeadAt: time.Now().UTC().Format(time.RFC3339)}}).Err()
+		dlq.FieldLastError: msg, dlq.FieldSourceID: "1-1", dlq.FieldDeadAt: tk.FinishedAt.UTC().Format(time.RFC3339Nano)}}).Err()
 	if err != nil {
 		t.Fatal(err)
 	}
