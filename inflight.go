@@ -406,15 +406,25 @@ func (f *inflight) held() []string {
 	return ids
 }
 
-// live returns those of ids still in flight (reusing ids' array).
+// live returns those of ids still in flight whose entries the heartbeat
+// keeps (reusing ids' array): not those of runs marked lost since they
+// were listed. An abandoned run's entry is handed to the abandoned
+// consumer, and a run whose lease was lost has its entry with the worker
+// that took it over: refreshing either would claim it back to this
+// consumer, which reads and is heard from, so no other worker would take
+// the task over until the reclaim idle time.
 func (f *inflight) live(ids []string) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := ids[:0]
 	for _, id := range ids {
-		if _, ok := f.ids[id]; ok {
-			out = append(out, id)
+		if _, ok := f.ids[id]; !ok {
+			continue
 		}
+		if r := f.running[id]; r != nil && r.lost {
+			continue
+		}
+		out = append(out, id)
 	}
 	return out
 }

@@ -114,3 +114,27 @@ func TestReserveFirstGivesUp(t *testing.T) {
 		t.Fatalf("the reclaim round reserved %d slots, want the 1 free at once", n)
 	}
 }
+
+// TestTouchSkipsAbandonedRuns: a heartbeat lists the entries to refresh,
+// then a run is abandoned (its handler ignored its timeout) before the
+// refresh: the refresh leaves the abandoned run's entry alone (claiming
+// it back would keep the task from being taken over until the reclaim
+// idle time), and still refreshes the others.
+func TestTouchSkipsAbandonedRuns(t *testing.T) {
+	f := newInflight(2, 0, time.Minute)
+	var listed []string
+	runs := map[string]*run{}
+	for _, id := range []string{"1-1", "1-2"} {
+		f.ids[id] = true
+		r := &run{d: delivery{id: id}}
+		f.add(r)
+		runs[id] = r
+		listed = append(listed, id)
+	}
+	if !f.abandoned(runs["1-2"]) {
+		t.Fatal("the run was not abandoned")
+	}
+	if got := f.live(listed); len(got) != 1 || got[0] != "1-1" {
+		t.Fatalf("entries to refresh %v, want only 1-1 (1-2's run was abandoned)", got)
+	}
+}
