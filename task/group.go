@@ -280,27 +280,31 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 	type pair struct{ kind, group string }
 	index := map[pair]int{}
 	var kinds, groups []string
-	waits := make([]bool, len(ins))
+	// slot[j] is the place of items[ins[j]]'s group in kinds and groups,
+	// or -1 when its window does not apply to it: no group, delayed, or
+	// waiting for an edge.
+	slot := make([]int, len(ins))
 	seen := map[seqKey]bool{}
 	for j, i := range ins {
 		it := items[i]
+		slot[j] = -1
+		waits := it.hasDependencies()
 		if it.SequenceKey != "" {
 			k := seqKey{it.Kind, it.SequenceKey}
-			waits[j] = seen[k] || heads[k].pred != uuid.Nil
+			waits = waits || seen[k] || heads[k].pred != uuid.Nil
 			seen[k] = true
 		}
-		waits[j] = waits[j] || it.hasDependencies()
-	}
-	for j, i := range ins {
-		it := items[i]
-		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits[j] {
+		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits {
 			continue
 		}
 		p := pair{it.Kind, it.GroupKey}
-		if _, ok := index[p]; !ok {
-			index[p] = len(kinds)
+		g, ok := index[p]
+		if !ok {
+			g = len(kinds)
+			index[p] = g
 			kinds, groups = append(kinds, p.kind), append(groups, p.group)
 		}
+		slot[j] = g
 	}
 	if len(kinds) == 0 {
 		return nil, nil
@@ -317,10 +321,8 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 		return nil, fmt.Errorf("count the group windows of %d groups: %w", len(kinds), err)
 	}
 	held := make([]bool, len(ins))
-	for j, i := range ins {
-		it := items[i]
-		g, ok := index[pair{it.Kind, it.GroupKey}]
-		if !ok || it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits[j] {
+	for j, g := range slot {
+		if g < 0 {
 			continue
 		}
 		if room[g] > 0 {
