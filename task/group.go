@@ -275,16 +275,21 @@ FROM unnest($1::text[], $2::text[]) AS x(k, g) ORDER BY k, g`
 // for an edge (its dependencies, or a predecessor in its sequence: heads)
 // is not due now: it takes no room, and the relay holds it to the window
 // once the edge releases it (ingest_task_end_edges gives it a due time,
-// migration 00032). It returns nil when none has a group.
+// migration 00032). An item that repeats the idempotency key of an
+// earlier item of the batch creates no task and takes no room either.
+// It returns nil when none has a group.
 func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, heads map[seqKey]seqHead) ([]bool, error) {
 	type pair struct{ kind, group string }
 	index := map[pair]int{}
 	var kinds, groups []string
 	// slot[j] is the place of items[ins[j]]'s group in kinds and groups,
-	// or -1 when its window does not apply to it: no group, delayed, or
-	// waiting for an edge.
+	// or -1 when its window does not apply to it: no group, delayed,
+	// waiting for an edge, or holding the idempotency key of an earlier
+	// item of the batch (that item creates the task; this one creates
+	// none).
 	slot := make([]int, len(ins))
 	seen := map[seqKey]bool{}
+	keyed := map[pair]bool{}
 	for j, i := range ins {
 		it := items[i]
 		slot[j] = -1
@@ -294,7 +299,12 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 			waits = waits || seen[k] || heads[k].pred != uuid.Nil
 			seen[k] = true
 		}
-		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits {
+		repeat := false
+		if it.IdempotencyKey != "" {
+			k := pair{it.Kind, it.IdempotencyKey}
+			repeat, keyed[k] = keyed[k], true
+		}
+		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits || repeat {
 			continue
 		}
 		p := pair{it.Kind, it.GroupKey}
