@@ -20,7 +20,9 @@ import (
 
 // TestSQLCreateMatchesGo: random batches, the same through
 // ingest_enqueue_batch and through the Go store's CreateBatch (each on a
-// kind of its own with the same group window and weights), leave their
+// kind of its own with the same settings: group window and weights, and
+// at random paused, a per-group concurrency, sequences that continue past
+// a DEAD task), leave their
 // tasks in the same state: status, parked, waiting for edges, due later,
 // priority, place in a sequence, which earlier item an idempotency key or
 // the payload dedup resolved an item to, and the task's outbox rows (due
@@ -28,8 +30,7 @@ import (
 // dependencies on a QUEUED, a SUCCEEDED and a DEAD task (either policy),
 // a sequence key, an idempotency key, the payload dedup and a priority,
 // so that each feature's decision meets the others'. 60 scenarios;
-// INGEST_SQL_DIFF_N sets another number (1,500 ran clean on two seed
-// streams).
+// INGEST_SQL_DIFF_N sets another number (1,500 ran clean).
 func TestSQLCreateMatchesGo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -74,6 +75,19 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 		if r.IntN(2) == 0 {
 			weights["b"] = 2
 		}
+		settings := task.KindUpdate{GroupWindow: &window, GroupWeights: weights}
+		if r.IntN(5) == 0 {
+			paused := true
+			settings.Paused = &paused
+		}
+		if r.IntN(4) == 0 {
+			one := 1
+			settings.ConcurrencyPerGroup = &one
+		}
+		if r.IntN(4) == 0 {
+			cont := "continue"
+			settings.SequenceOnFailure = &cont
+		}
 		var batches [][]task.NewTask
 		for b := range 1 + r.IntN(3) {
 			var batch []task.NewTask
@@ -114,7 +128,7 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 		got := map[string][]string{}
 		for _, path := range []string{"go", "sql"} {
 			kind := fmt.Sprintf("%s-diff-%d", path, seed)
-			if _, err := store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &window, GroupWeights: weights}); err != nil {
+			if _, err := store.SetKind(ctx, "test", kind, settings); err != nil {
 				t.Fatal(err)
 			}
 			first := map[uuid.UUID]int{} // a task's first item, across the batches
@@ -134,8 +148,9 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 			}
 		}
 		if g, s := strings.Join(got["go"], "\n"), strings.Join(got["sql"], "\n"); g != s {
-			t.Errorf("scenario %d (window %d, weights %v), batches:\n%s\nthrough the Go store:\n%s\nthrough SQL:\n%s",
-				seed, window, weights, describeBatches(batches, parents), g, s)
+			t.Errorf("scenario %d (window %d, weights %v, paused %v, concurrency per group %v, sequence on failure %v), batches:\n%s\nthrough the Go store:\n%s\nthrough SQL:\n%s",
+				seed, window, weights, settings.Paused != nil, settings.ConcurrencyPerGroup != nil, settings.SequenceOnFailure != nil,
+				describeBatches(batches, parents), g, s)
 		}
 	}
 }
