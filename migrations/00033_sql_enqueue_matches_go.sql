@@ -39,9 +39,10 @@
 --    a row due now and next_retry_at set so that the relay holds it to the
 --    window, as ingest_task_end_edges leaves a task it frees. The body
 --    parks a superset of what this settles on, so this step only unparks.
---    A call none of whose items has a group_key with depends_on,
---    sequence_key or idempotency_key costs a look at its JSON; one with
---    such an item, a read of its tasks by their ids.
+--    A call none of whose items has a group_key with depends_on or
+--    sequence_key, and whose items with a group_key repeat no
+--    idempotency key, costs a look at its JSON; another, a read of its
+--    tasks by their ids.
 --    An item that repeats the idempotency key of a task created before the
 --    call takes room in both paths (neither knows before its insert).
 --
@@ -74,13 +75,18 @@ DECLARE
     grp record;
     room bigint;
 BEGIN
-    -- Only an item with a group and an edge, or an idempotency key that
-    -- an earlier item of the call may hold, can have been counted wrong.
-    IF jsonb_typeof(tasks) <> 'array' OR NOT EXISTS (
+    -- Only a call with an item with a group and an edge, or with a
+    -- group and an idempotency key on more than one item, can have been
+    -- counted wrong.
+    IF jsonb_typeof(tasks) <> 'array' OR (NOT EXISTS (
         SELECT 1 FROM jsonb_array_elements(tasks) AS e
         WHERE jsonb_typeof(e) = 'object' AND coalesce(e->>'group_key', '') <> ''
-          AND (jsonb_typeof(e->'depends_on') = 'array' OR coalesce(jsonb_typeof(e->'sequence_key'), 'null') <> 'null'
-               OR coalesce(e->>'idempotency_key', '') <> '')) THEN
+          AND (jsonb_typeof(e->'depends_on') = 'array' OR coalesce(jsonb_typeof(e->'sequence_key'), 'null') <> 'null'))
+      AND NOT EXISTS (
+        SELECT 1 FROM jsonb_array_elements(tasks) AS e
+        WHERE jsonb_typeof(e) = 'object' AND coalesce(e->>'idempotency_key', '') <> ''
+        GROUP BY e->>'idempotency_key'
+        HAVING count(*) > 1 AND bool_or(coalesce(e->>'group_key', '') <> ''))) THEN
         RETURN;
     END IF;
     -- The tasks this call created with a group, once each, in the order
@@ -165,13 +171,18 @@ $$;
 CREATE OR REPLACE FUNCTION ingest_enqueue_after(ids uuid[], tasks jsonb, numbered boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
+    own uuid[] := ids;
+BEGIN
     -- Each item's task when the item created it, else NULL: an item that
     -- an idempotency key or the payload dedup resolved to an earlier
     -- item's task gets neither edges nor a place in a sequence from its
     -- own fields (they are checked all the same), as in the Go store.
-    own constant uuid[] := ARRAY(SELECT CASE WHEN ids[i] = ANY(ids[1:i - 1]) THEN NULL ELSE ids[i] END
-                                 FROM generate_subscripts(ids, 1) AS i ORDER BY i);
-BEGIN
+    IF jsonb_typeof(tasks) = 'array' AND EXISTS (
+        SELECT 1 FROM jsonb_array_elements(tasks) AS e
+        WHERE jsonb_typeof(e) = 'object' AND (e ? 'depends_on' OR e ? 'sequence_key')) THEN
+        own := ARRAY(SELECT CASE WHEN row_number() OVER (PARTITION BY u.id ORDER BY u.ord) = 1 THEN u.id END
+                     FROM unnest(ids) WITH ORDINALITY AS u(id, ord) ORDER BY u.ord);
+    END IF;
     PERFORM ingest_enqueue_link(own, tasks, numbered);
     PERFORM ingest_enqueue_sequence(own, tasks, numbered);
     PERFORM ingest_enqueue_rewindow(ids, tasks);
