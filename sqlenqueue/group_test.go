@@ -146,33 +146,12 @@ func TestGroupWindowCountsTasksInTheStream(t *testing.T) {
 	for _, path := range []string{"go", "sql"} {
 		var got []string
 		for _, batch := range [][]task.NewTask{waiting, next} {
-			var ids []uuid.UUID
-			if path == "go" {
-				nts := make([]task.NewTask, len(batch))
-				for i, nt := range batch {
-					nt.Kind, nt.Payload = "go-count", json.RawMessage(fmt.Sprint(i))
-					nts[i] = nt
-				}
-				res, err := store.CreateBatch(ctx, nts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range res {
-					ids = append(ids, r.Task.ID)
-				}
-			} else {
-				var js []string
-				for i, nt := range batch {
-					deps := ""
-					if len(nt.DependsOn) > 0 {
-						deps = fmt.Sprintf(`,"depends_on":[%q]`, nt.DependsOn[0])
-					}
-					js = append(js, fmt.Sprintf(`{"kind":"sql-count","payload":%d,"group_key":%q,"delay_ms":%d%s}`, i, nt.GroupKey, nt.Delay.Milliseconds(), deps))
-				}
-				if err := db.QueryRow(ctx, `SELECT ingest_enqueue_batch($1::jsonb)`, "["+strings.Join(js, ",")+"]").Scan(&ids); err != nil {
-					t.Fatalf("ingest_enqueue_batch: %v", err)
-				}
+			nts := make([]task.NewTask, len(batch))
+			for i, nt := range batch {
+				nt.Payload = json.RawMessage(fmt.Sprint(i))
+				nts[i] = nt
 			}
+			ids := createVia(t, db, store, path, path+"-count", nts)
 			if len(batch) == len(next) {
 				for _, id := range ids {
 					got = append(got, describe(t, db, id))
@@ -285,36 +264,12 @@ func TestGroupWindowLeavesWaitingTasks(t *testing.T) {
 		kind := path + "-waits"
 		var ids []uuid.UUID
 		for n, b := range [][]task.NewTask{fill, batch} {
-			ids = nil
-			if path == "go" {
-				nts := make([]task.NewTask, len(b))
-				for i, nt := range b {
-					nt.Kind, nt.Payload = kind, json.RawMessage(fmt.Sprint(n*100+i))
-					nts[i] = nt
-				}
-				res, err := store.CreateBatch(ctx, nts)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for _, r := range res {
-					ids = append(ids, r.Task.ID)
-				}
-				continue
-			}
-			var js []string
+			nts := make([]task.NewTask, len(b))
 			for i, nt := range b {
-				extra := ""
-				if len(nt.DependsOn) > 0 {
-					extra = fmt.Sprintf(`,"depends_on":[%q]`, nt.DependsOn[0])
-				}
-				if nt.SequenceKey != "" {
-					extra += fmt.Sprintf(`,"sequence_key":%q`, nt.SequenceKey)
-				}
-				js = append(js, fmt.Sprintf(`{"kind":%q,"payload":%d,"group_key":%q%s}`, kind, n*100+i, nt.GroupKey, extra))
+				nt.Payload = json.RawMessage(fmt.Sprint(n*100 + i))
+				nts[i] = nt
 			}
-			if err := db.QueryRow(ctx, `SELECT ingest_enqueue_batch($1::jsonb)`, "["+strings.Join(js, ",")+"]").Scan(&ids); err != nil {
-				t.Fatalf("ingest_enqueue_batch: %v", err)
-			}
+			ids = createVia(t, db, store, path, kind, nts)
 		}
 		var got []string
 		for _, id := range ids {
