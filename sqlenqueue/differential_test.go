@@ -29,7 +29,8 @@ import (
 // now, held back for an edge, due later). The tasks mix groups, delays,
 // dependencies on a QUEUED, a SUCCEEDED and a DEAD task (either policy),
 // a sequence key, an idempotency key, the payload dedup and a priority,
-// so that each feature's decision meets the others'. 60 scenarios;
+// so that each feature's decision meets the others'; every fourth
+// scenario makes one call per item (Create, ingest_enqueue). 60 scenarios;
 // INGEST_SQL_DIFF_N sets another number (1,500 ran clean).
 func TestSQLCreateMatchesGo(t *testing.T) {
 	t.Parallel()
@@ -125,6 +126,9 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 			batches = append(batches, batch)
 		}
 
+		// Every fourth scenario creates each item by a call of its own
+		// (Create, ingest_enqueue).
+		each := seed%4 == 3
 		got := map[string][]string{}
 		for _, path := range []string{"go", "sql"} {
 			kind := fmt.Sprintf("%s-diff-%d", path, seed)
@@ -134,7 +138,14 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 			first := map[uuid.UUID]int{} // a task's first item, across the batches
 			n := 0
 			for _, batch := range batches {
-				ids := createVia(t, db, store, path, kind, batch)
+				var ids []uuid.UUID
+				if each {
+					for _, nt := range batch {
+						ids = append(ids, createVia(t, db, store, path+"-each", kind, []task.NewTask{nt})...)
+					}
+				} else {
+					ids = createVia(t, db, store, path, kind, batch)
+				}
 				for _, id := range ids {
 					same := ""
 					if j, ok := first[id]; ok {
@@ -148,19 +159,30 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 			}
 		}
 		if g, s := strings.Join(got["go"], "\n"), strings.Join(got["sql"], "\n"); g != s {
-			t.Errorf("scenario %d (window %d, weights %v, paused %v, concurrency per group %v, sequence on failure %v), batches:\n%s\nthrough the Go store:\n%s\nthrough SQL:\n%s",
-				seed, window, weights, settings.Paused != nil, settings.ConcurrencyPerGroup != nil, settings.SequenceOnFailure != nil,
+			t.Errorf("scenario %d (window %d, weights %v, paused %v, concurrency per group %v, sequence on failure %v, one call per item %v), batches:\n%s\nthrough the Go store:\n%s\nthrough SQL:\n%s",
+				seed, window, weights, settings.Paused != nil, settings.ConcurrencyPerGroup != nil, settings.SequenceOnFailure != nil, each,
 				describeBatches(batches, parents), g, s)
 		}
 	}
 }
 
-// createVia creates batch as tasks of kind through the Go store or
-// through ingest_enqueue_batch, and returns each item's task.
+// createVia creates batch as tasks of kind through the Go store
+// (CreateBatch; path "go-each": Create, batch being one task) or through
+// SQL (ingest_enqueue_batch; "sql-each": ingest_enqueue), and returns
+// each item's task.
 func createVia(t *testing.T, db *pgxpool.Pool, store *task.Store, path, kind string, batch []task.NewTask) []uuid.UUID {
 	t.Helper()
 	ctx := context.Background()
 	var ids []uuid.UUID
+	if path == "go-each" {
+		nt := batch[0]
+		nt.Kind = kind
+		res, err := store.Create(ctx, nt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []uuid.UUID{res.Task.ID}
+	}
 	if path == "go" {
 		nts := make([]task.NewTask, len(batch))
 		for i, nt := range batch {
@@ -202,6 +224,20 @@ func createVia(t *testing.T, db *pgxpool.Pool, store *task.Store, path, kind str
 		}
 		if nt.Priority != 0 {
 			el["priority"] = nt.Priority
+		}
+		if path == "sql-each" {
+			payload := el["payload"]
+			delete(el, "kind")
+			delete(el, "payload")
+			opts, err := json.Marshal(el)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var id uuid.UUID
+			if err := db.QueryRow(ctx, `SELECT ingest_enqueue($1, $2::jsonb, $3::jsonb)`, kind, payload, string(opts)).Scan(&id); err != nil {
+				t.Fatalf("ingest_enqueue(%q, %s, %s): %v", kind, payload, opts, err)
+			}
+			return []uuid.UUID{id}
 		}
 		b, err := json.Marshal(el)
 		if err != nil {
