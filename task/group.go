@@ -289,7 +289,8 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 	// none).
 	slot := make([]int, len(ins))
 	seen := map[seqKey]bool{}
-	keyed := map[pair]bool{}
+	type idemKey struct{ kind, key string }
+	keyed := map[idemKey]bool{}
 	for j, i := range ins {
 		it := items[i]
 		slot[j] = -1
@@ -301,7 +302,7 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 		}
 		repeat := false
 		if it.IdempotencyKey != "" {
-			k := pair{it.Kind, it.IdempotencyKey}
+			k := idemKey{it.Kind, it.IdempotencyKey}
 			repeat, keyed[k] = keyed[k], true
 		}
 		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits || repeat {
