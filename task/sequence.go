@@ -76,6 +76,55 @@ type seqHead struct {
 // key (in a fixed order: no deadlocks between batches), looks up each
 // one's head and gives those items their places: it sets items[i].seqNo.
 // It returns the heads, for linkSequences.
+// lockBeforeSequences takes, for a batch with a sequence key, the locks
+// that a create takes after the sequences' otherwise and the SQL create
+// (migrations 00020, 00031) takes before them: its groups' advisory locks
+// (groupLockSQL: every group of a task due now, a superset of what
+// holdBack counts) and the row locks of its existing dependencies (as
+// lockDependenciesSQL takes them), so that both creates take their locks
+// in one order (the payload dedup's, the groups', the dependencies', the
+// sequences') and cannot deadlock each other. The later takers find them
+// held.
+func lockBeforeSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) error {
+	sequenced := false
+	for _, i := range ins {
+		sequenced = sequenced || items[i].SequenceKey != ""
+	}
+	if !sequenced {
+		return nil
+	}
+	type pair struct{ kind, group string }
+	seen := map[pair]bool{}
+	var kinds, groups []string
+	var deps []uuid.UUID
+	for _, i := range ins {
+		it := items[i]
+		if p := (pair{it.Kind, it.GroupKey}); it.GroupKey != "" && it.RunAt.IsZero() && it.Delay == 0 && !seen[p] {
+			seen[p] = true
+			kinds, groups = append(kinds, p.kind), append(groups, p.group)
+		}
+		for _, d := range it.DependsOn {
+			if !slices.Contains(deps, d) {
+				deps = append(deps, d)
+			}
+		}
+	}
+	b := &pgx.Batch{}
+	if len(kinds) > 0 {
+		b.Queue(groupLockSQL, kinds, groups)
+	}
+	if len(deps) > 0 {
+		b.Queue(`SELECT count(*) FROM (SELECT 1 FROM ingest_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE) l`, deps)
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("lock the groups and dependencies of a batch with sequences: %w", err)
+	}
+	return nil
+}
+
 func (s *Store) sequencePlaces(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) (map[seqKey]seqHead, error) {
 	var keys []seqKey
 	seen := map[seqKey]bool{}
