@@ -170,9 +170,18 @@ func TestSQLCreateMatchesGo(t *testing.T) {
 // createVia creates batch as tasks of kind through the Go store
 // (CreateBatch; path "go-each": Create, batch being one task) or through
 // SQL (ingest_enqueue_batch; "sql-each": ingest_enqueue), and returns
-// each item's task.
+// each item's task; it fails t on an error.
 func createVia(t *testing.T, db *pgxpool.Pool, store *task.Store, path, kind string, batch []task.NewTask) []uuid.UUID {
 	t.Helper()
+	ids, err := create(db, store, path, kind, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// create is createVia returning its error, for a goroutine of a test.
+func create(db *pgxpool.Pool, store *task.Store, path, kind string, batch []task.NewTask) ([]uuid.UUID, error) {
 	ctx := context.Background()
 	var ids []uuid.UUID
 	if path == "go-each" {
@@ -180,9 +189,9 @@ func createVia(t *testing.T, db *pgxpool.Pool, store *task.Store, path, kind str
 		nt.Kind = kind
 		res, err := store.Create(ctx, nt)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
-		return []uuid.UUID{res.Task.ID}
+		return []uuid.UUID{res.Task.ID}, nil
 	}
 	if path == "go" {
 		nts := make([]task.NewTask, len(batch))
@@ -192,12 +201,12 @@ func createVia(t *testing.T, db *pgxpool.Pool, store *task.Store, path, kind str
 		}
 		res, err := store.CreateBatch(ctx, nts)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		for _, r := range res {
 			ids = append(ids, r.Task.ID)
 		}
-		return ids
+		return ids, nil
 	}
 	var js []json.RawMessage
 	for _, nt := range batch {
@@ -232,28 +241,28 @@ func createVia(t *testing.T, db *pgxpool.Pool, store *task.Store, path, kind str
 			delete(el, "payload")
 			opts, err := json.Marshal(el)
 			if err != nil {
-				t.Fatal(err)
+				return nil, err
 			}
 			var id uuid.UUID
 			if err := db.QueryRow(ctx, `SELECT ingest_enqueue($1, $2::jsonb, $3::jsonb)`, kind, payload, string(opts)).Scan(&id); err != nil {
-				t.Fatalf("ingest_enqueue(%q, %s, %s): %v", kind, payload, opts, err)
+				return nil, fmt.Errorf("ingest_enqueue(%q, %s, %s): %w", kind, payload, opts, err)
 			}
-			return []uuid.UUID{id}
+			return []uuid.UUID{id}, nil
 		}
 		b, err := json.Marshal(el)
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		js = append(js, b)
 	}
 	all, err := json.Marshal(js)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	if err := db.QueryRow(ctx, `SELECT ingest_enqueue_batch($1::jsonb)`, string(all)).Scan(&ids); err != nil {
-		t.Fatalf("ingest_enqueue_batch(%s): %v", all, err)
+		return nil, fmt.Errorf("ingest_enqueue_batch(%s): %w", all, err)
 	}
-	return ids
+	return ids, nil
 }
 
 // state says what a create left of task id, apart from its identity and
@@ -437,10 +446,10 @@ func TestConcurrentSQLAndGoCreates(t *testing.T) {
 					}
 					batch = append(batch, nt)
 				}
-				if t.Failed() {
+				if _, err := create(db, store, path, "busy", batch); err != nil {
+					t.Errorf("producer %d (%s), batch %d: %v", p, path, b, err)
 					return
 				}
-				createVia(t, db, store, path, "busy", batch)
 			}
 		}()
 	}
