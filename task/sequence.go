@@ -72,10 +72,6 @@ type seqHead struct {
 	pred   uuid.UUID
 }
 
-// sequencePlaces locks the sequences of the items of ins that have a
-// key (in a fixed order: no deadlocks between batches), looks up each
-// one's head and gives those items their places: it sets items[i].seqNo.
-// It returns the heads, for linkSequences.
 // lockBeforeSequences takes, for a batch with a sequence key, the locks
 // that a create takes after the sequences' otherwise and the SQL create
 // (migrations 00020, 00031) takes before them: its groups' advisory locks
@@ -97,6 +93,7 @@ func lockBeforeSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 	seen := map[pair]bool{}
 	var kinds, groups []string
 	var deps []uuid.UUID
+	dep := map[uuid.UUID]bool{}
 	for _, i := range ins {
 		it := items[i]
 		if p := (pair{it.Kind, it.GroupKey}); it.GroupKey != "" && it.RunAt.IsZero() && it.Delay == 0 && !seen[p] {
@@ -104,7 +101,8 @@ func lockBeforeSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 			kinds, groups = append(kinds, p.kind), append(groups, p.group)
 		}
 		for _, d := range it.DependsOn {
-			if !slices.Contains(deps, d) {
+			if !dep[d] {
+				dep[d] = true
 				deps = append(deps, d)
 			}
 		}
@@ -125,6 +123,10 @@ func lockBeforeSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 	return nil
 }
 
+// sequencePlaces locks the sequences of the items of ins that have a
+// key (in a fixed order: no deadlocks between batches), looks up each
+// one's head and gives those items their places: it sets items[i].seqNo.
+// It returns the heads, for linkSequences.
 func (s *Store) sequencePlaces(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) (map[seqKey]seqHead, error) {
 	var keys []seqKey
 	seen := map[seqKey]bool{}
