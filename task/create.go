@@ -176,9 +176,6 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			ins = append(ins, i)
 		}
 	}
-	if err := lockBeforeSequences(ctx, tx, items, ins); err != nil {
-		return nil, claim, err
-	}
 	heads, err := s.sequencePlaces(ctx, tx, items, ins)
 	if err != nil {
 		return nil, claim, err

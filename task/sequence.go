@@ -72,23 +72,16 @@ type seqHead struct {
 	pred   uuid.UUID
 }
 
-// lockBeforeSequences takes, for a batch with a sequence key, the locks
-// that a create takes after the sequences' otherwise and the SQL create
-// (migrations 00020, 00031) takes before them: its groups' advisory locks
-// (groupLockSQL: every group of a task due now, a superset of what
-// holdBack counts) and the row locks of its existing dependencies (as
-// lockDependenciesSQL takes them), so that both creates take their locks
-// in one order (the payload dedup's, the groups', the dependencies', the
-// sequences') and cannot deadlock each other. The later takers find them
-// held.
-func lockBeforeSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins []int) error {
-	sequenced := false
-	for _, i := range ins {
-		sequenced = sequenced || items[i].SequenceKey != ""
-	}
-	if !sequenced {
-		return nil
-	}
+// queueLocksBeforeSequences queues on b, ahead of a batch's sequence
+// locks, the locks that a create would otherwise take after them and
+// the SQL create (migrations 00020, 00031) takes before them: its groups'
+// advisory locks (groupLockSQL: every group of a task due now, a superset
+// of what holdBack counts) and the row locks of its existing
+// dependencies (lockDependenciesSQL), so that both creates take their
+// locks in one order (the payload dedup's, the groups', the
+// dependencies', the sequences') and cannot deadlock each other. The
+// later takers find them held.
+func queueLocksBeforeSequences(b *pgx.Batch, items []prepared, ins []int) {
 	type pair struct{ kind, group string }
 	seen := map[pair]bool{}
 	var kinds, groups []string
@@ -107,20 +100,12 @@ func lockBeforeSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 			}
 		}
 	}
-	b := &pgx.Batch{}
 	if len(kinds) > 0 {
 		b.Queue(groupLockSQL, kinds, groups)
 	}
 	if len(deps) > 0 {
-		b.Queue(`SELECT count(*) FROM (SELECT 1 FROM ingest_task WHERE id = ANY($1::uuid[]) ORDER BY id FOR NO KEY UPDATE) l`, deps)
+		b.Queue(lockDependenciesSQL, deps)
 	}
-	if b.Len() == 0 {
-		return nil
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("lock the groups and dependencies of a batch with sequences: %w", err)
-	}
-	return nil
 }
 
 // sequencePlaces locks the sequences of the items of ins that have a
@@ -151,11 +136,13 @@ func (s *Store) sequencePlaces(ctx context.Context, tx pgx.Tx, items []prepared,
 		names[j], kinds[j], seqs[j] = k.lockName(), k.kind, k.key
 	}
 	heads := make(map[seqKey]seqHead, len(keys))
-	// The locks, then the heads (under the locks: the look-up takes its
-	// snapshot after them), in one round trip. A look-up whose latest
-	// task was cancelled or deleted while it waited for that task's row
-	// lock is made again (the locks are held: no new task joins).
+	// The locks (those the SQL create takes before the sequences' first),
+	// then the heads (under the locks: the look-up takes its snapshot
+	// after them), in one round trip. A look-up whose latest task was
+	// cancelled or deleted while it waited for that task's row lock is
+	// made again (the locks are held: no new task joins).
 	b := &pgx.Batch{}
+	queueLocksBeforeSequences(b, items, ins)
 	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k ORDER BY k`, names)
 	for attempt := 1; ; attempt++ {
 		var again []int
