@@ -81,9 +81,9 @@ WITH l AS (
 ), notify AS (
     SELECT pg_notify('` + CancelChannel + `', id::text) FROM u WHERE status = 'RUNNING'
 )
-SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + `, true, (SELECT count(*) FROM notify) FROM u
+SELECT ` + taskColumnsNoPayload + `, true, (SELECT count(*) FROM notify) FROM u
 UNION ALL
-SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + `, false, 0 FROM l WHERE id NOT IN (SELECT id FROM u)`
+SELECT ` + taskColumnsNoPayload + `, false, 0 FROM l WHERE id NOT IN (SELECT id FROM u)`
 
 // cancelNow is the guard of a cancel that ends the task at once: it is
 // waiting (QUEUED or RETRYING, due or not), or RUNNING under an expired

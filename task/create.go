@@ -245,7 +245,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		for _, t := range created {
 			inserted[t.ID] = t
 		}
-		for _, i := range ins { // the plaintext, not the stored form
+		for _, i := range ins { // not read back: the plaintext, not the stored form
 			if t, ok := inserted[items[i].id]; ok {
 				t.Payload = items[i].canonical
 				inserted[t.ID] = t
@@ -358,11 +358,11 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[
 ORDER BY ord`
 
 const insertPlainSQL = insertTasksSQL + `
-RETURNING ` + taskColumns
+RETURNING ` + taskColumnsNoPayload
 
 const insertKeyedSQL = insertTasksSQL + `
 ON CONFLICT (kind, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING ` + taskColumns
+RETURNING ` + taskColumnsNoPayload
 
 // readLost sets res[lost[i]] to the existing task of kind kinds[i] and
 // idempotency key keys[i], whose insert lost to that key, reading them all

@@ -597,7 +597,7 @@ func orderResults(ids []uuid.UUID, byID map[uuid.UUID]StartResult) []StartResult
 }
 
 // notStartedSQL reads the tasks of $1 that a limit kept from starting.
-var notStartedSQL = `SELECT ` + taskColumns + `, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`
+var notStartedSQL = `SELECT ` + taskColumnsNoPayload + `, lease_until <= now() FROM ingest_task WHERE id = ANY($1)`
 
 // notStartedInto records in byID what Start would answer for ids, which
 // a limit kept from starting and which could not be parked, without
@@ -617,7 +617,6 @@ func (s *Store) notStartedInto(ctx context.Context, q DB, ids []uuid.UUID, byID 
 		if err != nil {
 			return err
 		}
-		t.Payload = nil
 		r := StartResult{ID: t.ID, Task: &t, Outcome: Finished}
 		switch {
 		case t.Status == Queued || t.Status == Retrying:

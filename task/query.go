@@ -143,7 +143,7 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 		}
 		where = append(where, "id < "+arg(id))
 	}
-	q := `SELECT ` + strings.Replace(taskColumns, "payload,", "NULL::jsonb,", 1) + ` FROM ` + from
+	q := `SELECT ` + taskColumnsNoPayload + ` FROM ` + from
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}

@@ -236,7 +236,16 @@ func (t Task) EffectiveMaxAttempts(workerMax int) int {
 }
 
 // taskColumns are the columns scanTask reads, in order.
-const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, ''), status, attempt_count, max_attempts,
+const taskColumns = `id, kind, payload, ` + taskColumnsAfterPayload
+
+// taskColumnsNoPayload are taskColumns with a NULL payload, for the
+// statements whose caller has the payload (a create) or shows none (a
+// list, a cancel): a payload read back is sent by PostgreSQL and copied
+// here for nothing, and a large one costs more than the rest of the row.
+const taskColumnsNoPayload = `id, kind, NULL::jsonb, ` + taskColumnsAfterPayload
+
+// taskColumnsAfterPayload are taskColumns after the payload.
+const taskColumnsAfterPayload = `payload_sha, coalesce(idempotency_key, ''), status, attempt_count, max_attempts,
 	next_retry_at, coalesce(last_error, ''), coalesce(error_message, ''), coalesce(lease_owner, ''), lease_until,
 	created_at, updated_at, finished_at, cancel_requested_at, coalesce(cancel_reason, ''), coalesce(cancel_requested_by, ''),
 	coalesce(traceparent, ''), coalesce(timeout_ms, 0), parked_at,
@@ -245,7 +254,9 @@ const taskColumns = `id, kind, payload, payload_sha, coalesce(idempotency_key, '
 
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
 	var t Task
-	dest := append([]any{&t.ID, &t.Kind, &t.Payload, &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
+	// The payload is read as bytes: PostgreSQL's jsonb text is valid
+	// JSON, which a json.RawMessage destination would check again.
+	dest := append([]any{&t.ID, &t.Kind, (*[]byte)(&t.Payload), &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
 		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS, &t.ParkedAt,
 		&t.WaitingFor, &t.OnDependencyFailure, &t.WorkflowID, &t.DependencyDepth,

@@ -86,7 +86,7 @@ WITH x AS (
 )
 SELECT ` + taskColumns + `, started_from, true, false FROM upd
 UNION ALL
-SELECT ` + taskColumns + `, status, false, CASE WHEN ` + startable("r", " ") + ` THEN true ELSE false END
+SELECT ` + taskColumnsNoPayload + `, status, false, CASE WHEN ` + startable("r", " ") + ` THEN true ELSE false END
 FROM (SELECT t.* FROM x JOIN ingest_task t ON t.id = x.id) r WHERE r.id NOT IN (SELECT id FROM upd)`
 
 // Start moves each due task of ids to RUNNING under owner's lease and
