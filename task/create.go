@@ -1,11 +1,9 @@
 package task
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"sort"
@@ -647,52 +645,4 @@ func (nt NewTask) check(maxPayloadBytes int) ([]byte, *FieldError) {
 		return bad("payload", "payload: a top-level %q member is reserved for encrypted payloads", "$enc")
 	}
 	return canonical, nil
-}
-
-// Canonical returns the canonical form of a JSON value: no insignificant
-// white space, object keys sorted, numbers as written. Two payloads that
-// mean the same JSON have the same canonical form (and payload_sha).
-func Canonical(payload []byte) ([]byte, error) {
-	if len(bytes.TrimSpace(payload)) == 0 {
-		return nil, fmt.Errorf("is empty (want a JSON value)")
-	}
-	dec := json.NewDecoder(bytes.NewReader(payload))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("is not valid JSON: %v", err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("is not a single JSON value")
-	}
-	if containsNULInJSON(v) {
-		return nil, fmt.Errorf("contains a \\u0000 character, which Postgres jsonb cannot store")
-	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.TrimRight(buf.Bytes(), "\n"), nil
-}
-
-func containsNULInJSON(v any) bool {
-	switch x := v.(type) {
-	case string:
-		return strings.ContainsRune(x, 0)
-	case []any:
-		for _, e := range x {
-			if containsNULInJSON(e) {
-				return true
-			}
-		}
-	case map[string]any:
-		for k, e := range x {
-			if strings.ContainsRune(k, 0) || containsNULInJSON(e) {
-				return true
-			}
-		}
-	}
-	return false
 }
