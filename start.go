@@ -3,6 +3,7 @@ package ingest
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -149,10 +150,11 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 		r := results[id]
 		dup := seen[id]
 		seen[id] = true
-		log := p.log.With("task_id", id, "message_id", d.id)
+		// log is the entry's logger, made only for the outcomes that log.
+		log := func() *slog.Logger { return p.log.With("task_id", id, "message_id", d.id) }
 		if dup && (r.Outcome == task.Started || r.Outcome == task.TakenOver || r.Outcome == task.DiedOnTakeover) {
 			// Another entry of this read runs (or buried) the task.
-			log.Debug("duplicate entry of a task started by this read; acknowledging it")
+			log().Debug("duplicate entry of a task started by this read; acknowledging it")
 			acks, settle = append(acks, d.id), append(settle, d)
 			metric[d.id] = resultSkipped
 			continue
@@ -162,12 +164,12 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 			p.dispatch(d, r.Task, held, now)
 			continue
 		case task.TakenOver:
-			log.Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
+			log().Info("took over a task whose lease expired; the abandoned run counted as a failure", "attempt", r.Task.AttemptCount+1,
 				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
 			p.dispatch(d, r.Task, held, now)
 			continue
 		case task.DiedOnTakeover:
-			log.Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,
+			log().Warn("took over a task whose lease expired on its last attempt: DEAD", "attempt", r.Task.AttemptCount,
 				traceAttr(tracing.SpanContext(r.Task.Traceparent).TraceID().String()))
 			letters = append(letters, taskLetter(d, r.Task, resultDead, now))
 			continue
@@ -176,16 +178,16 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 				// A redelivery after a crash between the DEAD commit and
 				// the DLQ write, or a duplicate entry: the DLQ gets this
 				// death once.
-				log.Debug("task already DEAD; making sure its death is dead-lettered")
+				log().Debug("task already DEAD; making sure its death is dead-lettered")
 				letters = append(letters, taskLetter(d, r.Task, resultSkipped, now))
 				continue
 			}
-			log.Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
+			log().Debug("task already finished; acknowledging duplicate delivery", "to", r.Task.Status)
 			acks = append(acks, d.id)
 			metric[d.id] = resultSkipped
 		case task.LeaseHeld:
 			if p.runsHere(r.Task) {
-				log.Debug("duplicate entry of a task running here; acknowledging it")
+				log().Debug("duplicate entry of a task running here; acknowledging it")
 				acks = append(acks, d.id)
 			} else {
 				// Another worker holds a live lease: look again when it expires.
@@ -193,18 +195,18 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 			}
 			metric[d.id] = resultSkipped
 		case task.ParkedAtLimit:
-			log.Debug("task parked (its kind is at a limit); acknowledging its entry")
+			log().Debug("task parked (its kind is at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultThrottled
 		case task.Throttled:
 			later = append(later, deferral{id: d.id, taskID: id, at: now.Add(throttleRetry)})
 			metric[d.id] = resultThrottled
 		case task.Parked:
-			log.Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
+			log().Debug("task parked (its kind is paused or at a limit); acknowledging its entry")
 			acks = append(acks, d.id)
 			metric[d.id] = resultPaused
 		case task.Held:
-			log.Debug("task held by its dependencies; acknowledging its entry (their end publishes it)")
+			log().Debug("task held by its dependencies; acknowledging its entry (their end publishes it)")
 			acks = append(acks, d.id)
 			metric[d.id] = resultSkipped
 		case task.NotDue:
