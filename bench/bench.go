@@ -535,8 +535,8 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		}
 		defer sink.Close()
 		// As `ingest-worker run` configures it: the default timeout and
-		// HTTP client.
-		if b.webhook, err = webhook.New(webhook.Config{URL: sink.URL()}); err != nil {
+		// HTTP client, keeping an idle connection per handler slot.
+		if b.webhook, err = webhook.New(webhook.Config{URL: sink.URL(), IdleConns: webhook.IdleConnsFor(o.Concurrency)}); err != nil {
 			return rep, err
 		}
 		handlerShown += " → " + sink.URL()

@@ -32,9 +32,9 @@ const (
 	DefaultMaxRetryAfter = time.Hour
 	DefaultUserAgent     = "ingest-worker"
 	// DefaultIdleConns is how many idle connections to the URL's host the
-	// handler's own client keeps for reuse: at least as many as a worker
-	// runs handlers at once, so that a busy worker does not open a TCP
-	// (and TLS) connection per request (net/http's default keeps 2).
+	// handler's own client keeps for reuse, at least (IdleConnsFor): a
+	// busy worker should not open a TCP (and TLS) connection per request
+	// (net/http's default keeps 2).
 	DefaultIdleConns = 256
 )
 
@@ -54,11 +54,21 @@ type Config struct {
 	// the task's result (NewResult); 0: task.DefaultMaxResultBytes. A
 	// larger one fails the run.
 	MaxResultBytes int
+	// IdleConns is how many idle connections to the URL's host the
+	// handler's own client keeps (0: DefaultIdleConns): as many as the
+	// worker runs handlers at once (IdleConnsFor), or the requests beyond
+	// it each open a connection and close it after. Not used with Client.
+	IdleConns int
 	// Client sends the requests; nil means a client of its own, which
-	// keeps up to DefaultIdleConns idle connections to the host. Its
-	// redirect policy is replaced: redirects are never followed.
+	// keeps up to IdleConns idle connections to the host. Its redirect
+	// policy is replaced: redirects are never followed.
 	Client *http.Client
 }
+
+// IdleConnsFor returns the idle connections to keep for a worker that
+// runs up to handlers handlers at once: that many, and DefaultIdleConns
+// at least.
+func IdleConnsFor(handlers int) int { return max(handlers, DefaultIdleConns) }
 
 // Request is the JSON body POSTed for each task run.
 type Request struct {
@@ -88,6 +98,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxRetryAfter = cmp.Or(c.MaxRetryAfter, DefaultMaxRetryAfter)
 	c.UserAgent = cmp.Or(c.UserAgent, DefaultUserAgent)
 	c.MaxResultBytes = cmp.Or(c.MaxResultBytes, task.DefaultMaxResultBytes)
+	c.IdleConns = cmp.Or(c.IdleConns, DefaultIdleConns)
 	return c
 }
 
@@ -116,6 +127,8 @@ func (c Config) Validate() error {
 		return bad("MaxRetryAfter", "must be at least 0s, got %s", c.MaxRetryAfter)
 	case !task.ResultBytesRange.Contains(int64(c.MaxResultBytes)):
 		return bad("MaxResultBytes", "must be %s, got %d", task.ResultBytesRange.Text(), c.MaxResultBytes)
+	case c.IdleConns < 0:
+		return bad("IdleConns", "must be at least 0, got %d", c.IdleConns)
 	}
 	return nil
 }
@@ -165,8 +178,8 @@ func newHandler(cfg Config) (*handler, error) {
 	}
 	if client.Transport == nil {
 		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns = DefaultIdleConns
-		t.MaxIdleConnsPerHost = DefaultIdleConns
+		t.MaxIdleConns = cfg.IdleConns
+		t.MaxIdleConnsPerHost = cfg.IdleConns
 		client.Transport = t
 	}
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }

@@ -252,6 +252,7 @@ func TestConfigValidation(t *testing.T) {
 		{"NoHost", webhook.Config{URL: "http:///path"}, "webhook: URL: has no host"},
 		{"Garbage", webhook.Config{URL: "http://a b:pw@x/%zz"}, "not a valid URL"},
 		{"NegativeTimeout", webhook.Config{URL: "http://x", Timeout: -1}, "Timeout"},
+		{"NegativeIdleConns", webhook.Config{URL: "http://x", IdleConns: -1}, "webhook: IdleConns: must be at least 0, got -1"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -305,6 +306,72 @@ func TestConnectionsAreReused(t *testing.T) {
 		t.Errorf("%d requests opened %d connections, want at most %d (reused across rounds)", parallel*rounds, opened, 2*parallel)
 	}
 	t.Logf("%d requests, %d at a time: %d connections", parallel*rounds, parallel, opened)
+}
+
+// TestIdleConnsFollowHandlers runs more requests at once than
+// DefaultIdleConns, all in flight together (the receiver holds each until
+// all have arrived), three rounds, with IdleConns from IdleConnsFor: the
+// client keeps a connection per request for the next round instead of
+// closing those beyond the default and dialing them again.
+func TestIdleConnsFollowHandlers(t *testing.T) {
+	t.Parallel()
+	if got := webhook.IdleConnsFor(16); got != webhook.DefaultIdleConns {
+		t.Errorf("IdleConnsFor(16) = %d, want %d", got, webhook.DefaultIdleConns)
+	}
+	const parallel, rounds = webhook.DefaultIdleConns + 64, 3
+	if got := webhook.IdleConnsFor(parallel); got != parallel {
+		t.Errorf("IdleConnsFor(%d) = %d", parallel, got)
+	}
+	var mu sync.Mutex
+	opened, inside := 0, 0
+	all := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		if inside++; inside == parallel {
+			close(all)
+		}
+		ch := all
+		mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(30 * time.Second): // a client that never had them all in flight: counted below
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			opened++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	h := newHandler(t, webhook.Config{URL: srv.URL, IdleConns: webhook.IdleConnsFor(parallel)})
+	for range rounds {
+		var wg sync.WaitGroup
+		for range parallel {
+			wg.Go(func() {
+				if err := h(context.Background(), testTask()); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		mu.Lock()
+		inside, all = 0, make(chan struct{})
+		mu.Unlock()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// Each round has every request in flight at once, so the first opens
+	// parallel connections; the later ones find them idle (a few may not
+	// be back in the pool yet when a request starts). With the default's
+	// 256 idle, each later round opens the 64 beyond it again.
+	if most := parallel + 16; opened > most {
+		t.Errorf("%d rounds of %d requests at once opened %d connections, want at most %d", rounds, parallel, opened, most)
+	}
+	t.Logf("%d rounds of %d requests at once: %d connections", rounds, parallel, opened)
 }
 
 // TestResultFromResponse: a 2xx JSON body is the result; a body of another

@@ -294,6 +294,13 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		}()
 	}
 
+	rep.MaxWorkers = defaultsMaxWorkers
+	if o.settings == settingsBench {
+		rep.MaxWorkers = benchMaxWorkers
+	}
+	if o.maxWorkers > 0 {
+		rep.MaxWorkers = o.maxWorkers
+	}
 	var failed atomic.Int64
 	workers := river.NewWorkers()
 	var sink *bench.Sink
@@ -303,11 +310,11 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		}
 		defer sink.Close()
 		// The ingest-worker webhook handler's own client: its default
-		// timeout, and net/http's default transport keeping
-		// webhook.DefaultIdleConns idle connections to the host.
+		// timeout, and net/http's default transport keeping an idle
+		// connection to the host per worker (webhook.IdleConnsFor).
 		transport := http.DefaultTransport.(*http.Transport).Clone()
-		transport.MaxIdleConns = webhook.DefaultIdleConns
-		transport.MaxIdleConnsPerHost = webhook.DefaultIdleConns
+		transport.MaxIdleConns = webhook.IdleConnsFor(rep.MaxWorkers)
+		transport.MaxIdleConnsPerHost = transport.MaxIdleConns
 		client := &http.Client{Timeout: webhook.DefaultTimeout, Transport: transport}
 		err = river.AddWorkerSafely(workers, &hookWorker{client: client, url: sink.URL(), failed: &failed})
 	} else {
@@ -320,13 +327,8 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		Logger:  slog.New(slog.NewTextHandler(progress, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Workers: workers,
 	}
-	rep.MaxWorkers = defaultsMaxWorkers
 	if o.settings == settingsBench {
-		rep.MaxWorkers = benchMaxWorkers
 		cfg.FetchCooldown, cfg.FetchPollInterval = benchFetchCooldown, benchFetchPollInterval
-	}
-	if o.maxWorkers > 0 {
-		rep.MaxWorkers = o.maxWorkers
 	}
 	cfg.Queues = map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: rep.MaxWorkers}}
 	if o.failRate > 0 {

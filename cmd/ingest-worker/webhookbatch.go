@@ -9,7 +9,8 @@ import (
 // every kind: one POST per task, or, with INGEST_WEBHOOK_BATCH_MAX > 1,
 // one POST per batch of up to that many tasks of a kind.
 func (a *app) webhookHandler() (func(*ingest.Service) error, error) {
-	cfg := webhook.Config{URL: a.cfg.WebhookURL, Timeout: a.cfg.WebhookTimeout, MaxResultBytes: a.cfg.MaxResultBytes}
+	cfg := webhook.Config{URL: a.cfg.WebhookURL, Timeout: a.cfg.WebhookTimeout, MaxResultBytes: a.cfg.MaxResultBytes,
+		IdleConns: webhook.IdleConnsFor(a.cfg.WorkerConcurrency)}
 	if a.cfg.WebhookBatchMax <= 1 {
 		h, err := webhook.NewResult(cfg)
 		if err != nil {
