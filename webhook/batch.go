@@ -87,7 +87,7 @@ func (h *handler) handleBatch(ctx context.Context, tasks []ingest.Task) ([]inges
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", h.cfg.UserAgent)
 
-	resp, err := h.client.Do(req)
+	resp, err := h.do(req)
 	if err != nil {
 		return nil, h.transportError(ctx, rctx, err)
 	}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/configerr"
@@ -134,10 +136,11 @@ func (c Config) Validate() error {
 }
 
 type handler struct {
-	cfg    Config
-	url    string // for requests
-	shown  string // for errors: redacted
-	client *http.Client
+	cfg   Config
+	url   string // for requests
+	shown string // for errors: redacted
+	// traced sends through the tracing transport, plain without (do).
+	traced, plain *http.Client
 }
 
 // New returns a handler that POSTs each task run to cfg.URL and keeps no
@@ -183,10 +186,24 @@ func newHandler(cfg Config) (*handler, error) {
 		client.Transport = t
 	}
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	// A client span per POST, a child of the attempt's, whose traceparent
-	// the request carries (docs/ARCHITECTURE.md §7.4).
-	client.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithPropagators(tracing.Propagator()))
-	return &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), client: client}, nil
+	traced := *client
+	traced.Transport = otelhttp.NewTransport(client.Transport, otelhttp.WithPropagators(tracing.Propagator()))
+	return &handler{cfg: cfg, url: cfg.URL, shown: redact.DSN(cfg.URL), traced: &traced, plain: client}, nil
+}
+
+// do sends req. When its context holds a recording span (tracing is on),
+// through the tracing transport: a client span per POST, a child of the
+// attempt's, whose traceparent the request carries (docs/ARCHITECTURE.md
+// §7.4). Otherwise the request carries the context's trace context as it
+// is, without that transport, whose span and metric attributes, made for
+// every request, cost more than the request's own round trip when nothing
+// records them.
+func (h *handler) do(req *http.Request) (*http.Response, error) {
+	if trace.SpanFromContext(req.Context()).IsRecording() {
+		return h.traced.Do(req)
+	}
+	tracing.Propagator().Inject(req.Context(), propagation.HeaderCarrier(req.Header))
+	return h.plain.Do(req)
 }
 
 // maxErrorBody is how much of a failed response's body goes into the error.
@@ -207,7 +224,7 @@ func (h *handler) handle(ctx context.Context, t ingest.Task) (json.RawMessage, e
 	req.Header.Set("User-Agent", h.cfg.UserAgent)
 	req.Header.Set(IdempotencyKeyHeader, t.ID.String())
 
-	resp, err := h.client.Do(req)
+	resp, err := h.do(req)
 	if err != nil {
 		return nil, h.transportError(ctx, rctx, err)
 	}
