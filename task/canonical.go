@@ -231,19 +231,29 @@ func (c *plainCanon) literal(word string) bool {
 	return true
 }
 
-// array copies the array at c.i.
-func (c *plainCanon) array() bool {
+// enter copies the opener of the array or object at c.i: not ok when it
+// is nested deeper than plainDepth, empty when it closes at once (then
+// written whole).
+func (c *plainCanon) enter(opener, closer byte) (empty, ok bool) {
 	if c.depth++; c.depth > plainDepth {
-		return false
+		return false, false
 	}
 	c.i++
-	c.out = append(c.out, '[')
+	c.out = append(c.out, opener)
 	c.space()
-	if c.i < len(c.in) && c.in[c.i] == ']' {
+	if c.i < len(c.in) && c.in[c.i] == closer {
 		c.i++
-		c.out = append(c.out, ']')
+		c.out = append(c.out, closer)
 		c.depth--
-		return true
+		return true, true
+	}
+	return false, true
+}
+
+// array copies the array at c.i.
+func (c *plainCanon) array() bool {
+	if empty, ok := c.enter('[', ']'); empty || !ok {
+		return ok
 	}
 	for {
 		if !c.value() {
@@ -278,18 +288,9 @@ type member struct {
 // object copies the object at c.i with its members in the order of their
 // keys (encoding/json sorts a map's keys byte by byte).
 func (c *plainCanon) object() bool {
-	if c.depth++; c.depth > plainDepth {
-		return false
-	}
-	c.i++
 	open := len(c.out)
-	c.out = append(c.out, '{')
-	c.space()
-	if c.i < len(c.in) && c.in[c.i] == '}' {
-		c.i++
-		c.out = append(c.out, '}')
-		c.depth--
-		return true
+	if empty, ok := c.enter('{', '}'); empty || !ok {
+		return ok
 	}
 	var buf [8]member
 	ms := buf[:0]

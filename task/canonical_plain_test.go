@@ -2,7 +2,6 @@ package task
 
 import (
 	"bytes"
-	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -90,27 +89,23 @@ func randomJSON(r *rand.Rand, depth int) string {
 	if depth > 4 && kind < 2 {
 		kind = 2 + r.IntN(6)
 	}
+	// list writes up to four elements from elem between opener and closer.
+	list := func(opener, closer string, elem func() string) string {
+		var b strings.Builder
+		b.WriteString(opener + ws())
+		for i := range r.IntN(5) {
+			if i > 0 {
+				b.WriteString("," + ws())
+			}
+			b.WriteString(elem())
+		}
+		return b.String() + ws() + closer
+	}
 	switch kind {
 	case 0:
-		var b strings.Builder
-		b.WriteString("{" + ws())
-		for i := range r.IntN(5) {
-			if i > 0 {
-				b.WriteString("," + ws())
-			}
-			fmt.Fprintf(&b, "%s%s:%s%s", randomString(r), ws(), ws(), randomJSON(r, depth+1))
-		}
-		return b.String() + ws() + "}"
+		return list("{", "}", func() string { return randomString(r) + ws() + ":" + ws() + randomJSON(r, depth+1) })
 	case 1:
-		var b strings.Builder
-		b.WriteString("[" + ws())
-		for i := range r.IntN(5) {
-			if i > 0 {
-				b.WriteString("," + ws())
-			}
-			b.WriteString(randomJSON(r, depth+1) + ws())
-		}
-		return b.String() + "]"
+		return list("[", "]", func() string { return randomJSON(r, depth+1) })
 	case 2, 3:
 		return randomString(r)
 	case 4, 5:

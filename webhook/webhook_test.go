@@ -290,15 +290,7 @@ func TestConnectionsAreReused(t *testing.T) {
 	h := newHandler(t, webhook.Config{URL: srv.URL})
 	const parallel, rounds = 32, 10
 	for range rounds {
-		var wg sync.WaitGroup
-		for range parallel {
-			wg.Go(func() {
-				if err := h(context.Background(), testTask()); err != nil {
-					t.Error(err)
-				}
-			})
-		}
-		wg.Wait()
+		runAtOnce(t, h, parallel)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -349,15 +341,7 @@ func TestIdleConnsFollowHandlers(t *testing.T) {
 	t.Cleanup(srv.Close)
 	h := newHandler(t, webhook.Config{URL: srv.URL, IdleConns: webhook.IdleConnsFor(parallel)})
 	for range rounds {
-		var wg sync.WaitGroup
-		for range parallel {
-			wg.Go(func() {
-				if err := h(context.Background(), testTask()); err != nil {
-					t.Error(err)
-				}
-			})
-		}
-		wg.Wait()
+		runAtOnce(t, h, parallel)
 		mu.Lock()
 		inside, all = 0, make(chan struct{})
 		mu.Unlock()
@@ -372,6 +356,20 @@ func TestIdleConnsFollowHandlers(t *testing.T) {
 		t.Errorf("%d rounds of %d requests at once opened %d connections, want at most %d", rounds, parallel, opened, most)
 	}
 	t.Logf("%d rounds of %d requests at once: %d connections", rounds, parallel, opened)
+}
+
+// runAtOnce runs n requests of h at once and waits for them.
+func runAtOnce(t *testing.T, h ingest.Handler, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			if err := h(context.Background(), testTask()); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // TestResultFromResponse: a 2xx JSON body is the result; a body of another
