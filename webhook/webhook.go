@@ -59,7 +59,8 @@ type Config struct {
 	// IdleConns is how many idle connections to the URL's host the
 	// handler's own client keeps (0: DefaultIdleConns): as many as the
 	// worker runs handlers at once (IdleConnsFor), or the requests beyond
-	// it each open a connection and close it after. Not used with Client.
+	// it each open a connection and close it after. Not used with a
+	// Client that has a Transport of its own.
 	IdleConns int
 	// Client sends the requests; nil means a client of its own, which
 	// keeps up to IdleConns idle connections to the host. Its redirect
