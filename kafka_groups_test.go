@@ -28,23 +28,8 @@ func TestKafkaGroupWindowHoldsABurst(t *testing.T) {
 	if _, err := kb.store.SetKind(kb.ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	running := map[string]int{}
-	most := map[string]int{}
-	var starts []string // the group of each start, in order
-	handler := func(_ context.Context, tk ingest.Task) error {
-		mu.Lock()
-		running[tk.GroupKey]++
-		most[tk.GroupKey] = max(most[tk.GroupKey], running[tk.GroupKey])
-		starts = append(starts, tk.GroupKey)
-		mu.Unlock()
-		time.Sleep(20 * time.Millisecond) // the work
-		mu.Lock()
-		running[tk.GroupKey]--
-		mu.Unlock()
-		return nil
-	}
-	wk, _ := kb.worker(ingest.Config{Concurrency: 8}, map[string]ingest.Handler{kind: handler})
+	runs := newGroupRuns(20 * time.Millisecond)
+	wk, _ := kb.worker(ingest.Config{Concurrency: 8}, map[string]ingest.Handler{kind: runs.handle})
 
 	var nts []task.NewTask
 	for range burst {
@@ -62,16 +47,8 @@ func TestKafkaGroupWindowHoldsABurst(t *testing.T) {
 	kb.run(wk)
 	testenv.Eventually(t, 60*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(nts) })
 
-	mu.Lock()
-	defer mu.Unlock()
-	for g, n := range most {
-		if n > window {
-			t.Errorf("group %s ran %d tasks at once, window %d", g, n, window)
-		}
-	}
-	if len(starts) != len(nts) {
-		t.Fatalf("%d starts, want %d", len(starts), len(nts))
-	}
+	runs.check(t, window, len(nts))
+	starts, most := runs.starts, runs.most
 	burstBefore, lastQuiet := 0, -1
 	for i, g := range starts {
 		if g != "burst" {
@@ -87,4 +64,76 @@ func TestKafkaGroupWindowHoldsABurst(t *testing.T) {
 		t.Errorf("%d burst tasks started before the last quiet one (starts %v), want at most %d", burstBefore, starts, burst/2)
 	}
 	t.Logf("burst tasks started before the last quiet one: %d of %d; most at once per group: %v", burstBefore, burst, most)
+}
+
+// TestKafkaConcurrencyPerGroup: a kind's concurrency_per_group holds in
+// Kafka mode: three groups of 5 tasks, 1 at a time per group, on a worker
+// of 8 slots.
+func TestKafkaConcurrencyPerGroup(t *testing.T) {
+	t.Parallel()
+	kb := ksetup(t, 2, task.Config{})
+	const kind, perGroup, groups, each = "kc", 1, 3, 5
+	c := perGroup
+	if _, err := kb.store.SetKind(kb.ctx, "test", kind, task.KindUpdate{ConcurrencyPerGroup: &c}); err != nil {
+		t.Fatal(err)
+	}
+	runs := newGroupRuns(20 * time.Millisecond)
+	wk, _ := kb.worker(ingest.Config{Concurrency: 8}, map[string]ingest.Handler{kind: runs.handle})
+	var nts []task.NewTask
+	for g := range groups {
+		for range each {
+			nts = append(nts, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("g%d", g), Payload: json.RawMessage(`{}`)})
+		}
+	}
+	if _, err := kb.store.CreateBatch(kb.ctx, nts); err != nil {
+		t.Fatal(err)
+	}
+	kb.relay()
+	kb.run(wk)
+	testenv.Eventually(t, 60*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(nts) })
+	runs.check(t, perGroup, len(nts))
+	t.Logf("most at once per group: %v", runs.most)
+}
+
+// groupRuns is a handler that works for a fixed time and records, by
+// group, the most runs at once and the order of the starts.
+type groupRuns struct {
+	work    time.Duration
+	mu      sync.Mutex
+	running map[string]int
+	most    map[string]int
+	starts  []string // the group of each start, in order
+}
+
+func newGroupRuns(work time.Duration) *groupRuns {
+	return &groupRuns{work: work, running: map[string]int{}, most: map[string]int{}}
+}
+
+func (r *groupRuns) handle(_ context.Context, tk ingest.Task) error {
+	r.mu.Lock()
+	r.running[tk.GroupKey]++
+	r.most[tk.GroupKey] = max(r.most[tk.GroupKey], r.running[tk.GroupKey])
+	r.starts = append(r.starts, tk.GroupKey)
+	r.mu.Unlock()
+	time.Sleep(r.work) // the work
+	r.mu.Lock()
+	r.running[tk.GroupKey]--
+	r.mu.Unlock()
+	return nil
+}
+
+// check fails t when a group ran more than limit at once, or the runs
+// started were not n (once each: every task ran once).
+func (r *groupRuns) check(t *testing.T, limit, n int) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for g, m := range r.most {
+		if m > limit {
+			t.Errorf("group %s ran %d tasks at once, want at most %d", g, m, limit)
+		}
+	}
+	if len(r.starts) != n {
+		t.Fatalf("%d starts, want %d", len(r.starts), n)
+	}
 }
