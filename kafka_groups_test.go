@@ -40,12 +40,7 @@ func TestKafkaGroupWindowHoldsABurst(t *testing.T) {
 			nts = append(nts, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("quiet-%d", g), Payload: json.RawMessage(`{}`)})
 		}
 	}
-	if _, err := kb.store.CreateBatch(kb.ctx, nts); err != nil {
-		t.Fatal(err)
-	}
-	kb.relay()
-	kb.run(wk)
-	testenv.Eventually(t, 60*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(nts) })
+	kb.workAll(wk, nts)
 
 	runs.check(t, window, len(nts))
 	starts, most := runs.starts, runs.most
@@ -85,14 +80,21 @@ func TestKafkaConcurrencyPerGroup(t *testing.T) {
 			nts = append(nts, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("g%d", g), Payload: json.RawMessage(`{}`)})
 		}
 	}
+	kb.workAll(wk, nts)
+	runs.check(t, perGroup, len(nts))
+	t.Logf("most at once per group: %v", runs.most)
+}
+
+// workAll creates nts, starts a relay and wk, and waits until every task
+// SUCCEEDED.
+func (kb *kbundle) workAll(wk *ingest.Worker, nts []task.NewTask) {
+	kb.t.Helper()
 	if _, err := kb.store.CreateBatch(kb.ctx, nts); err != nil {
-		t.Fatal(err)
+		kb.t.Fatal(err)
 	}
 	kb.relay()
 	kb.run(wk)
-	testenv.Eventually(t, 60*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(nts) })
-	runs.check(t, perGroup, len(nts))
-	t.Logf("most at once per group: %v", runs.most)
+	testenv.Eventually(kb.t, 60*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(nts) })
 }
 
 // groupRuns is a handler that works for a fixed time and records, by
