@@ -239,9 +239,10 @@ func (t Task) EffectiveMaxAttempts(workerMax int) int {
 const taskColumns = `id, kind, payload, ` + taskColumnsAfterPayload
 
 // taskColumnsNoPayload are taskColumns with a NULL payload, for the
-// statements whose caller has the payload (a create) or shows none (a
-// list, a cancel): a payload read back is sent by PostgreSQL and copied
-// here for nothing, and a large one costs more than the rest of the row.
+// statements whose caller has the payload (a create) or uses none (a
+// list, a cancel, the tasks a start or a limit did not start): a payload
+// read back is sent by PostgreSQL and copied here for nothing, and a
+// large one costs more than the rest of the row.
 const taskColumnsNoPayload = `id, kind, NULL::jsonb, ` + taskColumnsAfterPayload
 
 // taskColumnsAfterPayload are taskColumns after the payload.
