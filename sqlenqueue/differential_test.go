@@ -36,9 +36,7 @@ import (
 func TestSQLCreateMatchesGo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:diff")
-	store := newStore(t, db, task.Config{Stream: "s:diff"})
+	db, store := storeOn(t, "s:diff")
 	parent := func(end string) uuid.UUID {
 		c, err := store.Create(ctx, task.NewTask{Kind: "parent", Payload: json.RawMessage(fmt.Sprintf("%q", end))})
 		if err != nil {
@@ -376,9 +374,7 @@ func TestResolvedItemGetsNoEdges(t *testing.T) {
 func TestRepeatedKeyTakesNoRoom(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:repeat")
-	store := newStore(t, db, task.Config{Stream: "s:repeat"})
+	db, store := storeOn(t, "s:repeat")
 	window := 2
 	batch := []task.NewTask{
 		{GroupKey: "g", IdempotencyKey: "k", Payload: json.RawMessage(`1`)},
@@ -414,9 +410,7 @@ func TestRepeatedKeyTakesNoRoom(t *testing.T) {
 func TestConcurrentSQLAndGoCreates(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:busy")
-	store := newStore(t, db, task.Config{Stream: "s:busy"})
+	db, store := storeOn(t, "s:busy")
 	window := 3
 	if _, err := store.SetKind(ctx, "test", "busy", task.KindUpdate{GroupWindow: &window, GroupWeights: map[string]int{"b": 2}}); err != nil {
 		t.Fatal(err)

@@ -31,6 +31,16 @@ func useStream(t testing.TB, db *pgxpool.Pool, stream string) {
 	}
 }
 
+// storeOn returns a test database whose SQL create publishes to stream
+// (useStream) and a Go store on it publishing to the same stream, so that
+// the two paths' outbox rows compare.
+func storeOn(t *testing.T, stream string) (*pgxpool.Pool, *task.Store) {
+	t.Helper()
+	db := testenv.DB(t)
+	useStream(t, db, stream)
+	return db, newStore(t, db, task.Config{Stream: stream})
+}
+
 // newStore returns a task store of cfg on db.
 func newStore(tb testing.TB, db *pgxpool.Pool, cfg task.Config) *task.Store {
 	tb.Helper()
@@ -82,9 +92,7 @@ func texts(db *pgxpool.Pool, sql string, args ...any) ([]string, error) {
 func TestRowsMatchCreateTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:match")
-	store := newStore(t, db, task.Config{Stream: "s:match"})
+	db, store := storeOn(t, "s:match")
 	runAt := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	// Keys Go sorts by bytes, escapes Go writes, nesting, numbers as jsonb

@@ -25,9 +25,7 @@ import (
 func TestGroupWindowMatchesCreateTx(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:window")
-	store := newStore(t, db, task.Config{Stream: "s:window"})
+	db, store := storeOn(t, "s:window")
 	window := 2
 	for _, kind := range []string{"go-win", "sql-win"} {
 		if _, err := store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &window, GroupWeights: map[string]int{"heavy": 2}}); err != nil {
@@ -124,9 +122,7 @@ func TestGroupWindowMatchesCreateTx(t *testing.T) {
 func TestGroupWindowCountsTasksInTheStream(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:count")
-	store := newStore(t, db, task.Config{Stream: "s:count"})
+	db, store := storeOn(t, "s:count")
 	window := 2
 	parent, err := store.Create(ctx, task.NewTask{Kind: "parent", Payload: json.RawMessage(`{}`)})
 	if err != nil {
@@ -239,9 +235,7 @@ func describe(t *testing.T, db *pgxpool.Pool, id uuid.UUID) string {
 func TestGroupWindowLeavesWaitingTasks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.DB(t)
-	useStream(t, db, "s:waits")
-	store := newStore(t, db, task.Config{Stream: "s:waits"})
+	db, store := storeOn(t, "s:waits")
 	window := 1
 	parent, err := store.Create(ctx, task.NewTask{Kind: "parent", Payload: json.RawMessage(`{}`)})
 	if err != nil {
