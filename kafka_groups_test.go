@@ -24,24 +24,12 @@ func TestKafkaGroupWindowHoldsABurst(t *testing.T) {
 	t.Parallel()
 	kb := ksetup(t, 2, task.Config{})
 	const kind, window, burst, quiet, perQuiet = "kg", 2, 30, 3, 3
-	w := window
-	if _, err := kb.store.SetKind(kb.ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
-		t.Fatal(err)
-	}
-	runs := newGroupRuns(20 * time.Millisecond)
-	wk, _ := kb.worker(ingest.Config{Concurrency: 8}, map[string]ingest.Handler{kind: runs.handle})
-
-	var nts []task.NewTask
-	for range burst {
-		nts = append(nts, task.NewTask{Kind: kind, GroupKey: "burst", Payload: json.RawMessage(`{}`)})
-	}
+	nts := groupTasks(kind, "burst", burst)
 	for g := range quiet {
-		for range perQuiet {
-			nts = append(nts, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("quiet-%d", g), Payload: json.RawMessage(`{}`)})
-		}
+		nts = append(nts, groupTasks(kind, fmt.Sprintf("quiet-%d", g), perQuiet)...)
 	}
-	kb.workAll(wk, nts)
-
+	w := window
+	runs := kb.workGroups(kind, task.KindUpdate{GroupWindow: &w}, nts)
 	runs.check(t, window, len(nts))
 	starts, most := runs.starts, runs.most
 	burstBefore, lastQuiet := 0, -1
@@ -68,33 +56,42 @@ func TestKafkaConcurrencyPerGroup(t *testing.T) {
 	t.Parallel()
 	kb := ksetup(t, 2, task.Config{})
 	const kind, perGroup, groups, each = "kc", 1, 3, 5
-	c := perGroup
-	if _, err := kb.store.SetKind(kb.ctx, "test", kind, task.KindUpdate{ConcurrencyPerGroup: &c}); err != nil {
-		t.Fatal(err)
-	}
-	runs := newGroupRuns(20 * time.Millisecond)
-	wk, _ := kb.worker(ingest.Config{Concurrency: 8}, map[string]ingest.Handler{kind: runs.handle})
 	var nts []task.NewTask
 	for g := range groups {
-		for range each {
-			nts = append(nts, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("g%d", g), Payload: json.RawMessage(`{}`)})
-		}
+		nts = append(nts, groupTasks(kind, fmt.Sprintf("g%d", g), each)...)
 	}
-	kb.workAll(wk, nts)
+	c := perGroup
+	runs := kb.workGroups(kind, task.KindUpdate{ConcurrencyPerGroup: &c}, nts)
 	runs.check(t, perGroup, len(nts))
 	t.Logf("most at once per group: %v", runs.most)
 }
 
-// workAll creates nts, starts a relay and wk, and waits until every task
-// SUCCEEDED.
-func (kb *kbundle) workAll(wk *ingest.Worker, nts []task.NewTask) {
+// groupTasks returns n new tasks of kind in group.
+func groupTasks(kind, group string, n int) []task.NewTask {
+	nts := make([]task.NewTask, n)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: kind, GroupKey: group, Payload: json.RawMessage(`{}`)}
+	}
+	return nts
+}
+
+// workGroups sets kind's settings to update, creates nts (of kind) and
+// works them on a worker of 8 slots whose handler is the groupRuns it
+// returns, with a relay, until every task SUCCEEDED.
+func (kb *kbundle) workGroups(kind string, update task.KindUpdate, nts []task.NewTask) *groupRuns {
 	kb.t.Helper()
+	if _, err := kb.store.SetKind(kb.ctx, "test", kind, update); err != nil {
+		kb.t.Fatal(err)
+	}
+	runs := newGroupRuns(20 * time.Millisecond)
+	wk, _ := kb.worker(ingest.Config{Concurrency: 8}, map[string]ingest.Handler{kind: runs.handle})
 	if _, err := kb.store.CreateBatch(kb.ctx, nts); err != nil {
 		kb.t.Fatal(err)
 	}
 	kb.relay()
 	kb.run(wk)
 	testenv.Eventually(kb.t, 60*time.Second, "every task SUCCEEDED", func() bool { return kb.countStatus(task.Succeeded) == len(nts) })
+	return runs
 }
 
 // groupRuns is a handler that works for a fixed time and records, by
