@@ -263,6 +263,10 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM ingest_task p WHERE p.kind = x.k AND p.gr
             ELSE greatest(` + windowSQL("x.k", "x.g", "$3") + ` - ` + admittedSQL("x.k", "x.g") + `, 0) END
 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS x(k, g, ord) ORDER BY x.ord`
 
+// kindGroup is a group of a kind: what a window, a group's lock and its
+// room belong to.
+type kindGroup struct{ kind, group string }
+
 // groupLockSQL takes the transaction-scoped advisory lock of each (kind
 // $1[i], group $2[i]), in a fixed order: concurrent creators of one group
 // count its window one after the other.
@@ -279,8 +283,7 @@ FROM unnest($1::text[], $2::text[]) AS x(k, g) ORDER BY k, g`
 // earlier item of the batch creates no task and takes no room either.
 // It returns nil when none has a group.
 func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, heads map[seqKey]seqHead) ([]bool, error) {
-	type pair struct{ kind, group string }
-	index := map[pair]int{}
+	index := map[kindGroup]int{}
 	var kinds, groups []string
 	// slot[j] is the place of items[ins[j]]'s group in kinds and groups,
 	// or -1 when its window does not apply to it: no group, delayed,
@@ -308,7 +311,7 @@ func (s *Store) holdBack(ctx context.Context, tx pgx.Tx, items []prepared, ins [
 		if it.GroupKey == "" || !it.RunAt.IsZero() || it.Delay > 0 || waits || repeat {
 			continue
 		}
-		p := pair{it.Kind, it.GroupKey}
+		p := kindGroup{it.Kind, it.GroupKey}
 		g, ok := index[p]
 		if !ok {
 			g = len(kinds)

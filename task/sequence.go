@@ -82,14 +82,13 @@ type seqHead struct {
 // dependencies', the sequences') and cannot deadlock each other. The
 // later takers find them held.
 func queueLocksBeforeSequences(b *pgx.Batch, items []prepared, ins []int) {
-	type pair struct{ kind, group string }
-	seen := map[pair]bool{}
+	seen := map[kindGroup]bool{}
 	var kinds, groups []string
 	var deps []uuid.UUID
 	dep := map[uuid.UUID]bool{}
 	for _, i := range ins {
 		it := items[i]
-		if p := (pair{it.Kind, it.GroupKey}); it.GroupKey != "" && it.RunAt.IsZero() && it.Delay == 0 && !seen[p] {
+		if p := (kindGroup{it.Kind, it.GroupKey}); it.GroupKey != "" && it.RunAt.IsZero() && it.Delay == 0 && !seen[p] {
 			seen[p] = true
 			kinds, groups = append(kinds, p.kind), append(groups, p.group)
 		}
