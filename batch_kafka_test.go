@@ -66,9 +66,9 @@ func TestKafkaBatchHandler(t *testing.T) {
 	if sizes := log.sizes(); slices.Max(sizes) > 8 || slices.Max(sizes) < 2 {
 		t.Errorf("batch sizes %v: want at most 8, and some batch of more than one", sizes)
 	}
+	testenv.Eventually(t, 10*time.Second, "group lag 0", func() bool { return kb.lag() == 0 })
 	if got := len(kb.dlqRecords(10)); got != 10 {
 		t.Errorf("%d records in the DLQ topic, want the 10 permanent failures", got)
 	}
-	testenv.Eventually(t, 10*time.Second, "group lag 0", func() bool { return kb.lag() == 0 })
 	awaitMetric(t, reg, "ingest_task_batch_size", map[string]string{"kind": "k"}, float64(len(log.sizes())))
 }
