@@ -76,7 +76,7 @@ use a database of its own).`
 
 func (a *app) benchCommand() *cobra.Command {
 	var opts bench.Options
-	var cpuProfile, seriesFile string
+	var cpuProfile, memProfile, seriesFile string
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure throughput and latency of the full path (PostgreSQL, outbox, Redis, worker)",
@@ -114,6 +114,20 @@ func (a *app) benchCommand() *cobra.Command {
 					return fmt.Errorf("--cpu-profile: %w", err)
 				}
 				defer pprof.StopCPUProfile()
+			}
+			if memProfile != "" {
+				f, err := os.Create(memProfile)
+				if err != nil {
+					return usagef("--mem-profile: %v", err)
+				}
+				defer f.Close()
+				// Written when the run ends: every allocation since the
+				// process began (go tool pprof -sample_index=alloc_space).
+				defer func() {
+					if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+						fmt.Fprintf(cmd.ErrOrStderr(), "--mem-profile: %v\n", err)
+					}
+				}()
 			}
 			if seriesFile != "" {
 				f, err := os.Create(seriesFile)
@@ -154,6 +168,7 @@ func (a *app) benchCommand() *cobra.Command {
 	f.DurationVar(&opts.Retention, "retention", 0, "run retention with SUCCEEDED tasks deleted this long after they finished (0: the default windows; deletes every task of the database past the window)")
 	f.BoolVar(&opts.Soak, "soak", false, "also sample table and index sizes and time the dashboard's overview and list, the API's list and a /metrics scrape (a long run: not for CI)")
 	f.StringVar(&cpuProfile, "cpu-profile", "", "write the process's CPU profile of the whole run to this file (for go tool pprof)")
+	f.StringVar(&memProfile, "mem-profile", "", "write the process's allocation profile of the whole run to this file when it ends (for go tool pprof)")
 	return cmd
 }
 
