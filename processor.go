@@ -133,6 +133,10 @@ type processor struct {
 	// heartbeater renews the runs' leases, keeps their entries fresh and
 	// carries cancel requests to them.
 	heartbeater *heartbeater
+	// redeliverer hands deferred messages back at their time, where the
+	// transport leaves them pending with this worker (nil otherwise;
+	// redeliver.go).
+	redeliverer *redeliverer
 
 	// ioCtx carries all Redis and Postgres I/O; cancelled last at shutdown.
 	ioCtx  context.Context
@@ -170,6 +174,9 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 		admission:     &admission{store: deps.store, log: deps.log, met: deps.met, owner: cfg.Consumer, lease: cfg.TaskLease},
 	}
 	p.admission.unflushed = deps.tr.redelivers()
+	if deps.tr.redelivers() {
+		p.redeliverer = newRedeliverer()
+	}
 	p.ioCtx, p.stopIO = context.WithCancel(context.Background())
 	p.handlerCtx, p.stopHandlers = context.WithCancelCause(p.ioCtx)
 	p.completer = newCompleter(p.ioCtx, cfg, deps.store, p, p.admission, deps.log)
@@ -183,6 +190,9 @@ func newProcessor(cfg Config, deps processorDeps) *processor {
 func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 	p.completer.start(onSucceeded)
 	p.heartbeater.start()
+	if p.redeliverer != nil {
+		go p.redeliverer.run(p.redeliver)
+	}
 }
 
 // shutdown stops the processor once the readers feeding it have stopped,
@@ -190,7 +200,8 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 //  1. From now on Process starts nothing: entries delivered to it (by the
 //     reclaimer) are made claimable at once for another worker, as are
 //     those waiting unstarted for a handler slot; the tasks started ahead
-//     of the handler slots and waiting for one are released, not run.
+//     of the handler slots and waiting for one are released, not run; the
+//     deferred entries kept for redelivery are left to the reclaimers.
 //  2. Grace period (Config.ShutdownTimeout): running handlers may finish
 //     and hand their outcomes to the completer; the heartbeat keeps
 //     renewing the leases and entries of every run, returned or not, the
@@ -206,6 +217,9 @@ func (p *processor) launch(onSucceeded func([]uuid.UUID)) {
 //     its entry pending; the cancel listener stops).
 func (p *processor) shutdown() {
 	// 1.
+	if p.redeliverer != nil {
+		p.redeliverer.stop()
+	}
 	if back := p.inflight.drain(); len(back) > 0 {
 		p.handBackHeld(p.ioCtx, back)
 		for range back {

@@ -29,20 +29,23 @@ type letter struct {
 // claimable: the reclaimer may hand it back at once (a retry due now), and
 // a redelivery of an entry still in flight here is ignored, so it would
 // wait a whole reclaim idle time. Acknowledged entries leave it after the
-// XACK, so a redelivery in between is still ignored.
+// XACK, so a redelivery in between is still ignored. Once deferred, an
+// entry is also kept for the worker's own redelivery at its time
+// (redeliver.go), where the transport leaves it pending here.
 func (p *processor) settle(acks []string, later []deferral, ds []delivery, metric map[string]string) {
 	p.settleMu.Lock()
 	defer p.settleMu.Unlock()
 	rest, freed := ds, 0
+	var first []delivery
+	var deferred map[string]time.Time // the deferred entries' times
 	if len(later) > 0 {
-		deferred := make(map[string]bool, len(later))
+		deferred = make(map[string]time.Time, len(later))
 		for _, l := range later {
-			deferred[l.id] = true
+			deferred[l.id] = l.at
 		}
-		var first []delivery
 		rest = make([]delivery, 0, len(ds))
 		for _, d := range ds {
-			if deferred[d.id] {
+			if _, ok := deferred[d.id]; ok {
 				first = append(first, d)
 			} else {
 				rest = append(rest, d)
@@ -52,6 +55,11 @@ func (p *processor) settle(acks []string, later []deferral, ds []delivery, metri
 	}
 	if err := p.tr.settle(p.ioCtx, acks, later); err != nil {
 		p.log.Warn("acknowledge / defer entries failed; they are delivered again later", "err", err)
+	} else if p.redeliverer != nil {
+		now := time.Now()
+		for _, d := range first {
+			p.redeliverer.add(d, deferred[d.id], now)
+		}
 	}
 	for _, d := range ds {
 		p.met.observe(metric[d.id], d.received)

@@ -21,6 +21,18 @@ func (f *inflight) reserve(n int) int {
 	return f.reserveLocked(n, true)
 }
 
+// reserveDue is reserve for the deferred messages the worker redelivers
+// itself (redeliver.go): it takes what is free without holding off to
+// gather a bigger read, since they come as one batch already.
+func (f *inflight) reserveDue(n int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.claimants > 0 {
+		return 0
+	}
+	return f.reserveLocked(n, false)
+}
+
 // reserveLocked takes up to n free message slots. gather: take none while
 // enough started tasks wait for a handler slot, so that freed slots are
 // read and started together.

@@ -112,6 +112,42 @@ func TestFailTwiceThenSucceed(t *testing.T) {
 	})
 }
 
+// TestRetryRunsAtItsTimeWithoutAReclaimer: a worker runs its own failed
+// task again when its retry falls due, without waiting for a reclaim
+// round (here there is no reclaimer at all), and not before its backoff.
+func TestRetryRunsAtItsTimeWithoutAReclaimer(t *testing.T) {
+	t.Parallel()
+	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {
+		t.Parallel()
+		backoff := task.Backoff{Base: 200 * time.Millisecond, Max: time.Second}
+		bd := setup(t, b, task.Config{Backoff: backoff})
+		var calls atomic.Int32
+		w, reg := bd.worker(ingest.Config{}, map[string]ingest.Handler{
+			"flaky": func(ctx context.Context, tk ingest.Task) error {
+				if calls.Add(1) <= 2 {
+					return errors.New("flaky failure")
+				}
+				return nil
+			},
+		})
+		bd.run(w)
+		id := bd.enqueue("flaky", 1, 5)[0]
+		bd.eventually(20*time.Second, "SUCCEEDED", bd.statusIs(id, task.Succeeded))
+		if want, got := "QUEUED→RUNNING→RETRYING→RUNNING→RETRYING→RUNNING→SUCCEEDED", bd.path(id); got != want {
+			t.Errorf("transitions %s, want %s", got, want)
+		}
+		recs := bd.transitions(id)
+		for i, failed := range []int{2, 4} {
+			lo, _ := backoff.Bounds(i + 1)
+			if gap := recs[failed+1].CreatedAt.Sub(recs[failed].CreatedAt); gap < lo {
+				t.Errorf("retry %d ran %s after the failure, before its backoff %s", i+1, gap, lo)
+			}
+		}
+		bd.eventually(5*time.Second, "XPENDING empty", func() bool { return bd.pending() == 0 })
+		awaitMetric(t, reg, "ingest_task_process_total", result("retry"), 2)
+	})
+}
+
 func TestAlwaysFailingGoesDead(t *testing.T) {
 	t.Parallel()
 	testenv.RedisBackends(t, func(t *testing.T, b testenv.Backend) {

@@ -94,13 +94,10 @@ var Handlers = []string{HandlerNoop, HandlerWebhook}
 
 // Retry timing of runs with a FailRate: a failed first attempt is due again
 // after FailRetryDelay (the task store's backoff, base = max, no jitter),
-// and the reclaimer, which hands due retries back to the worker, looks every
-// FailReclaimInterval (instead of its default), so that the run measures
-// work rather than waiting for retries to fall due.
-const (
-	FailRetryDelay      = time.Millisecond
-	FailReclaimInterval = 100 * time.Millisecond
-)
+// so that the run measures work rather than waiting for retries to fall
+// due. The worker runs each retry again itself when it falls due (the
+// reclaimer keeps its default interval).
+const FailRetryDelay = time.Millisecond
 
 // Options configures a run. Zero fields take the Default* values.
 type Options struct {
@@ -456,9 +453,6 @@ func (b *run) serviceConfig() ingest.Config {
 			Interval: min(o.Retention, 10*time.Second), Streams: []string{b.stream},
 		}
 	}
-	if o.FailRate > 0 {
-		cfg.Reclaim.Interval = FailReclaimInterval
-	}
 	return cfg
 }
 
@@ -569,7 +563,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 		fmt.Fprintf(b.out, ", payload +%d bytes", o.PayloadBytes)
 	}
 	if o.FailRate > 0 {
-		rep.RetryDelay = fmt.Sprintf("%s backoff, reclaimer every %s", FailRetryDelay, FailReclaimInterval)
+		rep.RetryDelay = fmt.Sprintf("%s backoff", FailRetryDelay)
 		fmt.Fprintf(b.out, ", fail rate %g (retry: %s)", o.FailRate, rep.RetryDelay)
 	}
 	fmt.Fprintln(b.out)

@@ -1,6 +1,7 @@
 package deploy_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,9 +19,11 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/redis/go-redis/v9"
 
 	ingest "github.com/ingest-worker/ingest"
 	"github.com/ingest-worker/ingest/internal/testenv"
+	"github.com/ingest-worker/ingest/stream"
 )
 
 // family is what a metric family of the worker exposes: its type (when
@@ -147,9 +150,9 @@ func webhook(w http.ResponseWriter, r *http.Request) {
 }
 
 // scrapeWorker runs `ingest-worker run` against the test's PostgreSQL and
-// Redis, creates tasks through its API that succeed, retry (claimed again
-// by the reclaimer) and die (into the DLQ), and returns its /metrics page
-// once all of that shows.
+// Redis, creates tasks through its API that succeed, retry and die (into
+// the DLQ), leaves entries of a worker gone away for its reclaimer, and
+// returns its /metrics page once all of that shows.
 func scrapeWorker(t *testing.T) string {
 	t.Helper()
 	bin := buildWorker(t)
@@ -220,6 +223,7 @@ func scrapeWorker(t *testing.T) string {
 		return false
 	})
 
+	var okIDs []string
 	for kind, n := range map[string]int{"ok": 3, "flaky": 2, "bad": 1} {
 		for i := range n {
 			body := fmt.Sprintf(`{"kind":%q,"payload":{"n":%d}}`, kind, i)
@@ -232,8 +236,16 @@ func scrapeWorker(t *testing.T) string {
 			if resp.StatusCode != http.StatusCreated {
 				t.Fatalf("POST /v1/tasks %s: %s %s", body, resp.Status, b)
 			}
+			var created struct{ ID string }
+			if err := json.Unmarshal(b, &created); err != nil || created.ID == "" {
+				t.Fatalf("POST /v1/tasks %s: no task id in %s", body, b)
+			}
+			if kind == "ok" {
+				okIDs = append(okIDs, created.ID)
+			}
 		}
 	}
+	orphanEntries(t, streamKey, okIDs)
 
 	// What the queries' label values need to have been seen.
 	want := []struct {
@@ -267,6 +279,34 @@ func scrapeWorker(t *testing.T) string {
 		return len(missing) == 0
 	})
 	return page
+}
+
+// orphanEntries leaves entries for the reclaimer to claim, as a worker
+// that read them and went away would: an entry per task of taskIDs (each
+// task's second), read by a consumer that never settles them, in one
+// transaction so that the running worker's reads cannot take them first.
+// Once they are idle for INGEST_REDIS_RECLAIM_IDLE_MS, the reclaimer claims
+// them and the worker's start settles them.
+func orphanEntries(t *testing.T, key string, taskIDs []string) {
+	t.Helper()
+	opt, err := redis.ParseURL(testenv.RedisURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx := context.Background()
+	_, err = rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, id := range taskIDs {
+			p.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{stream.FieldTaskID, id, stream.FieldKind, "ok"}})
+		}
+		p.XReadGroup(ctx, &redis.XReadGroupArgs{Group: ingest.DefaultGroup, Consumer: "gone", Streams: []string{key, ">"},
+			Count: 100, Block: -1})
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("orphan entries: %v", err)
+	}
 }
 
 func get(t *testing.T, url string) string {

@@ -220,7 +220,7 @@ var settings = []setting{
 		set:   setBool(func(c *Config) *bool { return &c.ReclaimEnabled })},
 	{env: "INGEST_REDIS_RECLAIM_INTERVAL_MS", def: ms(reclaim.DefaultInterval), typ: "ms", scope: scopeWorker,
 		usage: "time between reclaim rounds",
-		long:  "time between reclaim rounds; a due retry runs within about this much of its time",
+		long:  "time between reclaim rounds; a due retry that its worker no longer holds (stopped, or the retry more than a minute away) runs within about this much of its time",
 		set:   setMillis(func(c *Config) *time.Duration { return &c.ReclaimInterval }, 1)},
 	{env: "INGEST_REDIS_RECLAIM_IDLE_MS", def: ms(reclaim.DefaultMinIdle), typ: "ms", scope: scopeWorker,
 		usage: "idle time after which a pending entry's worker is taken for dead (running tasks are taken over once their lease expires)",
