@@ -8,11 +8,15 @@
 // soon: it first reserves handler slots on the stream.Sink and asks
 // XAUTOCLAIM for at most that many entries, keeping one slot that a page
 // left unused for the round's next page; with no free slot it waits for
-// one, up to Config.Interval, ahead of the consumer's reads (when the Sink
-// is a stream.SlotWaiter, as a worker's is), and skips the round when
-// none came free. The wait matters to a worker of one slot: its
-// consumer's blocking read holds that slot while the streams are idle and
-// would take it again as soon as the read returns. Claimed entries go to
+// one, ahead of the consumer's reads (when the Sink is a
+// stream.SlotWaiter, as a worker's is), until Config.Interval has passed
+// since the round began, and skips the rest of the round when none came
+// free. The wait matters to a worker of one slot: its consumer's blocking
+// read holds that slot while the streams are idle and would take it again
+// as soon as the read returns. And it lets a round claim a backlog of
+// idle entries (a dead worker's, entries handed back at a shutdown) as
+// fast as the worker runs them, rather than one page of free slots per
+// interval. Claimed entries go to
 // the Sink exactly like a fresh delivery, so the task store's guarded
 // start decides what happens (STARTED, or NOT_DUE / LEASE_HELD / FINISHED
 // for entries claimed early or already finished elsewhere). The

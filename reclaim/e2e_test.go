@@ -358,6 +358,49 @@ func TestE2EOneSlotWorkerReclaimsWhileIdle(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
 }
 
+// TestE2ERoundDrainsABacklog: a dead consumer's 300 entries, all claimable
+// at once, are claimed by a worker of 4 handler slots in its first reclaim
+// round, as its slots come free, rather than a round's free slots each
+// reclaim interval (here a minute, so the next round comes after the
+// test's deadline). Each task runs once.
+func TestE2ERoundDrainsABacklog(t *testing.T) {
+	t.Parallel()
+	const n = 300
+	e := newEnv(t, task.Config{})
+	ids := e.create(t, "work", n, 5)
+	reclaim.PublishOutbox(t, e.pool(), e.rdb, e.stream)
+	msgs := e.readAsCrashed(t, n, 0)
+	// Idle for a minute already: claimable by the first round.
+	args := []any{"XCLAIM", e.stream, group, "crashed", 0}
+	for _, m := range msgs {
+		args = append(args, m.ID)
+	}
+	if err := e.rdb.Do(context.Background(), append(args, "IDLE", time.Minute.Milliseconds(), "JUSTID")...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var runs sync.Map
+	began := time.Now()
+	startWorker(t, e, workerOpts{
+		name: "survivor", concurrency: 4, lease: 3 * time.Second, minIdle: 300 * time.Millisecond, interval: time.Minute,
+		handlers: map[string]ingest.Handler{"work": func(ctx context.Context, tk ingest.Task) error {
+			if _, dup := runs.LoadOrStore(tk.ID, true); dup {
+				t.Errorf("task %s ran twice", tk.ID)
+			}
+			return nil
+		}},
+	})
+	testenv.Eventually(t, 30*time.Second, "the dead consumer's tasks to succeed in the first round", func() bool {
+		return e.statusCount(t, task.Succeeded) == n
+	})
+	t.Logf("%d entries claimed and run in %s", n, time.Since(began).Round(time.Millisecond))
+	for _, id := range ids {
+		if _, ok := runs.Load(id); !ok {
+			t.Errorf("task %s succeeded without a run here", id)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the entries to be acked", func() bool { return pendingCount(t, e) == 0 })
+}
+
 // TestE2ELongTaskIsNotReclaimed: a handler running 5× the reclaim idle time
 // keeps its entry fresh (heartbeat): a second worker's reclaimer polling
 // every 100 ms never claims it; it runs once and its delivery count stays 1.

@@ -47,9 +47,11 @@ type Reclaimer struct {
 	// cur is the priority stream a round is working on.
 	cur priorityStream
 	// kept is the slot a round keeps from one page to the next (0 or 1);
-	// waited is set once the round has waited for a slot (reserve).
+	// waited is set once the round has waited for a slot (reserve), began
+	// is when the round began.
 	kept   int
 	waited bool
+	began  time.Time
 }
 
 // priorityStream is one of the streams of the task stream (stream.Keys):
@@ -151,7 +153,7 @@ type roundResult struct {
 func (r *Reclaimer) runOnce(ctx context.Context) roundResult {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.waited = false
+	r.waited, r.began = false, time.Now()
 	defer r.giveBack(ctx)
 	var res roundResult
 	if len(r.backlog) > 0 && ctx.Err() == nil {
@@ -229,25 +231,37 @@ func (r *Reclaimer) claim(ctx context.Context, res *roundResult) {
 }
 
 // reserve reserves up to n slots of the sink for a page: the one the
-// round kept from its page before, and more. The round's first
-// reservation that finds none free waits for one, up to Interval, when
-// the sink is a stream.SlotWaiter: the consumer's blocking read holds a
-// slot while the streams are idle, and without the wait a worker of one
-// slot would almost never reclaim.
+// round kept from its page before, and more. A reservation that finds
+// none free waits for one when the sink is a stream.SlotWaiter: the
+// round's first up to Interval (the consumer's blocking read holds a slot
+// while the streams are idle, and without the wait a worker of one slot
+// would almost never reclaim), a later one for what is left of Interval
+// since the round began. A later one finds none only after a page that
+// took every slot it had (a page that claims fewer keeps one), so a round
+// goes on claiming a backlog of idle entries as slots come free, for
+// about an Interval, rather than a page of free slots per Interval.
 func (r *Reclaimer) reserve(ctx context.Context, n int) int {
 	got := r.kept
 	r.kept = 0
 	if got >= n {
 		return got
 	}
-	got += r.sink.Reserve(n - got)
-	if got == 0 && !r.waited {
-		r.waited = true
-		if w, ok := r.sink.(stream.SlotWaiter); ok {
-			got = w.ReserveFirst(ctx, n, r.cfg.Interval)
-		}
+	if got += r.sink.Reserve(n - got); got > 0 {
+		return got
 	}
-	return got
+	w, ok := r.sink.(stream.SlotWaiter)
+	if !ok {
+		return 0
+	}
+	wait := r.cfg.Interval
+	if r.waited {
+		wait -= time.Since(r.began)
+	}
+	r.waited = true
+	if wait <= 0 {
+		return 0
+	}
+	return w.ReserveFirst(ctx, n, wait)
 }
 
 // hand hands a page's entries to the sink on the n slots reserved for
