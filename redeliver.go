@@ -32,7 +32,7 @@ const (
 	// delivery, a few hundred bytes).
 	maxRedeliveries = 10_000
 	// redeliverRetry is how soon a due delivery that found no free message
-	// slot is tried again.
+	// slot is tried again, and the least time a delivery is kept.
 	redeliverRetry = 20 * time.Millisecond
 )
 
@@ -51,11 +51,15 @@ func newRedeliverer() *redeliverer {
 }
 
 // add keeps d until at, unless stopped, at is beyond redeliverHorizon from
-// now or maxRedeliveries are kept already.
+// now or maxRedeliveries are kept already. A delivery is handed back no
+// sooner than redeliverRetry after now: a retry without backoff, or a
+// start that found its task not yet due because the database's clock runs
+// behind this worker's, must not turn into a loop of starts.
 func (r *redeliverer) add(d delivery, at, now time.Time) {
 	if at.Sub(now) > redeliverHorizon {
 		return
 	}
+	at = later(at, now.Add(redeliverRetry))
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped || len(r.q) >= maxRedeliveries {
@@ -141,6 +145,13 @@ func (r *redeliverer) stop() {
 		r.q = nil
 		close(r.done)
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // due is a kept delivery: when it is tried next (at) and when it fell due

@@ -9,8 +9,9 @@ import (
 
 // TestRedelivererKeepsWhatItShould: a deferred delivery is kept only within
 // the horizon, up to the bound, and not once stopped; those kept come out
-// when due, earliest first, and not before; one that found no free slot
-// comes out again a little later, until it has been due for the horizon.
+// when due, earliest first, and not before, nor before redeliverRetry;
+// one that found no free slot comes out again a little later, until it
+// has been due for the horizon.
 func TestRedelivererKeepsWhatItShould(t *testing.T) {
 	now := time.Now()
 	r := newRedeliverer()
@@ -31,22 +32,33 @@ func TestRedelivererKeepsWhatItShould(t *testing.T) {
 	for i := range maxRedeliveries + 5 {
 		r.add(delivery{id: fmt.Sprint(i)}, now, now)
 	}
-	if got := len(r.take(now)); got != maxRedeliveries {
+	if got := len(r.take(now.Add(time.Second))); got != maxRedeliveries {
 		t.Errorf("kept %d, want the bound %d", got, maxRedeliveries)
+	}
+
+	// Due now, or already past (a database clock behind this one): kept
+	// for redeliverRetry at least, so that it cannot loop.
+	r.add(delivery{id: "now"}, now.Add(-time.Second), now)
+	if got := deliveryIDs(r.take(now)); len(got) != 0 {
+		t.Errorf("took %v at once, want it after redeliverRetry", got)
+	}
+	soon := now.Add(redeliverRetry)
+	if got := deliveryIDs(r.take(soon)); !slices.Equal(got, []string{"now"}) {
+		t.Errorf("took %v after redeliverRetry, want [now]", got)
 	}
 
 	// Found no free slot: tried again a little later, until it has been
 	// due for the horizon.
 	r.add(delivery{id: "busy"}, now, now)
-	r.again(r.take(now), now)
-	if got := deliveryIDs(r.take(now)); len(got) != 0 {
+	r.again(r.take(soon), soon)
+	if got := deliveryIDs(r.take(soon)); len(got) != 0 {
 		t.Errorf("took %v again at once, want it after redeliverRetry", got)
 	}
-	again := r.take(now.Add(redeliverRetry))
+	again := r.take(soon.Add(redeliverRetry))
 	if got := deliveryIDs(again); !slices.Equal(got, []string{"busy"}) {
 		t.Errorf("took %v after redeliverRetry, want [busy]", got)
 	}
-	r.again(again, now.Add(redeliverHorizon))
+	r.again(again, soon.Add(redeliverHorizon))
 	if got := deliveryIDs(r.take(now.Add(time.Hour))); len(got) != 0 {
 		t.Errorf("took %v, due for the whole horizon already: want none", got)
 	}
@@ -54,7 +66,7 @@ func TestRedelivererKeepsWhatItShould(t *testing.T) {
 	r.add(delivery{id: "x"}, now, now)
 	r.stop()
 	r.add(delivery{id: "y"}, now, now)
-	if got := deliveryIDs(r.take(now)); len(got) != 0 {
+	if got := deliveryIDs(r.take(now.Add(time.Hour))); len(got) != 0 {
 		t.Errorf("took %v after stop, want none", got)
 	}
 }
