@@ -85,10 +85,10 @@ var userinfoRe = regexp.MustCompile(`(://[^:@]*:)[^@]*@`)
 // unescaped "@" in a password must not end the mask early.
 var userinfoLastRe = regexp.MustCompile(`(://[^:@/]*:).*@`)
 
-// looseUserinfoRe matches "user:password@" after a "/" or a space: a
-// value that no parser takes for a URL may still hold one that a driver
-// reads ("/:pw@://").
-var looseUserinfoRe = regexp.MustCompile(`([/\s][^:/@\s]*:)[^@\s]*@`)
+// looseUserinfoRe matches "user:password@" after a "/", a space or an
+// "@": a value that no parser takes for a URL may still hold one that a
+// driver reads ("/:pw@://", "@:pw@://").
+var looseUserinfoRe = regexp.MustCompile(`([/\s@][^:/@\s]*:)[^@\s]*@`)
 
 // schemeRe matches a URL scheme and "://" at the start of a value.
 var schemeRe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)

@@ -43,6 +43,10 @@ func TestDSN(t *testing.T) {
 		{"NoSchemeLeadingSpace", " :s3cret@://", " :" + Mask + "@://"},
 		{"NoSchemeSpaceInUser", "my app:s3cret@db", "my app:" + Mask + "@db"},
 		{"KeyValueColonAt", "host=db password=a:s3cret@c", "host=db password=" + Mask},
+		// Found by FuzzConfig: an "@" before the user info hid it from
+		// every mask.
+		{"AtBeforeUserinfo", "@:s3cret@://", "@:" + Mask + "@://"},
+		{"AtInUserNoScheme", "x@u:s3cret@h", "x@u:" + Mask + "@h"},
 		{"WebhookToken", "https://hooks.example/in?token=abcdef&x=1", "https://hooks.example/in?token=" + Mask + "&x=1"},
 	}
 	for _, tt := range tests {
