@@ -59,7 +59,9 @@ func (r *redeliverer) add(d delivery, at, now time.Time) {
 	if at.Sub(now) > redeliverHorizon {
 		return
 	}
-	at = later(at, now.Add(redeliverRetry))
+	if soonest := now.Add(redeliverRetry); at.Before(soonest) {
+		at = soonest
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.stopped || len(r.q) >= maxRedeliveries {
@@ -145,13 +147,6 @@ func (r *redeliverer) stop() {
 		r.q = nil
 		close(r.done)
 	}
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // due is a kept delivery: when it is tried next (at) and when it fell due
