@@ -12,25 +12,22 @@ import (
 // reserve takes up to n free message slots for a reader and returns how
 // many it took; the ahead ones only while aheadOn. It takes none while a
 // reclaim round waits for a slot (reserveFirst).
-func (f *inflight) reserve(n int) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.claimants > 0 {
-		return 0
-	}
-	return f.reserveLocked(n, true)
-}
+func (f *inflight) reserve(n int) int { return f.reserveUnclaimed(n, true) }
 
 // reserveDue is reserve for the deferred messages the worker redelivers
 // itself (redeliver.go): it takes what is free without holding off to
 // gather a bigger read, since they come as one batch already.
-func (f *inflight) reserveDue(n int) int {
+func (f *inflight) reserveDue(n int) int { return f.reserveUnclaimed(n, false) }
+
+// reserveUnclaimed is reserveLocked under the lock, unless a reclaim round
+// waits for a slot.
+func (f *inflight) reserveUnclaimed(n int, gather bool) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.claimants > 0 {
 		return 0
 	}
-	return f.reserveLocked(n, false)
+	return f.reserveLocked(n, gather)
 }
 
 // reserveLocked takes up to n free message slots. gather: take none while
