@@ -73,6 +73,16 @@ type Config struct {
 // at least.
 func IdleConnsFor(handlers int) int { return max(handlers, DefaultIdleConns) }
 
+// Transport returns the transport of the handler's own client:
+// net/http's default one, keeping up to idle idle connections to the
+// URL's host (Config.IdleConns).
+func Transport(idle int) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = idle
+	t.MaxIdleConnsPerHost = idle
+	return t
+}
+
 // Request is the JSON body POSTed for each task run.
 type Request struct {
 	TaskID  uuid.UUID       `json:"task_id"`
@@ -181,10 +191,7 @@ func newHandler(cfg Config) (*handler, error) {
 		client = &c
 	}
 	if client.Transport == nil {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.MaxIdleConns = cfg.IdleConns
-		t.MaxIdleConnsPerHost = cfg.IdleConns
-		client.Transport = t
+		client.Transport = Transport(cfg.IdleConns)
 	}
 	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	traced := *client

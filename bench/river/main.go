@@ -310,12 +310,9 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		}
 		defer sink.Close()
 		// The ingest-worker webhook handler's own client: its default
-		// timeout, and net/http's default transport keeping an idle
-		// connection to the host per worker (webhook.IdleConnsFor).
-		transport := http.DefaultTransport.(*http.Transport).Clone()
-		transport.MaxIdleConns = webhook.IdleConnsFor(rep.MaxWorkers)
-		transport.MaxIdleConnsPerHost = transport.MaxIdleConns
-		client := &http.Client{Timeout: webhook.DefaultTimeout, Transport: transport}
+		// timeout and its transport, keeping an idle connection to the
+		// host per worker (webhook.IdleConnsFor).
+		client := &http.Client{Timeout: webhook.DefaultTimeout, Transport: webhook.Transport(webhook.IdleConnsFor(rep.MaxWorkers))}
 		err = river.AddWorkerSafely(workers, &hookWorker{client: client, url: sink.URL(), failed: &failed})
 	} else {
 		err = river.AddWorkerSafely(workers, &noopWorker{failRate: o.failRate, failed: &failed})
