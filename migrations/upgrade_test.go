@@ -458,14 +458,17 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 	}
 	checkTriggers("after the upgrade")
 
-	// The completion fires the carried triggers: the task is announced on
-	// ingest_task_done and its dependent released.
+	// The completion fires the carried triggers: the task, awaited, is
+	// announced on ingest_task_done and its dependent released.
 	conn, err := db.Pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, `LISTEN ingest_task_done`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO ingest_task_awaited (task_id, until) VALUES ($1, now() + interval '1 hour')`, running.ID); err != nil {
 		t.Fatal(err)
 	}
 	if res, err := store.Succeed(ctx, "w1", running.ID); err != nil || len(res) != 1 || !res[0].Applied {

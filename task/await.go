@@ -16,10 +16,13 @@ import (
 )
 
 // DoneChannel is the channel that announces the tasks that ended
-// (SUCCEEDED, DEAD, CANCELLED): the audit table's trigger
-// ingest_task_ended (migration 00023, announcing as 00017's did) sends,
-// at the commit of every statement that writes a terminal audit row, the
-// ids of those tasks, comma-separated, at most 200 to a notification.
+// (SUCCEEDED, DEAD, CANCELLED) and that an Awaiter waits for: the audit
+// table's trigger ingest_task_ended (migration 00034) sends, at the commit
+// of a statement that writes a terminal audit row of a task registered in
+// ingest_task_awaited, the ids of those tasks, comma-separated, at most
+// 200 to a notification. A statement that ends no awaited task sends
+// none: PostgreSQL serializes the commits of notifying transactions, and
+// the completions of a pool of workers would queue on it.
 const DoneChannel = "ingest_task_done"
 
 // Defaults of an Awaiter.
@@ -38,6 +41,16 @@ const (
 	awaitIdle = time.Minute
 	// awaitRetryMax bounds the pause before re-opening a lost LISTEN.
 	awaitRetryMax = 5 * time.Second
+	// awaitRecheck is when a Wait reads its task once more after it
+	// registered it: a statement that ended the task after the
+	// registration began but before it committed did not see it, and
+	// announced nothing.
+	awaitRecheck = time.Second
+	// awaitHold is how many state checks' intervals a registration lasts
+	// without being renewed (each check renews those of every waited
+	// task): an Awaiter that stopped without removing its own leaves them
+	// to the next check of any Awaiter.
+	awaitHold = 3
 )
 
 // awaitApplicationName names an Awaiter's connection in pg_stat_activity.
@@ -76,10 +89,19 @@ func NewAwaiter(store *Store, log *slog.Logger) *Awaiter {
 // Wait returns task id once it is terminal (SUCCEEDED, DEAD or
 // CANCELLED). When ctx ends first it returns the task as last read with
 // ctx's error; ErrNotFound for an unknown task.
+//
+// It registers the task in ingest_task_awaited first, so that the
+// statement that ends it announces it; a registration that fails leaves
+// the wait to the state checks.
 func (a *Awaiter) Wait(ctx context.Context, id uuid.UUID) (Task, error) {
 	ch := make(chan struct{}, 1)
 	a.add(id, ch)
 	defer a.remove(id, ch)
+	if err := a.register(ctx, []uuid.UUID{id}); err != nil && ctx.Err() == nil {
+		a.log.Warn("awaited task: registration failed; the wait relies on the state checks", "task_id", id, "err", err)
+	}
+	recheck := time.NewTimer(awaitRecheck)
+	defer recheck.Stop()
 	var last Task
 	for {
 		t, err := a.store.Get(ctx, id)
@@ -94,10 +116,30 @@ func (a *Awaiter) Wait(ctx context.Context, id uuid.UUID) (Task, error) {
 		last = t
 		select {
 		case <-ch:
+		case <-recheck.C: // once
 		case <-ctx.Done():
 			return last, ctx.Err()
 		}
 	}
+}
+
+// registerSQL registers the tasks $1 as awaited for $2 ms from now (a
+// registration already longer is kept), in the order of their ids (two
+// Awaiters renewing the same tasks lock them in one order), and removes
+// the registrations that have run out, other than those of $1.
+const registerSQL = `
+WITH gone AS (
+    DELETE FROM ingest_task_awaited WHERE until < now() AND task_id <> ALL($1::uuid[])
+)
+INSERT INTO ingest_task_awaited (task_id, until)
+SELECT DISTINCT id, now() + $2 * interval '1 millisecond' FROM unnest($1::uuid[]) AS x(id) ORDER BY id
+ON CONFLICT (task_id) DO UPDATE SET until = greatest(ingest_task_awaited.until, excluded.until)`
+
+// register registers ids as awaited for awaitHold state checks' intervals.
+func (a *Awaiter) register(ctx context.Context, ids []uuid.UUID) error {
+	hold := awaitHold * max(cmp.Or(a.Fallback, DefaultAwaitFallback), cmp.Or(a.Poll, DefaultAwaitPoll))
+	_, err := a.store.db.Exec(ctx, registerSQL, ids, hold.Milliseconds())
+	return err
 }
 
 // Close stops the Awaiter's connection and waits for it; a later Wait
@@ -207,6 +249,9 @@ func (a *Awaiter) run(ctx context.Context, done chan struct{}) {
 		}
 		a.mu.Unlock()
 		if len(ids) > 0 {
+			if err := a.register(ctx, ids); err != nil && ctx.Err() == nil {
+				a.log.Warn("awaited tasks: renewing their registration failed", "err", err)
+			}
 			if ended, err := a.ended(ctx, ids); err != nil {
 				if ctx.Err() == nil {
 					a.log.Warn("awaited tasks: state check failed", "err", err)

@@ -25,9 +25,10 @@
 // check (CheckResult) are this package's. SetProgress writes a run's
 // progress with one guarded UPDATE fenced by the attempt (and the lease,
 // for library runs), no state change and no audit row; the statements
-// that start a run or send it back to waiting clear it. Tasks that end are
-// announced on DoneChannel by a trigger on the audit table, and an Awaiter
-// (await.go) serves any number of waits with one LISTEN connection.
+// that start a run or send it back to waiting clear it. Tasks that end
+// while an Awaiter (await.go) waits for them (ingest_task_awaited) are
+// announced on DoneChannel by a trigger on the audit table, and the Awaiter
+// serves any number of waits with one LISTEN connection.
 //
 // Dependencies (deps.go, deps_redrive.go, migration 00018): a task created
 // with NewTask.DependsOn or DependsOnRefs is held (waiting_for > 0, refused

@@ -120,7 +120,8 @@ func TestStartRecordsTheStateItReplaced(t *testing.T) {
 
 // TestAuditTriggerAnnouncesEndsOnly: the audit table has one trigger of
 // its own (ingest_task_ended), a statement that ends no task (a create, a
-// start) announces nothing, and one that ends tasks announces them.
+// start) announces nothing, one that ends tasks nobody awaits announces
+// nothing either, and one that ends an awaited task announces it.
 func TestAuditTriggerAnnouncesEndsOnly(t *testing.T) {
 	b := setup(t, task.Config{})
 	var triggers []string
@@ -153,15 +154,26 @@ func TestAuditTriggerAnnouncesEndsOnly(t *testing.T) {
 		}
 		return nt.Payload
 	}
+	// A marker sent after a statement comes first if it announced nothing.
+	marker := func(what string) {
+		t.Helper()
+		if _, err := b.db.Exec(b.ctx, `SELECT pg_notify($1, 'marker')`, task.DoneChannel); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(); got != "marker" {
+			t.Fatalf("%s announced %q", what, got)
+		}
+	}
 	id := b.create(t, task.NewTask{}).ID
 	b.start(t, "w1", time.Minute, id, task.Started)
-	// A marker sent after them comes first if they announced nothing.
-	if _, err := b.db.Exec(b.ctx, `SELECT pg_notify($1, 'marker')`, task.DoneChannel); err != nil {
+	marker("a create or a start")
+	unawaited := b.create(t, task.NewTask{}).ID
+	b.start(t, "w1", time.Minute, unawaited, task.Started)
+	if _, err := b.store.Succeed(b.ctx, "w1", unawaited); err != nil {
 		t.Fatal(err)
 	}
-	if got := next(); got != "marker" {
-		t.Fatalf("a create or a start announced %q", got)
-	}
+	marker("the success of a task nobody awaits")
+	b.await(t, id)
 	if _, err := b.store.Succeed(b.ctx, "w1", id); err != nil {
 		t.Fatal(err)
 	}

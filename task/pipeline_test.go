@@ -169,6 +169,15 @@ func TestSetProgress(t *testing.T) {
 	}
 }
 
+// await registers ids as awaited for an hour, as an Awaiter's Wait does:
+// their ends are announced on task.DoneChannel.
+func (b *bundle) await(t *testing.T, ids ...uuid.UUID) {
+	t.Helper()
+	if _, err := b.db.Exec(b.ctx, `INSERT INTO ingest_task_awaited (task_id, until) SELECT unnest($1::uuid[]), now() + interval '1 hour'`, ids); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // listenDone collects the ids announced on task.DoneChannel.
 func listenDone(t *testing.T, b *bundle) (func() []uuid.UUID, func() int) {
 	t.Helper()
@@ -218,8 +227,8 @@ func listenDone(t *testing.T, b *bundle) (func() []uuid.UUID, func() int) {
 		}
 }
 
-// TestDoneNotification checks that a statement ending 450 tasks announces
-// all of them, in notifications under 8000 bytes, and that starts and
+// TestDoneNotification checks that a statement ending 450 awaited tasks
+// announces all of them, in notifications under 8000 bytes, and that starts and
 // failures that retry announce nothing.
 func TestDoneNotification(t *testing.T) {
 	t.Parallel()
@@ -237,6 +246,7 @@ func TestDoneNotification(t *testing.T) {
 	for _, c := range created {
 		all = append(all, c.Task.ID)
 	}
+	b.await(t, all...)
 	if _, err := b.store.Start(b.ctx, "w", time.Minute, all...); err != nil {
 		t.Fatal(err)
 	}
@@ -307,6 +317,10 @@ func TestAwaiter(t *testing.T) {
 		// at LISTEN, which re-reads every awaited task.
 		testenv.Eventually(t, 10*time.Second, "listener connection", func() bool {
 			return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ingest-task-awaiter'`) == 1
+		})
+		// Each Wait registers its task, so that its end is announced.
+		testenv.Eventually(t, 10*time.Second, "the task registered as awaited", func() bool {
+			return b.count(t, fmt.Sprintf(`SELECT count(*) FROM ingest_task_awaited WHERE task_id = '%s' AND until > now()`, x.ID)) == 1
 		})
 		if _, err := b.store.SucceedWith(b.ctx, "w", task.Success{ID: x.ID, Result: json.RawMessage(`[1]`)}); err != nil {
 			t.Fatal(err)
