@@ -12,7 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	ingest "github.com/ingest-worker/ingest"
+	"github.com/ingest-worker/ingest/outbox"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -297,4 +300,64 @@ func TestGroupWeightsShare(t *testing.T) {
 		t.Errorf("of the first %d starts, heavy (weight 3) %d and light (weight 1) %d; want about 3:1", counted, heavy, light)
 	}
 	t.Logf("of the first %d starts: heavy %d, light %d", counted, heavy, light)
+}
+
+// TestCompletionsWakeTheirOwnRelay: a worker's completions that refill a
+// group's window write the next task's outbox row without a NOTIFY (whose
+// commit PostgreSQL serializes with every other notifying commit) and
+// wake the worker's own relay instead: a chain of tasks through a window
+// of 1 runs to its end with the relay's poll an hour away, and the
+// outbox channel hears nothing from the completions.
+func TestCompletionsWakeTheirOwnRelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newServiceBundle(t)
+	w := 1
+	if _, err := b.store.SetKind(ctx, "test", "chain", task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 6
+	nts := make([]task.NewTask, n)
+	for i := range nts {
+		nts[i] = task.NewTask{Kind: "chain", GroupKey: "g", Payload: json.RawMessage(`{}`)}
+	}
+	if _, err := b.store.CreateBatch(ctx, nts); err != nil {
+		t.Fatal(err)
+	}
+	if parked := b.query(`SELECT count(*) FROM ingest_task WHERE kind = 'chain' AND parked_at IS NOT NULL`); parked != n-1 {
+		t.Fatalf("%d tasks held back by the window of 1, want %d", parked, n-1)
+	}
+	conn, err := b.db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outbox.NotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := b.fastConfig("w0")
+	cfg.Relay.PublishInterval = time.Hour // no poll: a NOTIFY or a wake
+	// Nothing but the completions writes outbox rows.
+	cfg.Maintenance.RescuerDisabled, cfg.Maintenance.ReleaserDisabled = true, true
+	b.run(cfg, map[string]ingest.Handler{"chain": func(context.Context, ingest.Task) error { return nil }}, slog.LevelError)
+	b.eventually(time.Minute, "the chain SUCCEEDED", func() bool {
+		return b.query(`SELECT count(*) FROM ingest_task WHERE kind = 'chain' AND status = 'SUCCEEDED'`) == n
+	})
+	if refilled := b.query(`SELECT count(*) FROM outbox_event o JOIN ingest_task t ON t.id = o.task_id WHERE t.kind = 'chain'`); refilled != n {
+		t.Fatalf("%d outbox rows for the chain, want %d", refilled, n)
+	}
+	// A marker sent now comes first if the completions notified nothing.
+	if _, err := b.db.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, outbox.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	nt, err := conn.Conn().WaitForNotification(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nt.Payload != "marker" {
+		t.Fatalf("a completion that refilled the window notified the relays (%q before the marker)", nt.Payload)
+	}
 }

@@ -6,7 +6,10 @@
 // NotifyChannel), never for a rolled-back transaction, and only when the
 // statement wrote a row a relay has to find: unsent and claimed by none (not
 // for a row written SENT after a direct publish, nor for one claimed in its
-// creating transaction by the process's own relay).
+// creating transaction by the process's own relay), and the transaction did
+// not say that it wakes its process's relay itself (WakeByCaller, WakeDueSQL,
+// Writer.Wake: a worker's completions, whose commits would otherwise queue
+// on the server's notification lock).
 //
 // Relay publishes events through a Publisher: RedisPublisher (XADD, the
 // default) or, in Kafka mode, kafka.Publisher. Any number of relays may run at once: a pass

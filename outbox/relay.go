@@ -209,6 +209,9 @@ type Relay struct {
 	directSlots chan struct{}
 	direct      chan claimed
 
+	// wake starts a pass: a NOTIFY, or Wake from this process.
+	wake chan struct{}
+
 	// afterPublish, when set (by tests), runs between the XADD and the
 	// update that marks the rows.
 	afterPublish func()
@@ -246,7 +249,8 @@ func NewRelayWith(cfg RelayConfig, pool *pgxpool.Pool, pub Publisher, logger *sl
 	return &Relay{cfg: cfg, pool: pool, pub: pub, logger: logger, metrics: m,
 		from:        &scanFrom{every: max(frontEvery, cfg.PublishInterval), now: time.Now},
 		late:        lateReads{floor: -1},
-		directSlots: make(chan struct{}, cfg.DirectBacklog), direct: make(chan claimed, cfg.DirectBacklog)}, nil
+		directSlots: make(chan struct{}, cfg.DirectBacklog), direct: make(chan claimed, cfg.DirectBacklog),
+		wake: make(chan struct{}, 1)}, nil
 }
 
 // Config returns the relay's configuration with defaults filled in.
@@ -268,7 +272,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.running.Swap(true) {
 		return errors.New("outbox relay: Run is already running")
 	}
-	wake := make(chan struct{}, 1)
+	wake := r.wake
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	// Deferred after wg.Wait, so it runs first: no claim is taken once the
@@ -303,6 +307,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-wake:
 		case <-due.C:
 		}
+	}
+}
+
+// Wake starts a pass of r's Run soon, as a NOTIFY of a committed outbox
+// row does; wakes before the pass starts count once. For a transaction of
+// this process that wrote rows without notifying (WakeByCaller).
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
 	}
 }
 

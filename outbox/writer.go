@@ -90,3 +90,30 @@ func insertMessages(ctx context.Context, db Execer, msgs []Message) error {
 	}
 	return nil
 }
+
+// WakeByCaller, added to a transaction's set_config settings, tells
+// outbox_event's trigger (migration 00034) that the caller wakes a relay
+// itself once the transaction has committed: the unsent rows the
+// transaction writes send no NOTIFY, whose commit PostgreSQL serializes
+// with every other notifying commit of the server, and the trigger
+// records instead that there are rows to publish, which WakeDueSQL reads.
+// Use it only through Writer.Wakes: a transaction whose caller does not
+// wake a running relay leaves its rows to the relays' polls.
+const WakeByCaller = `set_config('ingest.outbox_wake', 'caller', true)`
+
+// WakeDueSQL, the last statement of a transaction that set WakeByCaller,
+// reads whether it wrote rows to publish: if true, the caller wakes its
+// relay (Writer.Wake) once the transaction has committed.
+const WakeDueSQL = `SELECT coalesce(current_setting('ingest.outbox_wake', true), '') = 'due'`
+
+// Wakes reports whether w's relay is running, so that a transaction of
+// this process may write rows with WakeByCaller and Wake the relay after
+// its commit instead of notifying every relay.
+func (w Writer) Wakes() bool { return w.relay != nil && w.relay.running.Load() }
+
+// Wake starts a pass of w's relay (none for the zero Writer).
+func (w Writer) Wake() {
+	if w.relay != nil {
+		w.relay.Wake()
+	}
+}

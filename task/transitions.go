@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -659,33 +660,73 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 		return nil, nil
 	}
 	byID := make(map[uuid.UUID]Result, len(ids))
+	out := s.ownWriter()
+	wake := out.Wakes()
+	var due bool
 	err := s.retry(ctx, func() error {
 		clear(byID)
-		rows, err := pgplan.Query(ctx, s.db, sql, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			r := Result{Applied: true}
-			if err := rows.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.FinishedAt); err != nil {
-				return err
+		var err error
+		due, err = guardedBatch(ctx, s.db, wake, sql, args, func(rows pgx.Rows) error {
+			for rows.Next() {
+				r := Result{Applied: true}
+				if err := rows.Scan(&r.ID, &r.Status, &r.AttemptCount, &r.NextRetryAt, &r.LastError, &r.FinishedAt); err != nil {
+					return err
+				}
+				byID[r.ID] = r
 			}
-			byID[r.ID] = r
-		}
-		// The statement's implicit transaction has committed once the
-		// rows are read without error.
-		return rows.Err()
+			return rows.Err()
+		})
+		return err
 	})
-	var out []Result
+	if due {
+		// Rows to publish (a window refilled, a dependent freed) that
+		// sent no NOTIFY: this process's relay publishes them.
+		out.Wake()
+	}
+	var res []Result
 	if err == nil {
 		// Read with a fresh snapshot, after the statement committed.
-		out, err = withRefused(ctx, s.db, ids, byID)
+		res, err = withRefused(ctx, s.db, ids, byID)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s %d tasks: %w", op, len(ids), err)
 	}
-	return out, nil
+	return res, nil
+}
+
+// guardedBatch sends sql (args) after pgplan.Settings in one round trip
+// and one implicit transaction, as pgplan.Query does, and hands its rows
+// to scan; the transaction has committed once it returns without error.
+// With wake (the store's own writer has a running relay: Writer.Wakes),
+// the rows the statement's triggers write to the outbox (a group's window
+// refilled, a dependent task freed) send no NOTIFY (outbox.WakeByCaller),
+// which would serialize this commit with every other notifying commit of
+// the server, and due reports whether there are any: the caller then
+// wakes its relay.
+func guardedBatch(ctx context.Context, db pgplan.Batcher, wake bool, sql string, args []any, scan func(pgx.Rows) error) (due bool, err error) {
+	b := &pgx.Batch{}
+	if wake {
+		b.Queue(pgplan.Settings + ", " + outbox.WakeByCaller)
+	} else {
+		b.Queue(pgplan.Settings)
+	}
+	b.Queue(sql, args...)
+	if wake {
+		b.Queue(outbox.WakeDueSQL)
+	}
+	br := db.SendBatch(ctx, b)
+	if _, err = br.Exec(); err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = scan(rows)
+			rows.Close()
+			err = errors.Join(err, rows.Err())
+		}
+	}
+	if err == nil && wake {
+		err = br.QueryRow().Scan(&due)
+	}
+	return due, errors.Join(err, br.Close())
 }
 
 // withRefused returns one Result per id, in order: the applied ones of
