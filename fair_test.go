@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	ingest "github.com/ingest-worker/ingest"
@@ -75,6 +76,9 @@ func TestNoisyNeighbour(t *testing.T) {
 	// client: what the machine's load costs a create, apart from any
 	// queueing behind the burst.
 	createTimes := map[string][]time.Duration{}
+	// returned is when each quiet create returned to the client: its
+	// commit, as the producer sees it.
+	returned := map[uuid.UUID]time.Time{}
 	phase := func(kind string, burst bool, burstKey string) {
 		var wg sync.WaitGroup
 		if burst {
@@ -101,10 +105,13 @@ func TestNoisyNeighbour(t *testing.T) {
 			<-tick.C
 			for g := range quietN {
 				began := time.Now()
-				if _, err := b.store.Create(ctx, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("quiet-%d", g), Payload: json.RawMessage(`{}`)}); err != nil {
+				res, err := b.store.Create(ctx, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("quiet-%d", g), Payload: json.RawMessage(`{}`)})
+				if err != nil {
 					t.Fatal(err)
 				}
-				createTimes[kind] = append(createTimes[kind], time.Since(began))
+				now := time.Now()
+				createTimes[kind] = append(createTimes[kind], now.Sub(began))
+				returned[res.Task.ID] = now
 			}
 		}
 		wg.Wait()
@@ -118,13 +125,14 @@ func TestNoisyNeighbour(t *testing.T) {
 	}
 
 	type run struct {
+		id                  uuid.UUID
 		quiet               bool
 		created, start, end time.Time
 		queued, sent        time.Time // the task's first outbox row: written, published
 	}
 	runs := func(kind string) []run {
 		rows, err := b.db.Pool.Query(ctx, `
-SELECT coalesce(t.group_key, '') LIKE 'quiet-%', t.created_at, tr.created_at,
+SELECT t.id, coalesce(t.group_key, '') LIKE 'quiet-%', t.created_at, tr.created_at,
        (SELECT min(e.created_at) FROM ingest_task_transition e WHERE e.task_id = tr.task_id AND e.id > tr.id),
        coalesce(o.created_at, t.created_at), coalesce(o.sent_at, tr.created_at)
 FROM ingest_task t LEFT JOIN LATERAL (
@@ -139,7 +147,7 @@ WHERE t.kind = $1`, kind)
 		var out []run
 		for rows.Next() {
 			var r run
-			if err := rows.Scan(&r.quiet, &r.created, &r.start, &r.end, &r.queued, &r.sent); err != nil {
+			if err := rows.Scan(&r.id, &r.quiet, &r.created, &r.start, &r.end, &r.queued, &r.sent); err != nil {
 				t.Fatal(err)
 			}
 			out = append(out, r)
@@ -159,10 +167,12 @@ WHERE t.kind = $1`, kind)
 		parked                int
 		publish95, inStream95 time.Duration
 		create50, create95    time.Duration // the quiet creates, client side
+		// From each quiet create's return to the client to its start.
+		fromReturn50, fromReturn95 time.Duration
 	}
 	measure := func(kind string) figures {
 		rs := runs(kind)
-		var waits, publish, inStream []time.Duration
+		var waits, publish, inStream, fromReturn []time.Duration
 		var burstStarts []time.Time
 		var burst []run
 		var f figures
@@ -171,6 +181,9 @@ WHERE t.kind = $1`, kind)
 				waits = append(waits, r.start.Sub(r.created))
 				publish = append(publish, r.sent.Sub(r.created))
 				inStream = append(inStream, r.start.Sub(r.sent))
+				if at, ok := returned[r.id]; ok {
+					fromReturn = append(fromReturn, r.start.Sub(at))
+				}
 				if r.queued.After(r.created) {
 					f.parked++
 				}
@@ -179,13 +192,16 @@ WHERE t.kind = $1`, kind)
 				burst = append(burst, r)
 			}
 		}
-		for _, ds := range [][]time.Duration{waits, publish, inStream} {
+		for _, ds := range [][]time.Duration{waits, publish, inStream, fromReturn} {
 			sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
 		}
 		sort.Slice(burstStarts, func(i, j int) bool { return burstStarts[i].Before(burstStarts[j]) })
 		if len(waits) > 0 {
 			f.p50, f.p95 = waits[len(waits)/2], waits[len(waits)*95/100]
 			f.publish95, f.inStream95 = publish[len(publish)*95/100], inStream[len(inStream)*95/100]
+		}
+		if len(fromReturn) > 0 {
+			f.fromReturn50, f.fromReturn95 = fromReturn[len(fromReturn)/2], fromReturn[len(fromReturn)*95/100]
 		}
 		var ahead []int
 		for _, r := range rs {
@@ -239,8 +255,8 @@ WHERE t.kind = $1`, kind)
 		name string
 		f    figures
 	}{{"no burst", base}, {"burst, fair", fair}, {"burst, no fairness", fifo}} {
-		t.Logf("  %-19s quiet tasks held back %d; commit->publish p95 %v, publish->start p95 %v; a quiet create took p50 %v p95 %v",
-			x.name+":", x.f.parked, x.f.publish95, x.f.inStream95, x.f.create50, x.f.create95)
+		t.Logf("  %-19s quiet tasks held back %d; commit->publish p95 %v, publish->start p95 %v; a quiet create took p50 %v p95 %v; its return->start p50 %v p95 %v",
+			x.name+":", x.f.parked, x.f.publish95, x.f.inStream95, x.f.create50, x.f.create95, x.f.fromReturn50, x.f.fromReturn95)
 	}
 	t.Logf("  burst, fair:        p50 %v p95 %v; burst starts during a quiet wait p95 %d, most %d; burst runs at once %d, burst took %v",
 		fair.p50, fair.p95, fair.ahead95, fair.ahead, fair.burstAtOnce, fair.burstSpan)
