@@ -15,7 +15,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -67,22 +66,7 @@ func TestKafkaNoisyNeighbour(t *testing.T) {
 				Retention: maintenance.RetentionConfig{Interval: 200 * time.Millisecond},
 			},
 		}
-		svc, err := ingest.NewService(cfg, kb.db, ingest.Kafka(kb.kcfg()), slog.New(kb.logs), prometheus.NewRegistry())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for kind, h := range handlers {
-			svc.Handle(kind, h)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- svc.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("service %s: %v", name, err)
-			}
-		})
+		runServiceOn(t, cfg, kb.db, ingest.Kafka(kb.kcfg()), handlers, slog.New(kb.logs))
 	}, ready: func(workers int) {
 		// The group's rebalances as the workers join would otherwise
 		// fall into the first phase's waits.

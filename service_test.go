@@ -97,7 +97,14 @@ func (b *serviceBundle) run(cfg ingest.Config, handlers map[string]ingest.Handle
 func runService(t *testing.T, cfg ingest.Config, pool *pgxpool.Pool, rdb redis.UniversalClient, handlers map[string]ingest.Handler, level slog.Level) *ingest.Service {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	svc, err := ingest.NewService(cfg, pool, ingest.Redis(rdb), logger, prometheus.NewRegistry())
+	return runServiceOn(t, cfg, pool, ingest.Redis(rdb), handlers, logger)
+}
+
+// runServiceOn runs a Service of cfg on pool and queue with handlers until
+// the test ends, logging to logger, and returns it.
+func runServiceOn(t *testing.T, cfg ingest.Config, pool *pgxpool.Pool, queue ingest.Queue, handlers map[string]ingest.Handler, logger *slog.Logger) *ingest.Service {
+	t.Helper()
+	svc, err := ingest.NewService(cfg, pool, queue, logger, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
