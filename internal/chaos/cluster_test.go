@@ -453,6 +453,23 @@ func (c *cluster) pending() int64 {
 	return p.Count
 }
 
+// pendingSettle bounds the wait for entries delivered at the end of a
+// scenario to be acked (milliseconds each).
+const pendingSettle = 10 * time.Second
+
+// pendingAfter returns the group's XPENDING count once it is 0, or after
+// timeout has passed.
+func (c *cluster) pendingAfter(timeout time.Duration) int64 {
+	deadline := time.Now().Add(timeout)
+	for {
+		p := c.pending()
+		if p == 0 || time.Now().After(deadline) {
+			return p
+		}
+		time.Sleep(50 * time.Millisecond) // polling XPENDING
+	}
+}
+
 // waitQuiet waits until no task is QUEUED, RUNNING or RETRYING and
 // nothing is pending, and returns how long that took. On timeout it does
 // not fail: the invariants report what is stuck.
