@@ -674,7 +674,7 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 				}
 				byID[r.ID] = r
 			}
-			return rows.Err()
+			return nil
 		})
 		return err
 	})
@@ -696,7 +696,8 @@ func (s *Store) guardedStatement(ctx context.Context, op string, ids []uuid.UUID
 
 // guardedBatch sends sql (args) after pgplan.Settings in one round trip
 // and one implicit transaction, as pgplan.Query does, and hands its rows
-// to scan; the transaction has committed once it returns without error.
+// to scan (which need not check rows.Err: guardedBatch does); the
+// transaction has committed once it returns without error.
 // With wake (the store's own writer has a running relay: Writer.Wakes),
 // the rows the statement's triggers write to the outbox (a group's window
 // refilled, a dependent task freed) send no NOTIFY (outbox.WakeByCaller),
@@ -720,7 +721,9 @@ func guardedBatch(ctx context.Context, db pgplan.Batcher, wake bool, sql string,
 		if rows, err = br.Query(); err == nil {
 			err = scan(rows)
 			rows.Close()
-			err = errors.Join(err, rows.Err())
+			if err == nil {
+				err = rows.Err()
+			}
 		}
 	}
 	if err == nil && wake {
