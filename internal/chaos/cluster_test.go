@@ -403,14 +403,24 @@ func (c *cluster) fault(inflight int) {
 // after timeout.
 func (c *cluster) eventually(timeout time.Duration, what string, cond func() bool) time.Duration {
 	c.t.Helper()
+	took, ok := poll(timeout, cond)
+	if !ok {
+		c.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+	}
+	return took
+}
+
+// poll checks cond every 50 ms until it holds or timeout has passed, and
+// returns how long that took and whether it held.
+func poll(timeout time.Duration, cond func() bool) (time.Duration, bool) {
 	start := time.Now()
 	for !cond() {
 		if time.Since(start) > timeout {
-			c.t.Fatalf("timed out after %s waiting for %s", timeout, what)
+			return time.Since(start), false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return time.Since(start)
+	return time.Since(start), true
 }
 
 // resumed returns how long it took, from since, until a task started
@@ -460,28 +470,18 @@ const pendingSettle = 10 * time.Second
 // pendingAfter returns the group's XPENDING count once it is 0, or after
 // timeout has passed.
 func (c *cluster) pendingAfter(timeout time.Duration) int64 {
-	deadline := time.Now().Add(timeout)
-	for {
-		p := c.pending()
-		if p == 0 || time.Now().After(deadline) {
-			return p
-		}
-		time.Sleep(50 * time.Millisecond) // polling XPENDING
-	}
+	var p int64
+	poll(timeout, func() bool { p = c.pending(); return p == 0 })
+	return p
 }
 
 // waitQuiet waits until no task is QUEUED, RUNNING or RETRYING and
 // nothing is pending, and returns how long that took. On timeout it does
 // not fail: the invariants report what is stuck.
 func (c *cluster) waitQuiet(timeout time.Duration) (time.Duration, bool) {
-	start := time.Now()
-	for time.Since(start) < timeout {
-		if c.query(`SELECT count(*) FROM ingest_task WHERE status IN ('QUEUED', 'RUNNING', 'RETRYING')`) == 0 && c.pending() == 0 {
-			return time.Since(start), true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return time.Since(start), false
+	return poll(timeout, func() bool {
+		return c.query(`SELECT count(*) FROM ingest_task WHERE status IN ('QUEUED', 'RUNNING', 'RETRYING')`) == 0 && c.pending() == 0
+	})
 }
 
 // quietTimeout bounds the wait for quiet after a scenario.
