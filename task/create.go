@@ -132,10 +132,18 @@ func (s *Store) CreateBatch(ctx context.Context, nts []NewTask) ([]CreateResult,
 // transaction, whose commit is not the store's (nothing can be handed over
 // on it; the rows go as CreateTx's do).
 func (s *Store) ownWriter() outbox.Writer {
-	if _, nested := s.db.(pgx.Tx); nested {
+	if !s.ownsCommits() {
 		return outbox.Writer{}
 	}
 	return s.out
+}
+
+// ownsCommits tells whether the transactions s begins are its own: false
+// when s.db is a caller's transaction, whose commit (and its settings,
+// such as synchronous_commit) is the caller's.
+func (s *Store) ownsCommits() bool {
+	_, nested := s.db.(pgx.Tx)
+	return !nested
 }
 
 // CreateTx creates tasks inside the caller's transaction, so they commit

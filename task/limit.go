@@ -463,7 +463,17 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 	)
 	reserve := func(q DB, inTx bool) error {
 		b := &pgx.Batch{}
-		b.Queue(pgplan.Settings)
+		if inTx || !s.ownsCommits() {
+			b.Queue(pgplan.Settings)
+		} else {
+			// Alone in its implicit transaction, the reservation commits
+			// without waiting for the WAL flush, so that the kind's lock
+			// is not held through one: what it writes (slot rows, stale
+			// ones deleted) matters only to the starts that follow it,
+			// and each of those, flushed, flushes it too. A crash of
+			// PostgreSQL that loses it loses no start.
+			b.Queue(pgplan.SettingsUnflushed)
+		}
 		b.Queue(lockKindSQL, kind)
 		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds(), inTx).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
@@ -640,8 +650,18 @@ func (s *Store) FreeSlots(ctx context.Context, kind string, ids ...uuid.UUID) ([
 	if len(ids) == 0 {
 		return nil, nil
 	}
+	// Unflushed, as a reservation: a free lost in a crash of PostgreSQL
+	// leaves slot rows that a later start finds stale.
+	send := pgplan.Query
+	if s.ownsCommits() {
+		send = pgplan.QueryUnflushed
+	}
 	var freed int
-	if err := s.db.QueryRow(ctx, freeSlotsSQL, kind, ids).Scan(&freed); err != nil {
+	rows, err := send(ctx, s.db, freeSlotsSQL, kind, ids)
+	if err == nil {
+		freed, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[int])
+	}
+	if err != nil {
 		return nil, fmt.Errorf("free %d slots of kind %q: %w", len(ids), kind, err)
 	}
 	return s.ReleaseParked(ctx, kind, 0, max(freed, 1))
@@ -678,6 +698,14 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 			want = min(want, max)
 		}
 		b := &pgx.Batch{}
+		if s.ownsCommits() {
+			// The release commits without waiting for the WAL flush, so
+			// that the kind's lock, which every start of the kind waits
+			// for, is not held through one. A release lost in a crash
+			// of PostgreSQL leaves its tasks parked, for the leader's
+			// releaser; a start of one of them, flushed, flushes it too.
+			b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+		}
 		b.Queue(lockKindSQL, kind)
 		b.Queue(`WITH k AS (
 			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
