@@ -41,7 +41,11 @@ type admission struct {
 	mu     sync.Mutex
 	at     time.Time
 	cached map[string]task.Limits
-	// freeing tracks the frees of kind slots under way (see freeKindSlots).
+	freeMu sync.Mutex
+	// toFree holds, by kind, the tasks whose slots wait to be freed; a
+	// kind is in it while its frees are under way (see freeKindSlots).
+	toFree map[string][]uuid.UUID
+	// freeing tracks the frees of kind slots under way.
 	freeing sync.WaitGroup
 }
 
@@ -148,26 +152,51 @@ func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, l
 // its group's window is handed on by the statement that records its end:
 // see task/group.go.) ctx is the worker's I/O; wait waits for the frees
 // under way.
+//
+// A worker frees one kind's slots one call at a time: the ends that
+// arrive while a call is under way are freed together by the next one.
+// Each call takes the kind's lock, which every start and release of the
+// kind waits for, so a call per batch of ends would queue as many
+// holders of it as the worker completes batches.
 func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UUID) {
 	limits := a.limits(ctx)
-	freed := map[string][]uuid.UUID{}
+	a.freeMu.Lock()
+	defer a.freeMu.Unlock()
 	for kind, ids := range done {
-		if limits[kind].HoldsSlots() {
-			freed[kind] = ids
+		if !limits[kind].HoldsSlots() {
+			continue
+		}
+		if a.toFree == nil {
+			a.toFree = map[string][]uuid.UUID{}
+		}
+		_, running := a.toFree[kind]
+		a.toFree[kind] = append(a.toFree[kind], ids...)
+		if running {
+			continue
+		}
+		a.freeing.Add(1)
+		go a.freeSlots(ctx, kind)
+	}
+}
+
+// freeSlots frees the slots of kind that freeKindSlots gathered, until
+// none are left.
+func (a *admission) freeSlots(ctx context.Context, kind string) {
+	defer a.freeing.Done()
+	for {
+		a.freeMu.Lock()
+		ids := a.toFree[kind]
+		if len(ids) == 0 {
+			delete(a.toFree, kind)
+			a.freeMu.Unlock()
+			return
+		}
+		a.toFree[kind] = a.toFree[kind][:0:0] // still under way
+		a.freeMu.Unlock()
+		if _, err := a.store.FreeSlots(ctx, kind, ids...); err != nil {
+			a.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
 		}
 	}
-	if len(freed) == 0 {
-		return
-	}
-	a.freeing.Add(1)
-	go func() {
-		defer a.freeing.Done()
-		for kind, ids := range freed {
-			if _, err := a.store.FreeSlots(ctx, kind, ids...); err != nil {
-				a.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
-			}
-		}
-	}()
 }
 
 // wait waits for the frees of kind slots under way.
