@@ -108,26 +108,48 @@ type noisyEnv struct {
 	ready func(workers int)
 }
 
-func noisyNeighbour(t *testing.T, env noisyEnv) {
-	n := 2000
-	if v := os.Getenv("INGEST_NOISY_N"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 100 {
-			t.Fatalf("INGEST_NOISY_N=%q: want a whole number of at least 100", v)
-		}
+// noisyKnob reads the whole number of environment variable name, def when
+// unset, failing the test when it is not one from lo to hi.
+func noisyKnob(t *testing.T, name string, def, lo, hi int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		t.Fatalf("%s=%q: want a whole number from %d to %d", name, v, lo, hi)
+	}
+	return n
+}
+
+// noisyNeighbour runs the noisy neighbour on env. Besides INGEST_NOISY_N,
+// three variables vary it for measurements (the bound in positions holds
+// with any of them): INGEST_NOISY_WINDOW, the kinds' group window
+// (default twice the handler slots of all workers);
+// INGEST_NOISY_QUIET_PRIORITY, the quiet tasks' priority (default 2, as
+// the burst's); INGEST_NOISY_CONCURRENCY_PER_GROUP, the kinds'
+// concurrency_per_group (default none).
+func noisyNeighbour(t *testing.T, env noisyEnv) {
+	n := noisyKnob(t, "INGEST_NOISY_N", 2000, 100, 10_000_000)
 	ctx := context.Background()
 	const (
 		workers = 3
 		slots   = 8 // handler slots per worker
-		window  = 2 * workers * slots
 		quietN  = 9
 	)
+	window := noisyKnob(t, "INGEST_NOISY_WINDOW", 2*workers*slots, 1, task.MaxConcurrency)
+	quietPriority := noisyKnob(t, "INGEST_NOISY_QUIET_PRIORITY", 0, 0, 4)
+	groupCap := noisyKnob(t, "INGEST_NOISY_CONCURRENCY_PER_GROUP", 0, 0, task.MaxConcurrency)
 	work := func(context.Context, ingest.Task) error { time.Sleep(2 * time.Millisecond); return nil } // the work
 	handlers := map[string]ingest.Handler{"base": work, "fair": work, "fifo": work}
 	for _, kind := range []string{"base", "fair", "fifo"} {
 		w := window
-		if _, err := env.store.SetKind(ctx, "test", kind, task.KindUpdate{GroupWindow: &w}); err != nil {
+		ku := task.KindUpdate{GroupWindow: &w}
+		if groupCap > 0 {
+			ku.ConcurrencyPerGroup = &groupCap
+		}
+		if _, err := env.store.SetKind(ctx, "test", kind, ku); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -185,7 +207,7 @@ func noisyNeighbour(t *testing.T, env noisyEnv) {
 			<-tick.C
 			for g := range quietN {
 				began := time.Now()
-				res, err := env.store.Create(ctx, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("quiet-%d", g), Payload: json.RawMessage(`{}`)})
+				res, err := env.store.Create(ctx, task.NewTask{Kind: kind, GroupKey: fmt.Sprintf("quiet-%d", g), Payload: json.RawMessage(`{}`), Priority: quietPriority})
 				if err != nil {
 					t.Fatal(err)
 				}
