@@ -155,9 +155,10 @@ func (a *admission) start(ctx context.Context, ds []delivery, ids []uuid.UUID, l
 //
 // A worker frees one kind's slots one call at a time: the ends that
 // arrive while a call is under way are freed together by the next one.
-// Each call takes the kind's lock, which every start and release of the
-// kind waits for, so a call per batch of ends would queue as many
-// holders of it as the worker completes batches.
+// Each call's release takes the kind's row lock, which the kind's other
+// releases (and, with a limit of its own, its starts) wait for, so a
+// call per batch of ends would queue as many holders of it as the worker
+// completes batches.
 func (a *admission) freeKindSlots(ctx context.Context, done map[string][]uuid.UUID) {
 	limits := a.limits(ctx)
 	a.freeMu.Lock()

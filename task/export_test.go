@@ -13,8 +13,14 @@ import (
 // rate-limited kind, in the caller's transaction tx (which may have begun
 // long before), and returns the chosen ids.
 func ReserveInTx(ctx context.Context, tx pgx.Tx, kind string, ids []uuid.UUID) ([]uuid.UUID, error) {
-	if _, err := tx.Exec(ctx, lockKindSQL, kind); err != nil {
-		return nil, err
+	for _, q := range []string{lockStartKindSQL, lockStartGroupsSQL} {
+		args := []any{kind}
+		if q == lockStartGroupsSQL {
+			args = append(args, ids)
+		}
+		if _, err := tx.Exec(ctx, q, args...); err != nil {
+			return nil, err
+		}
 	}
 	var (
 		found, limited, rated   bool
@@ -86,28 +92,30 @@ func HotPathStatements() map[string][3]string {
 	c := func(sql, args string) [3]string { return [3]string{pgplan.CountSettings, sql, args} }
 	const insertArgs = ids + `, '{plan,plan}', '{"{}","{}"}', '{a,b}', '{"",k}', '{0,0}', '{NULL,NULL}', '{0,0}', '{0,0}', '{"",""}', '{f,f}', '{"",""}', '{0,0}', '{0,0}', '{"",""}', '{f,f}'`
 	return map[string][3]string{
-		"start":          p(startSQL, ids+", "+owner+", 60000, 1024, 10"),
-		"renew":          p(renewSQL, ids+", "+owner+", 60000"),
-		"progress":       n(progressSQL, `'00000000-0000-7000-8000-000000000001', 1, 50, 'half', ''`),
-		"succeed":        p(succeedSQL, ids+", "+owner+`, '{NULL,"{\"n\": 1}"}'`),
-		"fail":           p(failSQL, ids+", "+owner+`, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`),
-		"release":        p(handBackSQL, ids+", "+owner+", 'released at shutdown'"),
-		"current":        p(currentSQL, ids),
-		"expired-leases": p(expiredLeasesSQL, ids+", "+owner),
-		"park-due":       p(parkDueSQL, ids),
-		"park":           p(parkSQL, ids),
-		"not-started":    p(notStartedSQL, ids),
-		"in-transit":     p(inTransitSQL, ids),
-		"reserve":        p(reserveSQL, `'plan', `+ids+`, 1000, false`),
-		"insert-plain":   n(insertPlainSQL, insertArgs),
-		"insert-keyed":   n(insertKeyedSQL, insertArgs),
-		"any-parked":     n(anyParkedSQL, `'plan'`),
-		"key-lookup":     n(keyLookupSQL, `'{plan,plan}', '{a,b}'`),
-		"dedup-lookup":   n(dedupLookupSQL, `'{plan,plan}', '{a,b}'`),
-		"sequence-head":  n(seqHeadSQL, `'{plan,plan}', '{a,b}'`),
-		"unpark":         n(unparkSQL, `'plan', 1000`),
-		"parked-counts":  c(parkedCountsSQL, ``),
-		"blocked-counts": c(blockedCountsSQL, `''`),
+		"start":             p(startSQL, ids+", "+owner+", 60000, 1024, 10"),
+		"renew":             p(renewSQL, ids+", "+owner+", 60000"),
+		"progress":          n(progressSQL, `'00000000-0000-7000-8000-000000000001', 1, 50, 'half', ''`),
+		"succeed":           p(succeedSQL, ids+", "+owner+`, '{NULL,"{\"n\": 1}"}'`),
+		"fail":              p(failSQL, ids+", "+owner+`, 1, 1000, 0.1, '{boom,boom}', '{f,f}', '{0,0}', '{boom,boom}', 10`),
+		"release":           p(handBackSQL, ids+", "+owner+", 'released at shutdown'"),
+		"current":           p(currentSQL, ids),
+		"expired-leases":    p(expiredLeasesSQL, ids+", "+owner),
+		"park-due":          p(parkDueSQL, ids),
+		"park":              p(parkSQL, ids),
+		"not-started":       p(notStartedSQL, ids),
+		"in-transit":        p(inTransitSQL, ids),
+		"reserve":           p(reserveSQL, `'plan', `+ids+`, 1000, false`),
+		"lock-start-kind":   p(lockStartKindSQL, `'plan'`),
+		"lock-start-groups": p(lockStartGroupsSQL, `'plan', `+ids),
+		"insert-plain":      n(insertPlainSQL, insertArgs),
+		"insert-keyed":      n(insertKeyedSQL, insertArgs),
+		"any-parked":        n(anyParkedSQL, `'plan'`),
+		"key-lookup":        n(keyLookupSQL, `'{plan,plan}', '{a,b}'`),
+		"dedup-lookup":      n(dedupLookupSQL, `'{plan,plan}', '{a,b}'`),
+		"sequence-head":     n(seqHeadSQL, `'{plan,plan}', '{a,b}'`),
+		"unpark":            n(unparkSQL, `'plan', 1000`),
+		"parked-counts":     c(parkedCountsSQL, ``),
+		"blocked-counts":    c(blockedCountsSQL, `''`),
 	}
 }
 
@@ -117,3 +125,9 @@ const InsertPlainSQL = insertPlainSQL
 
 // StartSQL is the start statement (for the test of its write).
 var StartSQL = startSQL
+
+// ReserveSQL and StartLockSetting are StartLimited's reservation and the
+// setting its locks write.
+var ReserveSQL = reserveSQL
+
+const StartLockSetting = startLockSetting

@@ -16,9 +16,12 @@ import (
 // for each of its groups as its Concurrency and Rate hold for the kind,
 // across all processes, combined with them (a start needs room under
 // both). The tasks without a group are one group, written '' in the
-// group tables. The machinery is the kind's (limit.go): the same lock,
+// group tables. The machinery is the kind's (limit.go): the same
 // reservation, parking and release, with a slot table
-// (ingest_group_slot) and a rate log (ingest_group_rate) per group.
+// (ingest_group_slot) and a rate log (ingest_group_rate) per group; the
+// reservations of a kind whose only limits are per group are serialized
+// by group (lockStartGroupsSQL), those of any other limited kind by the
+// kind's row.
 
 // Fair scheduling: at most a kind's group window (its group_window, or
 // DefaultGroupWindow) of a group's tasks are in the stream or running at

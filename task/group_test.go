@@ -1,6 +1,7 @@
 package task_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/task"
 )
 
@@ -420,5 +422,136 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 	}
 	if !parked(ids[4]) {
 		t.Error("the end of a run of a paused kind released a parked task")
+	}
+}
+
+// TestGroupOnlyLimitsLockByGroup: the starts of a kind whose only limits
+// are per group take their groups' start locks, not the kind's row: with
+// a release of the kind under way (its row locked) and a start of group
+// a under way (a's start lock held), b's task starts at once and a's
+// waits for a's lock. A kind with a limit of its own still waits for its
+// row.
+func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	one := 1
+	if _, err := b.store.SetKind(b.ctx, "test", "pg", task.KindUpdate{ConcurrencyPerGroup: &one}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SetKind(b.ctx, "test", "own", task.KindUpdate{Concurrency: &one, ConcurrencyPerGroup: &one}); err != nil {
+		t.Fatal(err)
+	}
+	ta, tb := groupTasks(t, b, "pg", "a", 1)[0], groupTasks(t, b, "pg", "b", 1)[0]
+	to := groupTasks(t, b, "own", "a", 1)[0]
+
+	tx, err := b.db.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	for _, q := range []string{
+		`SELECT 1 FROM ingest_kind WHERE kind IN ('pg', 'own') ORDER BY kind FOR UPDATE`,
+		`SELECT pg_advisory_xact_lock(hashtextextended('ingest-start/pg/a', 0))`,
+	} {
+		if _, err := tx.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	res, err := b.store.StartLimited(ctx, "w", time.Minute, "pg", tb.ID)
+	if err != nil {
+		t.Fatalf("group b's start waited for the kind's row or another group's lock: %v", err)
+	}
+	if res[0].Outcome != task.Started {
+		t.Fatalf("group b's task: %s, want started", res[0].Outcome)
+	}
+
+	type result struct {
+		res []task.StartResult
+		err error
+	}
+	start := func(kind string, id uuid.UUID) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			res, err := b.store.StartLimited(ctx, "w", time.Minute, kind, id)
+			ch <- result{res, err}
+		}()
+		return ch
+	}
+	waiting := func(event string) int {
+		var n int
+		if err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = ANY($1)`,
+			strings.Split(event, ",")).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	aDone := start("pg", ta.ID)
+	testenv.Eventually(t, 30*time.Second, "group a's start waiting for a's start lock", func() bool { return waiting("advisory") == 1 })
+	ownDone := start("own", to.ID)
+	testenv.Eventually(t, 30*time.Second, "the start of a kind with a limit of its own waiting for the kind's row", func() bool {
+		return waiting("tuple,transactionid") == 1
+	})
+	for name, ch := range map[string]chan result{"group a's start": aDone, "the start of kind own": ownDone} {
+		select {
+		case r := <-ch:
+			t.Fatalf("%s did not wait for the lock held: %+v", name, r)
+		default:
+		}
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, ch := range map[string]chan result{"group a's task": aDone, "kind own's task": ownDone} {
+		r := <-ch
+		if r.err != nil {
+			t.Fatalf("%s: %v", name, r.err)
+		}
+		if r.res[0].Outcome != task.Started {
+			t.Errorf("%s: %s, want started once the locks were free", name, r.res[0].Outcome)
+		}
+	}
+}
+
+// TestReserveNeedsTheLocksItsLimitsNeed: a reservation reserves nothing
+// under the locks of a kind with per-group limits only (its groups') when
+// the kind it reads has a limit of its own (its limits changed between
+// the locks and the reservation), and reserves under the kind's row lock
+// or, for a kind with per-group limits only, under its groups' locks.
+func TestReserveNeedsTheLocksItsLimitsNeed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	one := 1
+	if _, err := b.store.SetKind(b.ctx, "test", "pg", task.KindUpdate{ConcurrencyPerGroup: &one}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SetKind(b.ctx, "test", "own", task.KindUpdate{Concurrency: &one, ConcurrencyPerGroup: &one}); err != nil {
+		t.Fatal(err)
+	}
+	tasks := map[string]uuid.UUID{"pg": groupTasks(t, b, "pg", "a", 1)[0].ID, "own": groupTasks(t, b, "own", "a", 1)[0].ID}
+	for _, c := range []struct {
+		kind, locks string
+		want        int
+	}{{"own", "groups", 0}, {"own", "", 0}, {"pg", "", 0}, {"own", "kind", 1}, {"pg", "groups", 1}, {"pg", "kind", 1}} {
+		tx, err := b.db.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var chosen []uuid.UUID
+		var found, limited, rated bool
+		var slots, other []uuid.UUID
+		if _, err := tx.Exec(b.ctx, `SELECT set_config($1, $2, true)`, task.StartLockSetting, c.locks); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.QueryRow(b.ctx, task.ReserveSQL, c.kind, []uuid.UUID{tasks[c.kind]}, 1000, false).
+			Scan(&found, &limited, &rated, &chosen, &slots, &other); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(b.ctx)
+		if len(chosen) != c.want {
+			t.Errorf("kind %s under the locks %q: %d reserved, want %d", c.kind, c.locks, len(chosen), c.want)
+		}
 	}
 }

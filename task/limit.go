@@ -368,15 +368,59 @@ func tightSQL(want string) string {
     FROM k, (SELECT count(*) AS n FROM ingest_kind_slot WHERE kind = $1) AS c`
 }
 
-// lockKindSQL locks kind $1's row for the transaction: the starts and
-// releases of a limited kind are serialized by it. It is a statement of
-// its own so that the statements after it, each with a snapshot taken
-// once it holds the lock, see what the previous holder committed.
+// lockKindSQL locks kind $1's row for the transaction: the releases of a
+// limited kind, and the starts of one with limits of its own, are
+// serialized by it. It is a statement of its own so that the statements
+// after it, each with a snapshot taken once it holds the lock, see what
+// the previous holder committed.
 const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
 
+// perGroupOnlySQL holds for a kind row k whose only limits are per group:
+// not paused, no concurrency or rate of its own, and a per-group
+// concurrency or rate.
+const perGroupOnlySQL = `(NOT (k.paused OR k.concurrency > 0 OR k.rate_count > 0) AND (k.concurrency_per_group > 0 OR k.rate_per_group_count > 0))`
+
+// startLockSetting names the transaction's setting in which the locks of a
+// reservation say what they hold: 'kind' (the kind's row), 'groups' (the
+// start locks of the batch's groups) or empty (neither).
+const startLockSetting = `ingest.start_lock`
+
+// The starts of a kind whose only limits are per group are serialized by
+// group, not by kind, so that the starts of different groups do not wait
+// for each other: lockStartKindSQL locks the kind's row unless its limits
+// are per group only (and says so in startLockSetting, after the lock is
+// held), and lockStartGroupsSQL, when it did not, takes the start lock of
+// each group of the batch's tasks of kind $1 among $2 (an advisory lock per
+// (kind, group), in order; not the create's lock of the group, which a
+// caller's transaction may hold for long). reserveSQL then reserves only
+// under the locks that the kind's limits, as it reads them, need: a
+// change of the limits between the statements leaves the batch parked,
+// for a release.
+var (
+	lockStartKindSQL = `
+WITH l AS (SELECT k.kind FROM ingest_kind k WHERE k.kind = $1 AND NOT ` + perGroupOnlySQL + ` FOR UPDATE)
+SELECT set_config('` + startLockSetting + `', CASE WHEN EXISTS (SELECT 1 FROM l) THEN 'kind' ELSE '' END, true)`
+	lockStartGroupsSQL = `
+WITH g AS (
+    SELECT DISTINCT coalesce(t.group_key, '') AS g FROM ingest_task t
+    WHERE t.id = ANY($2::uuid[]) AND t.kind = $1
+      AND current_setting('` + startLockSetting + `', true) = ''
+      AND EXISTS (SELECT 1 FROM ingest_kind k WHERE k.kind = $1 AND ` + perGroupOnlySQL + `)
+    ORDER BY 1
+), l AS (
+    SELECT count(pg_advisory_xact_lock(hashtextextended('ingest-start/' || $1 || '/' || g.g, 0))) AS n FROM g
+)
+SELECT set_config('` + startLockSetting + `', 'groups', true) FROM l WHERE l.n > 0`
+	// startLockHeldSQL holds, inside reserveSQL (CTE k), when the locks
+	// taken are those the kind's limits need.
+	startLockHeldSQL = `(current_setting('` + startLockSetting + `', true) = 'kind'
+        OR (current_setting('` + startLockSetting + `', true) = 'groups' AND ` + perGroupOnlySQL + `))`
+)
+
 // reserveSQL reserves starts for tasks of kind $1 among $2 (in order),
-// as many as the kind's limits let start now, after lockKindSQL in the
-// same transaction: it deletes the kind's stale slot rows when it had to
+// as many as the kind's limits let start now, after lockStartKindSQL and
+// lockStartGroupsSQL in the same transaction (none when the locks they
+// took are not those the limits need): it deletes the kind's stale slot rows when it had to
 // look at them, takes a slot
 // row for each chosen task when the kind has a concurrency limit, and
 // adds the chosen ones to the rate log (one element: the transaction's
@@ -394,7 +438,9 @@ WITH k AS (
 ), ids AS (
     SELECT x.id, x.ord, t.kind = $1 AS mine, coalesce(t.group_key, '') AS g FROM unnest($2::uuid[]) WITH ORDINALITY AS x(id, ord) JOIN ingest_task t ON t.id = x.id
 ), tight AS (` + tightSQL("(SELECT count(*) FROM ids WHERE mine)") + `
-), free AS (` + freeSQL("($4 AND "+rateFreshSQL("k.rate_log")+")") + `
+), free AS (
+    SELECT CASE WHEN ` + startLockHeldSQL + ` THEN f.n ELSE 0 END AS n
+    FROM k, (` + freeSQL("($4 AND "+rateFreshSQL("k.rate_log")+")") + `) AS f
 ), ` + groupChoiceSQL + `
 ), stale AS (
     DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `
@@ -443,8 +489,10 @@ RETURNING t.id`
 //     when they would have been taken over (RUNNING under an expired
 //     lease) and no slot is free: try them again later.
 //
-// The starts are reserved first, under the kind's row lock (lockKindSQL
-// and reserveSQL, sent together). A kind with only a concurrency limit
+// The starts are reserved first, under the kind's row lock, or, for a
+// kind whose only limits are per group, under the start locks of the
+// batch's groups (lockStartKindSQL, lockStartGroupsSQL and reserveSQL,
+// sent together). A kind with only a concurrency limit
 // reserves in one implicit transaction (one round trip) and starts its
 // tasks after, without the lock: a reserved slot is taken before its task
 // starts, and one whose task did not start is given back. A kind with a
@@ -474,7 +522,8 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 			// PostgreSQL that loses it loses no start.
 			b.Queue(pgplan.SettingsUnflushed)
 		}
-		b.Queue(lockKindSQL, kind)
+		b.Queue(lockStartKindSQL, kind)
+		b.Queue(lockStartGroupsSQL, kind, ids)
 		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds(), inTx).QueryRow(func(row pgx.Row) error {
 			return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
 		})
