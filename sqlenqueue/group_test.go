@@ -163,7 +163,8 @@ func TestGroupWindowCountsTasksInTheStream(t *testing.T) {
 // TestGroupWindowDefault: a kind without a group window holds a group's
 // tasks beyond task.DefaultGroupWindow in flight back, through the SQL
 // create as through the Go store; ingest_group_window gives the default,
-// and a kind's window times a group's weight.
+// and a kind's window times a group's weight, at most the kind's
+// concurrency_per_group.
 func TestGroupWindowDefault(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -187,10 +188,19 @@ func TestGroupWindowDefault(t *testing.T) {
 	if _, err := store.SetKind(ctx, "test", "weighed", task.KindUpdate{GroupWindow: &three, GroupWeights: map[string]int{"heavy": 2}}); err != nil {
 		t.Fatal(err)
 	}
+	four, five := 4, 5
+	if _, err := store.SetKind(ctx, "test", "capped", task.KindUpdate{GroupWindow: &three, ConcurrencyPerGroup: &four, GroupWeights: map[string]int{"heavy": 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.SetKind(ctx, "test", "defaultcap", task.KindUpdate{ConcurrencyPerGroup: &five}); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		kind, group string
 		want        int
-	}{{"k", "g", task.DefaultGroupWindow}, {"weighed", "g", 3}, {"weighed", "heavy", 6}} {
+	}{{"k", "g", task.DefaultGroupWindow}, {"weighed", "g", 3}, {"weighed", "heavy", 6},
+		// At most the kind's concurrency_per_group.
+		{"capped", "g", 3}, {"capped", "heavy", 4}, {"defaultcap", "g", 5}} {
 		var got int
 		if err := db.QueryRow(ctx, `SELECT ingest_group_window($1, $2)`, c.kind, c.group).Scan(&got); err != nil {
 			t.Fatal(err)

@@ -223,9 +223,14 @@ SELECT count(*)::int FROM (SELECT task_id FROM a UNION SELECT task_id FROM b) AS
 const maxReleaseGroups = 1000
 
 // windowSQL is the group window of group g of kind k (SQL expressions)
-// with the default window $n: the kind's window times the group's weight.
+// with the default window $n: the kind's window times the group's weight,
+// and at most the kind's concurrency_per_group when it has one (a task
+// beyond it would reach a worker only to be parked at the limit, and be
+// released again: the window keeps it parked until its group has room).
+// Migration 00035's ingest_group_window is the same expression in SQL.
 func windowSQL(k, g, n string) string {
-	return `coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `) * ` + weightSQL(k, g)
+	return `least(coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `) * ` + weightSQL(k, g) + `,
+        coalesce((SELECT nullif(w.concurrency_per_group, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), 2147483647))`
 }
 
 // weightSQL is the weight of group g of kind k (SQL expressions): its

@@ -179,7 +179,7 @@ func TestGroupLimitsStartLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := map[string]int{}
+	started, createdParked := map[string]int{}, map[string]int{}
 	var first uuid.UUID
 	total := 0
 	for _, r := range res {
@@ -191,12 +191,20 @@ func TestGroupLimitsStartLimited(t *testing.T) {
 				first = r.ID
 			}
 		case task.ParkedAtLimit:
+		case task.Parked:
+			createdParked[group[r.ID]]++
 		default:
 			t.Errorf("task %s: outcome %s", r.ID, r.Outcome)
 		}
 	}
 	if total != capN || started["a"] != 2 || started["b"] != 2 || started["c"] != 1 {
 		t.Errorf("started %v (%d in all), want a:2 b:2 c:1 (the kind's 5)", started, total)
+	}
+	// A group's window is at most its concurrency per group: each named
+	// group's tasks beyond 2 were created parked (the tasks without a
+	// group have no window).
+	if len(createdParked) != 3 || createdParked["a"] != 2 || createdParked["b"] != 2 || createdParked["c"] != 2 {
+		t.Errorf("created parked by their windows: %v, want a:2 b:2 c:2", createdParked)
 	}
 	// Group a's first run ends: its slot goes to a parked task of a group
 	// with room (c or the tasks without a group), not to a's.
