@@ -435,10 +435,11 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 
 // TestGroupOnlyLimitsLockByGroup: the starts of a kind whose only limits
 // are per group take their groups' start locks, not the kind's row: with
-// a release of the kind under way (its row locked) and a start of group
-// a under way (a's start lock held), b's task starts at once and a's
-// waits for a's lock. A kind with a limit of its own still waits for its
-// row.
+// a release of the kind under way (its row locked as a release locks it)
+// and a start of group a under way (a's start lock held), b's task starts
+// at once and a's waits for a's lock. A kind with a limit of its own
+// still waits for its row, and so does a kind with per-group limits only
+// while its row is locked as an earlier version's start locked it.
 func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, task.Config{})
@@ -458,7 +459,7 @@ func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
 	}
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	for _, q := range []string{
-		`SELECT 1 FROM ingest_kind WHERE kind IN ('pg', 'own') ORDER BY kind FOR UPDATE`,
+		`SELECT 1 FROM ingest_kind WHERE kind IN ('pg', 'own') ORDER BY kind FOR NO KEY UPDATE`,
 		`SELECT pg_advisory_xact_lock(hashtextextended('ingest-start/pg/a', 0))`,
 	} {
 		if _, err := tx.Exec(b.ctx, q); err != nil {
@@ -520,6 +521,32 @@ func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
 		if r.res[0].Outcome != task.Started {
 			t.Errorf("%s: %s, want started once the locks were free", name, r.res[0].Outcome)
 		}
+	}
+
+	// An earlier version's start of the kind holds its row FOR UPDATE.
+	tc := groupTasks(t, b, "pg", "c", 1)[0]
+	old, err := b.db.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = old.Rollback(b.ctx) }()
+	if _, err := old.Exec(b.ctx, `SELECT 1 FROM ingest_kind WHERE kind = 'pg' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	cDone := start("pg", tc.ID)
+	testenv.Eventually(t, 30*time.Second, "group c's start waiting for the kind's row an earlier version's start holds", func() bool {
+		return waiting("tuple,transactionid") == 1
+	})
+	select {
+	case r := <-cDone:
+		t.Fatalf("group c's start did not wait for the row lock of an earlier version's start: %+v", r)
+	default:
+	}
+	if err := old.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-cDone; r.err != nil || r.res[0].Outcome != task.Started {
+		t.Errorf("group c's task once the row was free: %+v", r)
 	}
 }
 

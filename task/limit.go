@@ -368,12 +368,15 @@ func tightSQL(want string) string {
     FROM k, (SELECT count(*) AS n FROM ingest_kind_slot WHERE kind = $1) AS c`
 }
 
-// lockKindSQL locks kind $1's row for the transaction: the releases of a
-// limited kind, and the starts of one with limits of its own, are
-// serialized by it. It is a statement of its own so that the statements
-// after it, each with a snapshot taken once it holds the lock, see what
-// the previous holder committed.
-const lockKindSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR UPDATE`
+// lockReleaseSQL locks kind $1's row for a release of its parked tasks
+// (FOR NO KEY UPDATE): the kind's releases are serialized by it, and so
+// are they with the starts of a kind with limits of its own
+// (lockStartKindSQL's FOR UPDATE), not with those of a kind whose only
+// limits are per group (lockStartGroupsSQL's FOR KEY SHARE). It is a
+// statement of its own so that the statements after it, each with a
+// snapshot taken once it holds the lock, see what the previous holder
+// committed.
+const lockReleaseSQL = `SELECT 1 FROM ingest_kind WHERE kind = $1 FOR NO KEY UPDATE`
 
 // perGroupOnlySQL holds for a kind row k whose only limits are per group:
 // not paused, no concurrency or rate of its own, and a per-group
@@ -387,25 +390,31 @@ const startLockSetting = `ingest.start_lock`
 
 // The starts of a kind whose only limits are per group are serialized by
 // group, not by kind, so that the starts of different groups do not wait
-// for each other: lockStartKindSQL locks the kind's row unless its limits
-// are per group only (and says so in startLockSetting, after the lock is
-// held), and lockStartGroupsSQL, when it did not, takes the start lock of
-// each group of the batch's tasks of kind $1 among $2 (an advisory lock per
-// (kind, group), in order; not the create's lock of the group, which a
-// caller's transaction may hold for long). reserveSQL then reserves only
-// under the locks that the kind's limits, as it reads them, need: a
-// change of the limits between the statements leaves the batch parked,
-// for a release.
+// for each other: lockStartKindSQL locks the kind's row (FOR UPDATE)
+// unless its limits are per group only (and says so in startLockSetting,
+// after the lock is held), and lockStartGroupsSQL, when it did not, takes
+// the start lock of each group of the batch's tasks of kind $1 among $2
+// (an advisory lock per (kind, group), in order; not the create's lock of
+// the group, which a caller's transaction may hold for long), after a
+// FOR KEY SHARE lock of the kind's row, which other such starts and the
+// kind's releases (FOR NO KEY UPDATE) do not wait for, but a start or
+// release that locks the row FOR UPDATE does: an earlier version's
+// worker, still running during an upgrade, serialized every start of the
+// kind by that lock alone. reserveSQL then reserves only under the locks
+// that the kind's limits, as it reads them, need: a change of the limits
+// between the statements leaves the batch parked, for a release.
 var (
 	lockStartKindSQL = `
 WITH l AS (SELECT k.kind FROM ingest_kind k WHERE k.kind = $1 AND NOT ` + perGroupOnlySQL + ` FOR UPDATE)
 SELECT set_config('` + startLockSetting + `', CASE WHEN EXISTS (SELECT 1 FROM l) THEN 'kind' ELSE '' END, true)`
 	lockStartGroupsSQL = `
-WITH g AS (
+WITH k AS (
+    SELECT k.kind FROM ingest_kind k
+    WHERE k.kind = $1 AND current_setting('` + startLockSetting + `', true) = '' AND ` + perGroupOnlySQL + `
+    FOR KEY SHARE
+), g AS (
     SELECT DISTINCT coalesce(t.group_key, '') AS g FROM ingest_task t
-    WHERE t.id = ANY($2::uuid[]) AND t.kind = $1
-      AND current_setting('` + startLockSetting + `', true) = ''
-      AND EXISTS (SELECT 1 FROM ingest_kind k WHERE k.kind = $1 AND ` + perGroupOnlySQL + `)
+    WHERE t.id = ANY($2::uuid[]) AND t.kind = $1 AND EXISTS (SELECT 1 FROM k)
     ORDER BY 1
 ), l AS (
     SELECT count(pg_advisory_xact_lock(hashtextextended('ingest-start/' || $1 || '/' || g.g, 0))) AS n FROM g
@@ -420,9 +429,9 @@ SELECT set_config('` + startLockSetting + `', 'groups', true) FROM l WHERE l.n >
 // reserveSQL reserves starts for tasks of kind $1 among $2 (in order),
 // as many as the kind's limits let start now, after lockStartKindSQL and
 // lockStartGroupsSQL in the same transaction (none when the locks they
-// took are not those the limits need): it deletes the kind's stale slot rows when it had to
-// look at them, takes a slot
-// row for each chosen task when the kind has a concurrency limit, and
+// took are not those the limits need): it deletes the kind's stale slot
+// rows when it had to look at them, takes a slot row for each chosen
+// task when the kind has a concurrency limit, and
 // adds the chosen ones to the rate log (one element: the transaction's
 // time and their number, dropping elements older than the period and the
 // margin $3) when it has a rate limit. It returns whether the kind has
@@ -749,13 +758,14 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 		b := &pgx.Batch{}
 		if s.ownsCommits() {
 			// The release commits without waiting for the WAL flush, so
-			// that the kind's lock, which every start of the kind waits
-			// for, is not held through one. A release lost in a crash
+			// that the kind's lock, which its other releases (and, with
+			// a limit of its own, its starts) wait for, is not held
+			// through one. A release lost in a crash
 			// of PostgreSQL leaves its tasks parked, for the leader's
 			// releaser; a start of one of them, flushed, flushes it too.
 			b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
 		}
-		b.Queue(lockKindSQL, kind)
+		b.Queue(lockReleaseSQL, kind)
 		b.Queue(`WITH k AS (
 			SELECT kind, paused, concurrency, rate_count, rate_period_ms, rate_log, rate_log_n,
 			       concurrency_per_group, rate_per_group_count FROM ingest_kind WHERE kind = $1
