@@ -433,6 +433,22 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 	}
 }
 
+// perGroupAndOwnLimits returns a bundle with two kinds: pg, whose only
+// limit is per group (concurrency_per_group 1), and own, with a
+// concurrency of its own as well (1 and 1).
+func perGroupAndOwnLimits(t *testing.T) *bundle {
+	t.Helper()
+	b := setup(t, task.Config{})
+	one := 1
+	if _, err := b.store.SetKind(b.ctx, "test", "pg", task.KindUpdate{ConcurrencyPerGroup: &one}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.store.SetKind(b.ctx, "test", "own", task.KindUpdate{Concurrency: &one, ConcurrencyPerGroup: &one}); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // TestGroupOnlyLimitsLockByGroup: the starts of a kind whose only limits
 // are per group take their groups' start locks, not the kind's row: with
 // a release of the kind under way (its row locked as a release locks it)
@@ -442,14 +458,7 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 // while its row is locked as an earlier version's start locked it.
 func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
 	t.Parallel()
-	b := setup(t, task.Config{})
-	one := 1
-	if _, err := b.store.SetKind(b.ctx, "test", "pg", task.KindUpdate{ConcurrencyPerGroup: &one}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.SetKind(b.ctx, "test", "own", task.KindUpdate{Concurrency: &one, ConcurrencyPerGroup: &one}); err != nil {
-		t.Fatal(err)
-	}
+	b := perGroupAndOwnLimits(t)
 	ta, tb := groupTasks(t, b, "pg", "a", 1)[0], groupTasks(t, b, "pg", "b", 1)[0]
 	to := groupTasks(t, b, "own", "a", 1)[0]
 
@@ -557,14 +566,7 @@ func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
 // or, for a kind with per-group limits only, under its groups' locks.
 func TestReserveNeedsTheLocksItsLimitsNeed(t *testing.T) {
 	t.Parallel()
-	b := setup(t, task.Config{})
-	one := 1
-	if _, err := b.store.SetKind(b.ctx, "test", "pg", task.KindUpdate{ConcurrencyPerGroup: &one}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.store.SetKind(b.ctx, "test", "own", task.KindUpdate{Concurrency: &one, ConcurrencyPerGroup: &one}); err != nil {
-		t.Fatal(err)
-	}
+	b := perGroupAndOwnLimits(t)
 	tasks := map[string]uuid.UUID{"pg": groupTasks(t, b, "pg", "a", 1)[0].ID, "own": groupTasks(t, b, "own", "a", 1)[0].ID}
 	for _, c := range []struct {
 		kind, locks string
