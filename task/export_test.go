@@ -131,3 +131,6 @@ var StartSQL = startSQL
 var ReserveSQL = reserveSQL
 
 const StartLockSetting = startLockSetting
+
+// LockReleaseSQL is the lock a release of a kind's parked tasks takes.
+const LockReleaseSQL = lockReleaseSQL

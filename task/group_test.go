@@ -467,11 +467,11 @@ func TestGroupOnlyLimitsLockByGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	for _, q := range []string{
-		`SELECT 1 FROM ingest_kind WHERE kind IN ('pg', 'own') ORDER BY kind FOR NO KEY UPDATE`,
-		`SELECT pg_advisory_xact_lock(hashtextextended('ingest-start/pg/a', 0))`,
+	for _, q := range [][]any{
+		{task.LockReleaseSQL, "own"}, {task.LockReleaseSQL, "pg"}, // releases of both kinds under way
+		{`SELECT pg_advisory_xact_lock(hashtextextended('ingest-start/pg/a', 0))`},
 	} {
-		if _, err := tx.Exec(b.ctx, q); err != nil {
+		if _, err := tx.Exec(b.ctx, q[0].(string), q[1:]...); err != nil {
 			t.Fatal(err)
 		}
 	}
