@@ -25,7 +25,8 @@ type KindRequest struct {
 	// ConcurrencyPerGroup and RatePerGroup limit each group of the kind
 	// as Concurrency and Rate limit the kind (0, "0": no limit);
 	// GroupWindow is the most tasks of one group in the stream or running
-	// at once (fair scheduling; 0: the default).
+	// at once (fair scheduling; 0: the default; never more than
+	// ConcurrencyPerGroup when it is set).
 	ConcurrencyPerGroup *int    `json:"concurrency_per_group"`
 	RatePerGroup        *string `json:"rate_per_group"`
 	GroupWindow         *int    `json:"group_window"`

@@ -128,7 +128,8 @@ type KindUpdate struct {
 	ConcurrencyPerGroup *int
 	RatePerGroup        *Rate
 	// GroupWindow is the most tasks of one group in the stream or
-	// running at once (fair scheduling; 0: DefaultGroupWindow).
+	// running at once (fair scheduling; 0: DefaultGroupWindow), never
+	// more than ConcurrencyPerGroup when it is set (windowSQL).
 	GroupWindow *int
 	// GroupWeights sets the weights of the groups it names (1..
 	// MaxGroupWeight; 1 resets a group to the default); the other groups

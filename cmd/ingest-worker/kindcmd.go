@@ -148,7 +148,8 @@ limit. --concurrency-per-group and --rate-per-group limit each group of the
 kind (a task's group_key; the tasks without one are one group) the same way,
 together with the kind's limits. --group-window N: at most N tasks of one
 group in the stream or running at once; ready tasks are served round-robin
-across groups (0: the default, 100). --group-weight GROUP=W (repeatable) gives
+across groups (0: the default, 100; never more than --concurrency-per-group
+when it is set). --group-weight GROUP=W (repeatable) gives
 a group a weight from 1 to 100: its window is W times the kind's, and it
 gets W turns in each round of the release, so groups kept busy share the
 kind in proportion to their weights (1, the default, removes a weight;
@@ -226,7 +227,7 @@ continue lets them go on (and releases those waiting now).`,
 	cmd.Flags().StringVar(&onFailure, "sequence-on-failure", "", "what a DEAD task does to its sequence key: block (the default) or continue")
 	rangeFlag(cmd.Flags(), &perGroup, "concurrency-per-group", "", task.ConcurrencyPerGroupRange, 0, "most tasks of one group of the kind RUNNING at once across all workers (0: no limit)")
 	cmd.Flags().StringVar(&groupRate, "rate-per-group", "", "most starts of one group per period across all workers: 5/s, 300/m (0: no limit)")
-	rangeFlag(cmd.Flags(), &window, "group-window", "", task.GroupWindowRange, 0, "most tasks of one group in the stream or running at once (0: the default, 100)")
+	rangeFlag(cmd.Flags(), &window, "group-window", "", task.GroupWindowRange, 0, "most tasks of one group in the stream or running at once (0: the default, 100; at most the concurrency per group)")
 	cmd.Flags().StringArrayVar(&weights, "group-weight", nil, "GROUP=W: the group's weight, 1 to 100 (1: the default); repeat for several groups")
 	cmd.Flags().BoolVar(&force, "force", false, "set a kind that has no tasks and no settings yet without a warning")
 	return cmd
