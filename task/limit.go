@@ -761,10 +761,10 @@ func (s *Store) ReleaseParked(ctx context.Context, kind string, inTransit, max i
 			// The release commits without waiting for the WAL flush, so
 			// that the kind's lock, which its other releases (and, with
 			// a limit of its own, its starts) wait for, is not held
-			// through one. A release lost in a crash
-			// of PostgreSQL leaves its tasks parked, for the leader's
-			// releaser; a start of one of them, flushed, flushes it too.
-			b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+			// through one. A release lost in a crash of PostgreSQL
+			// leaves its tasks parked, for the leader's releaser; a
+			// start of one of them, flushed, flushes it too.
+			b.Queue(pgplan.Unflushed)
 		}
 		b.Queue(lockReleaseSQL, kind)
 		b.Queue(`WITH k AS (

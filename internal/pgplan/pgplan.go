@@ -46,7 +46,14 @@ const Settings = `SELECT set_config('enable_seqscan', 'off', true), set_config('
 // whose loss in a crash of PostgreSQL is recovered like any other lost
 // work may use it (QueryUnflushed): every later durable commit flushes it
 // too, since the WAL is flushed in order.
-const SettingsUnflushed = Settings + `, set_config('synchronous_commit', 'off', true)`
+const SettingsUnflushed = Settings + `, ` + unflushed
+
+// Unflushed is SettingsUnflushed without the planner settings, for a
+// transaction whose statements keep the plans the planner chooses.
+const Unflushed = `SELECT ` + unflushed
+
+// unflushed turns synchronous_commit off for the current transaction.
+const unflushed = `set_config('synchronous_commit', 'off', true)`
 
 // ReadSettings is for a read that aggregates many rows for a chart (the
 // dashboard's audit samples): for the current transaction only, JIT is
