@@ -13,20 +13,13 @@ import (
 // rate-limited kind, in the caller's transaction tx (which may have begun
 // long before), and returns the chosen ids.
 func ReserveInTx(ctx context.Context, tx pgx.Tx, kind string, ids []uuid.UUID) ([]uuid.UUID, error) {
-	for _, q := range []string{lockStartKindSQL, lockStartGroupsSQL} {
-		args := []any{kind}
-		if q == lockStartGroupsSQL {
-			args = append(args, ids)
-		}
-		if _, err := tx.Exec(ctx, q, args...); err != nil {
-			return nil, err
-		}
-	}
 	var (
 		found, limited, rated   bool
 		chosen, newSlots, other []uuid.UUID
 	)
-	err := tx.QueryRow(ctx, reserveSQL, kind, ids, rateLogMargin.Milliseconds(), true).Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
+	err := tx.SendBatch(ctx, reserveBatch(pgplan.Settings, kind, ids, true, func(row pgx.Row) error {
+		return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
+	})).Close()
 	return chosen, err
 }
 

@@ -475,6 +475,20 @@ SELECT EXISTS (SELECT 1 FROM k),
        ARRAY(SELECT task_id FROM slots WHERE inserted UNION SELECT task_id FROM gslots WHERE inserted),
        ARRAY(SELECT id FROM ids WHERE NOT mine ORDER BY ord)`
 
+// reserveBatch is StartLimited's reservation of ids of kind, in one
+// batch: settings (pgplan's), the locks (lockStartKindSQL,
+// lockStartGroupsSQL) and reserveSQL, whose row scan reads; inTx is
+// reserveSQL's $4 (the caller starts the chosen tasks in the same
+// transaction).
+func reserveBatch(settings, kind string, ids []uuid.UUID, inTx bool, scan func(pgx.Row) error) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(settings)
+	b.Queue(lockStartKindSQL, kind)
+	b.Queue(lockStartGroupsSQL, kind, ids)
+	b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds(), inTx).QueryRow(scan)
+	return b
+}
+
 // parkDueSQL parks those of $1 that are due QUEUED or RETRYING tasks.
 var parkDueSQL = `
 WITH l AS (
@@ -520,24 +534,19 @@ func (s *Store) StartLimited(ctx context.Context, owner string, lease time.Durat
 		byID                    = make(map[uuid.UUID]StartResult, len(ids))
 	)
 	reserve := func(q DB, inTx bool) error {
-		b := &pgx.Batch{}
-		if inTx || !s.ownsCommits() {
-			b.Queue(pgplan.Settings)
-		} else {
+		settings := pgplan.Settings
+		if !inTx && s.ownsCommits() {
 			// Alone in its implicit transaction, the reservation commits
 			// without waiting for the WAL flush, so that the kind's lock
 			// is not held through one: what it writes (slot rows, stale
 			// ones deleted) matters only to the starts that follow it,
 			// and each of those, flushed, flushes it too. A crash of
 			// PostgreSQL that loses it loses no start.
-			b.Queue(pgplan.SettingsUnflushed)
+			settings = pgplan.SettingsUnflushed
 		}
-		b.Queue(lockStartKindSQL, kind)
-		b.Queue(lockStartGroupsSQL, kind, ids)
-		b.Queue(reserveSQL, kind, ids, rateLogMargin.Milliseconds(), inTx).QueryRow(func(row pgx.Row) error {
+		return q.SendBatch(ctx, reserveBatch(settings, kind, ids, inTx, func(row pgx.Row) error {
 			return row.Scan(&found, &limited, &rated, &chosen, &newSlots, &other)
-		})
-		return q.SendBatch(ctx, b).Close()
+		})).Close()
 	}
 	// A kind with only a concurrency limit: the lock and the reservation
 	// in one implicit transaction, one round trip; the tasks start after
