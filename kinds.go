@@ -192,7 +192,7 @@ func (a *admission) freeSlots(ctx context.Context, kind string) {
 			a.freeMu.Unlock()
 			return
 		}
-		a.toFree[kind] = a.toFree[kind][:0:0] // still under way
+		a.toFree[kind] = nil // the key stays: a free is under way
 		a.freeMu.Unlock()
 		if _, err := a.store.FreeSlots(ctx, kind, ids...); err != nil {
 			a.log.Warn("freeing the slots of finished runs failed; a later start or the leader's releaser frees them", "kind", kind, "err", err)
