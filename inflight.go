@@ -49,11 +49,19 @@ type inflight struct {
 	handlers int
 	ready    []waiter
 	maxWait  time.Duration
-	// exec runs a run's goroutine; startHeld starts the task of a message
-	// that waited for a handler slot, holding it (both set by the
+	// exec runs a run's goroutine; startHeld starts the tasks of messages
+	// that waited for a handler slot, each holding one (both set by the
 	// processor).
 	exec      func(*run)
-	startHeld func(delivery)
+	startHeld func([]delivery)
+	// heldReady holds the messages of limited kinds that took a handler slot
+	// after waiting for one and wait for their start; heldStarting is
+	// true while a goroutine starts them (startHeldLoop): the slots freed
+	// while a start is under way share the next one, a start (and, for a
+	// kind limited per group, a turn of the group's start lock) for many
+	// tasks instead of one each.
+	heldReady    []delivery
+	heldStarting bool
 	// ids holds the message ids being handled here, each mapped to whether
 	// it still holds a message slot.
 	ids     map[string]bool
@@ -155,12 +163,33 @@ func (f *inflight) handlerDoneLocked() {
 	f.ready[0] = waiter{}
 	f.ready = f.ready[1:]
 	if w.r == nil {
-		go f.startHeld(w.d)
+		f.heldReady = append(f.heldReady, w.d)
+		if !f.heldStarting {
+			f.heldStarting = true
+			go f.startHeldLoop()
+		}
 		return
 	}
 	w.r.slot = true
 	go f.exec(w.r)
 	f.signalFreed() // fewer wait: reserve may grant slots again
+}
+
+// startHeldLoop starts the messages in held, all those there at once,
+// until none is left.
+func (f *inflight) startHeldLoop() {
+	for {
+		f.mu.Lock()
+		ds := f.heldReady
+		f.heldReady = nil
+		if len(ds) == 0 {
+			f.heldStarting = false
+			f.mu.Unlock()
+			return
+		}
+		f.mu.Unlock()
+		f.startHeld(ds)
+	}
 }
 
 // stale reports whether r's lease was last known renewed longer than

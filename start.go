@@ -23,11 +23,18 @@ import (
 // unreachable) becomes claimable again.
 const startRetryDelay = 5 * time.Second
 
-// startHeld starts the task of d, a message of a limited kind that waited
-// for a handler slot and now holds one (inflight.handlerDone).
-func (p *processor) startHeld(d delivery) {
-	defer p.work.Done()
-	p.start([]delivery{d}, map[string]bool{d.id: true})
+// startHeld starts the tasks of ds, messages of limited kinds that waited
+// for a handler slot and now hold one each (inflight.handlerDone), in
+// one start.
+func (p *processor) startHeld(ds []delivery) {
+	held := make(map[string]bool, len(ds))
+	for _, d := range ds {
+		held[d.id] = true
+	}
+	p.start(ds, held)
+	for range ds {
+		p.work.Done()
+	}
 }
 
 // holdLimited gives the messages of limited kinds among valid a handler
