@@ -175,7 +175,7 @@ func (f *inflight) handlerDoneLocked() {
 	f.signalFreed() // fewer wait: reserve may grant slots again
 }
 
-// startHeldLoop starts the messages in held, all those there at once,
+// startHeldLoop starts the messages in heldReady, all those there at once,
 // until none is left.
 func (f *inflight) startHeldLoop() {
 	for {
