@@ -29,16 +29,6 @@ func TestHeldStartsShareOneStart(t *testing.T) {
 			t.Fatalf("message %d: held %v, queued %v with every handler slot taken; want it queued", i, held, queued)
 		}
 	}
-	next := func(what string) []delivery {
-		t.Helper()
-		select {
-		case ds := <-calls:
-			return ds
-		case <-time.After(30 * time.Second):
-			t.Fatalf("waited 30s for %s", what)
-			return nil
-		}
-	}
 	ids := func(ds []delivery) []string {
 		var out []string
 		for _, d := range ds {
@@ -48,7 +38,7 @@ func TestHeldStartsShareOneStart(t *testing.T) {
 	}
 
 	f.handlerDone()
-	if got := ids(next("the first held start")); fmt.Sprint(got) != "[1-4]" {
+	if got := ids(receive(t, calls, "the first held start")); fmt.Sprint(got) != "[1-4]" {
 		t.Fatalf("first held start got %v, want [1-4]", got)
 	}
 	// Three more slots free while that start is under way.
@@ -61,7 +51,7 @@ func TestHeldStartsShareOneStart(t *testing.T) {
 	default:
 	}
 	release <- struct{}{}
-	if got := ids(next("the held starts gathered meanwhile")); fmt.Sprint(got) != "[1-5 1-6 1-7]" {
+	if got := ids(receive(t, calls, "the held starts gathered meanwhile")); fmt.Sprint(got) != "[1-5 1-6 1-7]" {
 		t.Fatalf("the messages that took slots during the first start were started as %v, want [1-5 1-6 1-7] in one start", got)
 	}
 	release <- struct{}{}
@@ -92,7 +82,7 @@ func TestHeldStartsShareOneStart(t *testing.T) {
 		t.Fatal("message 9 was not queued with every handler slot taken")
 	}
 	f.handlerDone()
-	if got := ids(next("a later held start")); fmt.Sprint(got) != "[1-9]" {
+	if got := ids(receive(t, calls, "a later held start")); fmt.Sprint(got) != "[1-9]" {
 		t.Fatalf("a later held start got %v, want [1-9]", got)
 	}
 	release <- struct{}{}

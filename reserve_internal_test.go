@@ -22,14 +22,15 @@ func freeOne(f *inflight) {
 
 // receive returns what ch gives, failing the test if it gives nothing
 // within 30 s.
-func receive(t *testing.T, ch <-chan int, what string) int {
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	select {
-	case n := <-ch:
-		return n
+	case v := <-ch:
+		return v
 	case <-time.After(30 * time.Second):
 		t.Fatalf("waited 30s for %s", what)
-		return 0
+		var zero T
+		return zero
 	}
 }
 
