@@ -227,10 +227,11 @@ const maxReleaseGroups = 1000
 // and at most the kind's concurrency_per_group when it has one (a task
 // beyond it would reach a worker only to be parked at the limit, and be
 // released again: the window keeps it parked until its group has room).
-// Migration 00035's ingest_group_window is the same expression in SQL.
+// It reads the kind's row once (n, weight 1 and no cap without one).
+// Migration 00035's ingest_group_window computes the same in SQL.
 func windowSQL(k, g, n string) string {
-	return `least(coalesce((SELECT nullif(w.group_window, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `) * ` + weightSQL(k, g) + `,
-        coalesce((SELECT nullif(w.concurrency_per_group, 0) FROM ingest_kind w WHERE w.kind = ` + k + `), 2147483647))`
+	return `coalesce((SELECT least(coalesce(nullif(w.group_window, 0), ` + n + `) * coalesce((w.group_weights ->> ` + g + `)::int, 1),
+        coalesce(nullif(w.concurrency_per_group, 0), 2147483647)) FROM ingest_kind w WHERE w.kind = ` + k + `), ` + n + `)`
 }
 
 // weightSQL is the weight of group g of kind k (SQL expressions): its
