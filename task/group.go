@@ -194,8 +194,11 @@ var groupChoiceSQL = `gfree AS (
 // per-group concurrency limit, and one element per group in its rate log
 // under a per-group rate limit.
 var groupReserveSQL = `gstale AS (
-    DELETE FROM ingest_group_slot s WHERE s.kind = $1 AND s.group_key IN (SELECT g FROM gfree)
-        AND EXISTS (SELECT 1 FROM k WHERE k.concurrency_per_group > 0) AND NOT ` + takenSQL + `
+    DELETE FROM ingest_group_slot d USING (
+        SELECT s.group_key, s.task_id FROM ingest_group_slot s WHERE s.kind = $1 AND s.group_key IN (SELECT g FROM gfree)
+            AND EXISTS (SELECT 1 FROM k WHERE k.concurrency_per_group > 0) AND NOT ` + takenSQL + `
+        FOR UPDATE OF s SKIP LOCKED) x
+    WHERE d.kind = $1 AND d.group_key = x.group_key AND d.task_id = x.task_id
 ), gslots AS (
     INSERT INTO ingest_group_slot (kind, group_key, task_id, reserved_at)
     SELECT $1, g, id, now() FROM chosen WHERE EXISTS (SELECT 1 FROM k WHERE k.concurrency_per_group > 0)

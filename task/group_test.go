@@ -592,3 +592,54 @@ func TestReserveNeedsTheLocksItsLimitsNeed(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveSkipsSlotsBeingFreed: a start's reservation deletes the
+// stale slot rows of its kind and groups without waiting for a
+// transaction that is deleting the same rows (a worker's FreeSlots),
+// which could otherwise close a deadlock with it: with a stale slot row
+// of group a locked by an open delete, a task of group a still starts at
+// once, for a kind with per-group limits only and for one with a limit
+// of its own.
+func TestReserveSkipsSlotsBeingFreed(t *testing.T) {
+	t.Parallel()
+	b := perGroupAndOwnLimits(t)
+	for _, kind := range []string{"pg", "own"} {
+		// The stale rows are those of a run that ended and whose worker
+		// is freeing them.
+		stale := groupTasks(t, b, kind, "a", 1)[0].ID
+		if _, err := b.db.Exec(b.ctx, `UPDATE ingest_task SET status = 'SUCCEEDED', finished_at = now() WHERE id = $1`, stale); err != nil {
+			t.Fatal(err)
+		}
+		next := groupTasks(t, b, kind, "a", 1)[0].ID
+		for _, q := range []string{
+			`INSERT INTO ingest_group_slot (kind, group_key, task_id, reserved_at) VALUES ($1, 'a', $2, now() - interval '1 hour')`,
+			`INSERT INTO ingest_kind_slot (kind, task_id, reserved_at) VALUES ($1, $2, now() - interval '1 hour')`,
+		} {
+			if _, err := b.db.Exec(b.ctx, q, kind, stale); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tx, err := b.db.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{
+			`DELETE FROM ingest_group_slot WHERE kind = $1 AND task_id = $2`,
+			`DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = $2`,
+		} {
+			if _, err := tx.Exec(b.ctx, q, kind, stale); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+		rs, err := b.store.StartLimited(ctx, "w", time.Minute, kind, next)
+		cancel()
+		_ = tx.Rollback(b.ctx)
+		if err != nil {
+			t.Fatalf("kind %s: a start waited for the rows being freed: %v", kind, err)
+		}
+		if len(rs) != 1 || rs[0].Outcome != task.Started {
+			t.Errorf("kind %s: the start beside a stale slot row being freed: %+v, want started", kind, rs)
+		}
+	}
+}

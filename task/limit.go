@@ -431,7 +431,10 @@ SELECT set_config('` + startLockSetting + `', 'groups', true) FROM l WHERE l.n >
 // as many as the kind's limits let start now, after lockStartKindSQL and
 // lockStartGroupsSQL in the same transaction (none when the locks they
 // took are not those the limits need): it deletes the kind's stale slot
-// rows when it had to look at them, takes a slot row for each chosen
+// rows when it had to look at them (skipping those another transaction
+// holds: a FreeSlots of the same rows deletes them in an order of its own,
+// and waiting for it could close a deadlock that stalls the kind's or
+// group's starts for PostgreSQL's deadlock_timeout), takes a slot row for each chosen
 // task when the kind has a concurrency limit, and
 // adds the chosen ones to the rate log (one element: the transaction's
 // time and their number, dropping elements older than the period and the
@@ -453,7 +456,10 @@ WITH k AS (
     FROM k, (` + freeSQL("($4 AND "+rateFreshSQL("k.rate_log")+")") + `) AS f
 ), ` + groupChoiceSQL + `
 ), stale AS (
-    DELETE FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `
+    DELETE FROM ingest_kind_slot d USING (
+        SELECT s.task_id FROM ingest_kind_slot s WHERE s.kind = $1 AND (SELECT b FROM tight) AND NOT ` + takenSQL + `
+        FOR UPDATE OF s SKIP LOCKED) x
+    WHERE d.kind = $1 AND d.task_id = x.task_id
 ), slots AS (
     INSERT INTO ingest_kind_slot (kind, task_id, reserved_at)
     SELECT $1, id, now() FROM chosen WHERE EXISTS (SELECT 1 FROM k WHERE k.concurrency > 0)
