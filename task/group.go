@@ -31,8 +31,10 @@ import (
 // statement that records the end (its audit rows' trigger,
 // ingest_task_ended, migration 00026) releases as many of the group's
 // oldest parked tasks as it ended runs, with their outbox events, in the
-// same transaction (for kinds neither paused nor limited, whose releases
-// go through ReleaseParked). Releases (ReleaseParked, through
+// same transaction (for kinds neither paused nor limited, or whose only
+// limit is concurrency_per_group, migration 00036: their window is at
+// most that limit; the other kinds' releases go through ReleaseParked).
+// Releases (ReleaseParked, through
 // unparkGroupsSQL: the leader's releaser every 100 ms, a change of the
 // kind) fill what room is left, serving the kind's groups round-robin. So
 // the stream holds at most a window of each group's tasks, and a task of

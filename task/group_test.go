@@ -433,6 +433,59 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 	}
 }
 
+// TestGroupLimitRefilledByEnd: for a kind whose only limit is
+// concurrency_per_group, the statement that ends a run refills its
+// group's window as for a kind without limits (migration 00036): the
+// group's oldest parked task is released with its outbox row, and the
+// worker's free of the run's slot that follows releases nothing past the
+// window. A kind with a limit of its own is still left to its releases.
+func TestGroupLimitRefilledByEnd(t *testing.T) {
+	t.Parallel()
+	b := perGroupAndOwnLimits(t)
+	parked := func(id uuid.UUID) bool {
+		t.Helper()
+		var p bool
+		if err := b.db.QueryRow(b.ctx, `SELECT parked_at IS NOT NULL FROM ingest_task WHERE id = $1`, id).Scan(&p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, c := range []struct {
+		kind   string
+		refill bool
+	}{{"pg", true}, {"own", false}} {
+		ts := groupTasks(t, b, c.kind, "a", 3)
+		if parked(ts[0].ID) || !parked(ts[1].ID) || !parked(ts[2].ID) {
+			t.Fatalf("kind %s: a window of 1 (concurrency_per_group 1) did not park the second and third tasks", c.kind)
+		}
+		if rs, err := b.store.StartLimited(b.ctx, "w", time.Minute, c.kind, ts[0].ID); err != nil || rs[0].Outcome != task.Started {
+			t.Fatalf("kind %s: start: %v %v", c.kind, rs, err)
+		}
+		if _, err := b.store.Succeed(b.ctx, "w", ts[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		if got := !parked(ts[1].ID); got != c.refill {
+			t.Errorf("kind %s: the end of a run released the group's next task: %v, want %v", c.kind, got, c.refill)
+		}
+		var events int
+		if err := b.db.QueryRow(b.ctx, `SELECT count(*) FROM outbox_event WHERE task_id = $1 AND status = 'NEW'`, ts[1].ID).Scan(&events); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{true: 1, false: 0}[c.refill]; events != want {
+			t.Errorf("kind %s: the next task has %d new outbox rows, want %d", c.kind, events, want)
+		}
+		if !c.refill {
+			continue
+		}
+		if _, err := b.store.FreeSlots(b.ctx, c.kind, ts[0].ID); err != nil {
+			t.Fatal(err)
+		}
+		if !parked(ts[2].ID) {
+			t.Errorf("kind %s: the free after the refill released a task past the group's window", c.kind)
+		}
+	}
+}
+
 // perGroupAndOwnLimits returns a bundle with two kinds: pg, whose only
 // limit is per group (concurrency_per_group 1), and own, with a
 // concurrency of its own as well (1 and 1).
