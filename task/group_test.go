@@ -676,6 +676,7 @@ func TestReserveSkipsSlotsBeingFreed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer func() { _ = tx.Rollback(b.ctx) }() // should the test fail before the rollback below
 		for _, q := range []string{
 			`DELETE FROM ingest_group_slot WHERE kind = $1 AND task_id = $2`,
 			`DELETE FROM ingest_kind_slot WHERE kind = $1 AND task_id = $2`,
