@@ -367,14 +367,7 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 	for i, r := range res {
 		ids[i] = r.Task.ID
 	}
-	parked := func(id uuid.UUID) bool {
-		t.Helper()
-		var p bool
-		if err := b.db.QueryRow(b.ctx, `SELECT parked_at IS NOT NULL FROM ingest_task WHERE id = $1`, id).Scan(&p); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	parked := func(id uuid.UUID) bool { return isParked(t, b, id) }
 	for i, id := range ids {
 		if parked(id) != (i >= w) {
 			t.Fatalf("task %d: parked %v, want %v", i, parked(id), i >= w)
@@ -433,6 +426,16 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 	}
 }
 
+// isParked reports whether task id is parked.
+func isParked(t *testing.T, b *bundle, id uuid.UUID) bool {
+	t.Helper()
+	var p bool
+	if err := b.db.QueryRow(b.ctx, `SELECT parked_at IS NOT NULL FROM ingest_task WHERE id = $1`, id).Scan(&p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestGroupLimitRefilledByEnd: for a kind whose only limit is
 // concurrency_per_group, the statement that ends a run refills its
 // group's window as for a kind without limits (migration 00036): the
@@ -442,14 +445,7 @@ func TestGroupWindowRefilledByEnd(t *testing.T) {
 func TestGroupLimitRefilledByEnd(t *testing.T) {
 	t.Parallel()
 	b := perGroupAndOwnLimits(t)
-	parked := func(id uuid.UUID) bool {
-		t.Helper()
-		var p bool
-		if err := b.db.QueryRow(b.ctx, `SELECT parked_at IS NOT NULL FROM ingest_task WHERE id = $1`, id).Scan(&p); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	parked := func(id uuid.UUID) bool { return isParked(t, b, id) }
 	for _, c := range []struct {
 		kind   string
 		refill bool
