@@ -9,9 +9,14 @@
 -- the limit: docs/PERFORMANCE.md). The window is at most the limit
 -- (migration 00035), so the room an ended run leaves never takes its
 -- group past it, and each start still reserves the group's slot. Kinds
--- that are paused or have a concurrency
--- or rate limit of their own, or a rate per group, are left to their
--- releases as before.
+-- that are paused or have a concurrency or rate limit of their own, or a
+-- rate per group, are left to their releases as before.
+--
+-- The refill also takes its write lock of outbox_event before it reads
+-- the table: it read it first (for the stream of the group's ended run),
+-- and an extension of the outbox partitions (outbox_event_extend: SHARE
+-- on the table, then the DEFAULT partition for the attach) deadlocked
+-- with the completions that were refilling windows at that moment.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION ingest_task_ended() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -47,6 +52,13 @@ BEGIN
     -- group cannot take its group past it (and its start still reserves
     -- a slot of the group).
     IF EXISTS (SELECT 1 FROM ingest_task p WHERE p.parked_at IS NOT NULL AND p.group_key IS NOT NULL) THEN
+        -- The table the refill writes is locked for writing before the
+        -- statement below reads it (every partition, the DEFAULT one
+        -- included): an extension of the outbox partitions takes SHARE on
+        -- it and then the DEFAULT partition for its attach, and a refill
+        -- that held a read lock of the DEFAULT partition while waiting to
+        -- write would close a deadlock with it.
+        LOCK TABLE ONLY outbox_event IN ROW EXCLUSIVE MODE;
         WITH ended AS (
             SELECT t.kind, t.group_key, count(*) AS n, min(t.id::text)::uuid AS one
             FROM new_rows r JOIN ingest_task t ON t.id = r.task_id

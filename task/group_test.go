@@ -693,3 +693,70 @@ func TestReserveSkipsSlotsBeingFreed(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupRefillLocksTheOutboxBeforeReadingIt: the refill at a run's
+// end takes its write lock of outbox_event before it reads the table, so
+// that an extension of the outbox partitions (SHARE on the table, then
+// the DEFAULT partition for the attach) never deadlocks with it: with
+// SHARE held, an end that refills a window waits without holding any
+// partition, the DEFAULT partition's ACCESS EXCLUSIVE lock is granted,
+// and once the extension commits the end goes on and refills.
+func TestGroupRefillLocksTheOutboxBeforeReadingIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t, task.Config{})
+	w := 1
+	if _, err := b.store.SetKind(b.ctx, "test", "rl", task.KindUpdate{GroupWindow: &w}); err != nil {
+		t.Fatal(err)
+	}
+	ts := groupTasks(t, b, "rl", "g", 2)
+	if !isParked(t, b, ts[1].ID) {
+		t.Fatal("a window of 1 did not park the group's second task")
+	}
+	ext, err := b.db.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ext.Rollback(b.ctx) }()
+	if _, err := ext.Exec(b.ctx, `LOCK TABLE ONLY outbox_event IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	// The run's end as its audit row records it (the trigger's input),
+	// without the store's retry of a statement a deadlock aborted.
+	ended := make(chan error, 1)
+	go func() {
+		_, err := b.db.Exec(b.ctx, `INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, worker)
+			VALUES ($1, 'RUNNING', 'SUCCEEDED', 1, 'w')`, ts[0].ID)
+		ended <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := b.db.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the end did not wait for the table's SHARE lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := ext.Exec(b.ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
+	}
+	if err := ext.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("the end: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the end did not go on after the extension committed")
+	}
+	if isParked(t, b, ts[1].ID) {
+		t.Error("the end did not refill the group's window")
+	}
+}
