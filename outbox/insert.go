@@ -23,6 +23,27 @@ SELECT id, $2, coalesce(due, now())
 FROM unnest($1::uuid[], $3::timestamptz[]) WITH ORDINALITY AS t(id, due, ord)
 ORDER BY ord`
 
+// writeLockSQL takes the lock that writing outbox_event takes, ahead of
+// reading the table in the same transaction.
+const writeLockSQL = `LOCK TABLE ONLY outbox_event IN ROW EXCLUSIVE MODE`
+
+// LockForWrite takes, in the transaction of db, the lock that writing
+// outbox_event takes: call it first in a transaction that reads the table
+// before it writes it. A read locks every partition, the DEFAULT one
+// included, against an attach; an extension of the partitions
+// (outbox_event_extend: SHARE on the table, then the DEFAULT partition
+// for its attach) granted between the read and the write would wait for
+// that lock while the write waited for its SHARE, a deadlock that
+// PostgreSQL breaks only after its deadlock_timeout by failing one of
+// them. Taken first, it makes the extension wait for the transaction, or
+// the transaction for the extension.
+func LockForWrite(ctx context.Context, db Execer) error {
+	if _, err := db.Exec(ctx, writeLockSQL); err != nil {
+		return fmt.Errorf("lock outbox_event for writing: %w", err)
+	}
+	return nil
+}
+
 // Insert writes one NEW outbox_event per task, to be published to stream
 // now. Call it in the transaction that creates (or redrives) the tasks: the
 // rows become visible, and the relays are notified, only when it commits.

@@ -179,6 +179,8 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	batch.Queue(takeOverSQL, lease, r.cfg.PublishTimeout.Milliseconds())
 	batch.Queue("BEGIN")
 	batch.Queue(passSettingsSQL, r.appName(), strconv.FormatInt(abandonAfter*lease, 10))
+	// The marking statements write what the claim reads (LockForWrite).
+	batch.Queue(writeLockSQL)
 	bound, token := r.from.claim()
 	batch.Queue(claimSQL, r.cfg.BatchSize, bound)
 	var c claimed
@@ -187,7 +189,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	var first pgtype.Timestamptz
 	br := conn.SendBatch(ctx, batch)
 	err = br.QueryRow().Scan(&taken)
-	for range 2 {
+	for range 3 { // BEGIN, the settings, the lock
 		if err == nil {
 			_, err = br.Exec()
 		}

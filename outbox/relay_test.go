@@ -576,3 +576,54 @@ func newRelay(cfg outbox.RelayConfig) error {
 	_, err := outbox.NewRelay(cfg, nil, nil, nil, nil)
 	return err
 }
+
+// TestRelayPassLocksTheOutboxBeforeClaiming: a pass takes its write lock
+// of outbox_event before its claim reads the table, so that an extension
+// of the partitions (SHARE on the table, then the DEFAULT partition for
+// the attach) never deadlocks with it: with SHARE held, a pass waits
+// without holding any partition, the DEFAULT partition's ACCESS
+// EXCLUSIVE lock is granted, and once the extension commits the pass
+// publishes its row.
+func TestRelayPassLocksTheOutboxBeforeClaiming(t *testing.T) {
+	b := setup(t)
+	ctx := context.Background()
+	ids := b.create(t, 1)
+	r := b.relay(t, outbox.RelayConfig{})
+	ext, err := b.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ext.Rollback(ctx) }()
+	if _, err := ext.Exec(ctx, `LOCK TABLE ONLY outbox_event IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan error, 1)
+	go func() {
+		_, err := r.DrainOnce(ctx)
+		drained <- err
+	}()
+	testenv.Eventually(t, 30*time.Second, "the pass waiting for the table's SHARE lock", func() bool {
+		var waiting bool
+		if err := b.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	if _, err := ext.Exec(ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
+	}
+	if err := ext.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-drained:
+		if err != nil {
+			t.Fatalf("the pass: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pass did not go on after the extension committed")
+	}
+	if n := b.count(t, `task_id = $1 AND status = 'SENT'`, ids[0]); n != 1 {
+		t.Errorf("%d SENT rows of the task after the pass, want 1", n)
+	}
+}

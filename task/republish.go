@@ -41,6 +41,9 @@ const matchedSQL = `SELECT count(*) FROM outbox_event WHERE stream = $1 AND stre
 // harmless: starting a task is a guarded transition.
 func RepublishDeleted(ctx context.Context, db DB, stream, to string, entryIDs []string) (tasks []uuid.UUID, matched int, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := outbox.LockForWrite(ctx, tx); err != nil {
+			return err
+		}
 		if err := tx.QueryRow(ctx, matchedSQL, stream, entryIDs).Scan(&matched); err != nil {
 			return fmt.Errorf("look up outbox events: %w", err)
 		}

@@ -240,6 +240,9 @@ func Rescue(ctx context.Context, db DB, stream string, cands []RescueCandidate) 
 	}
 	var still []uuid.UUID
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := outbox.LockForWrite(ctx, tx); err != nil {
+			return err
+		}
 		if _, err := tx.Exec(ctx, lockTasksSQL, ids); err != nil {
 			return err
 		}

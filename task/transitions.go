@@ -613,9 +613,14 @@ func (s *Store) RedriveTx(ctx context.Context, tx pgx.Tx, actor string, ids ...u
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	// Every row is locked first, in id order, as every other statement of
-	// this package locks: the redrive and the republish below lock two
-	// subsets one after the other, which alone could deadlock with them.
+	// The republish below reads outbox_event before it writes it
+	// (outbox.LockForWrite). Every row is locked first, in id order, as
+	// every other statement of this package locks: the redrive and the
+	// republish below lock two subsets one after the other, which alone
+	// could deadlock with them.
+	if err := outbox.LockForWrite(ctx, tx); err != nil {
+		return nil, fmt.Errorf("redrive: %w", err)
+	}
 	if _, err := tx.Exec(ctx, lockTasksSQL, ids); err != nil {
 		return nil, fmt.Errorf("redrive: %w", err)
 	}
