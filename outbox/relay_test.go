@@ -602,13 +602,7 @@ func TestRelayPassLocksTheOutboxBeforeClaiming(t *testing.T) {
 		_, err := r.DrainOnce(ctx)
 		drained <- err
 	}()
-	testenv.Eventually(t, 30*time.Second, "the pass waiting for the table's SHARE lock", func() bool {
-		var waiting bool
-		if err := b.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		return waiting
-	})
+	testenv.AwaitLockWaiter(t, b.db, "outbox_event") // the pass, for the table's SHARE lock
 	if _, err := ext.Exec(ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
 	}

@@ -728,20 +728,7 @@ func TestGroupRefillLocksTheOutboxBeforeReadingIt(t *testing.T) {
 			VALUES ($1, 'RUNNING', 'SUCCEEDED', 1, 'w')`, ts[0].ID)
 		ended <- err
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var waiting bool
-		if err := b.db.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the end did not wait for the table's SHARE lock")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.AwaitLockWaiter(t, b.db, "outbox_event") // the end, for the table's SHARE lock
 	if _, err := ext.Exec(b.ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
 	}

@@ -207,3 +207,16 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// AwaitLockWaiter returns once a session of db's database waits for a
+// lock of relation (a table name), failing tb after 30 s.
+func AwaitLockWaiter(tb testing.TB, db *pgxpool.Pool, relation string) {
+	tb.Helper()
+	Eventually(tb, 30*time.Second, "a session waiting for a lock of "+relation, func() bool {
+		var waiting bool
+		if err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = to_regclass($1))`, relation).Scan(&waiting); err != nil {
+			tb.Fatal(err)
+		}
+		return waiting
+	})
+}
