@@ -589,33 +589,11 @@ func TestRelayPassLocksTheOutboxBeforeClaiming(t *testing.T) {
 	ctx := context.Background()
 	ids := b.create(t, 1)
 	r := b.relay(t, outbox.RelayConfig{})
-	ext, err := b.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ext.Rollback(ctx) }()
-	if _, err := ext.Exec(ctx, `LOCK TABLE ONLY outbox_event IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
-	drained := make(chan error, 1)
-	go func() {
+	if err := testenv.DuringOutboxExtension(t, b.db, func() error {
 		_, err := r.DrainOnce(ctx)
-		drained <- err
-	}()
-	testenv.AwaitLockWaiter(t, b.db, "outbox_event") // the pass, for the table's SHARE lock
-	if _, err := ext.Exec(ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
-	}
-	if err := ext.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-drained:
-		if err != nil {
-			t.Fatalf("the pass: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the pass did not go on after the extension committed")
+		return err
+	}); err != nil {
+		t.Fatalf("the pass: %v", err)
 	}
 	if n := b.count(t, `task_id = $1 AND status = 'SENT'`, ids[0]); n != 1 {
 		t.Errorf("%d SENT rows of the task after the pass, want 1", n)

@@ -712,36 +712,14 @@ func TestGroupRefillLocksTheOutboxBeforeReadingIt(t *testing.T) {
 	if !isParked(t, b, ts[1].ID) {
 		t.Fatal("a window of 1 did not park the group's second task")
 	}
-	ext, err := b.db.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = ext.Rollback(b.ctx) }()
-	if _, err := ext.Exec(b.ctx, `LOCK TABLE ONLY outbox_event IN SHARE MODE`); err != nil {
-		t.Fatal(err)
-	}
 	// The run's end as its audit row records it (the trigger's input),
 	// without the store's retry of a statement a deadlock aborted.
-	ended := make(chan error, 1)
-	go func() {
+	if err := testenv.DuringOutboxExtension(t, b.db, func() error {
 		_, err := b.db.Exec(b.ctx, `INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, worker)
 			VALUES ($1, 'RUNNING', 'SUCCEEDED', 1, 'w')`, ts[0].ID)
-		ended <- err
-	}()
-	testenv.AwaitLockWaiter(t, b.db, "outbox_event") // the end, for the table's SHARE lock
-	if _, err := ext.Exec(b.ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
-		t.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
-	}
-	if err := ext.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-ended:
-		if err != nil {
-			t.Fatalf("the end: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the end did not go on after the extension committed")
+		return err
+	}); err != nil {
+		t.Fatalf("the end: %v", err)
 	}
 	if isParked(t, b, ts[1].ID) {
 		t.Error("the end did not refill the group's window")

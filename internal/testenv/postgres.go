@@ -208,15 +208,44 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// AwaitLockWaiter returns once a session of db's database waits for a
-// lock of relation (a table name), failing tb after 30 s.
-func AwaitLockWaiter(tb testing.TB, db *pgxpool.Pool, relation string) {
+// DuringOutboxExtension runs op on a goroutine of its own while a
+// transaction of db takes the locks an extension of the outbox partitions
+// (outbox_event_extend) takes, in its order: SHARE on outbox_event, then,
+// once a session waits for a lock of the table (op's), ACCESS EXCLUSIVE on
+// its DEFAULT partition, as the attach takes it, and commits. It fails tb
+// if that lock is refused (a deadlock with op) or op has not returned
+// within 30 s of the commit, and returns op's error.
+func DuringOutboxExtension(tb testing.TB, db *pgxpool.Pool, op func() error) error {
 	tb.Helper()
-	Eventually(tb, 30*time.Second, "a session waiting for a lock of "+relation, func() bool {
+	ctx := context.Background()
+	ext, err := db.Begin(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer func() { _ = ext.Rollback(ctx) }()
+	if _, err := ext.Exec(ctx, `LOCK TABLE ONLY outbox_event IN SHARE MODE`); err != nil {
+		tb.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- op() }()
+	Eventually(tb, 30*time.Second, "a session waiting for a lock of outbox_event", func() bool {
 		var waiting bool
-		if err := db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = to_regclass($1))`, relation).Scan(&waiting); err != nil {
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting); err != nil {
 			tb.Fatal(err)
 		}
 		return waiting
 	})
+	if _, err := ext.Exec(ctx, `LOCK TABLE outbox_event_default IN ACCESS EXCLUSIVE MODE`); err != nil {
+		tb.Fatalf("the DEFAULT partition's lock, as an attach takes it: %v", err)
+	}
+	if err := ext.Commit(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		tb.Fatal("the operation did not go on after the extension committed")
+		return nil
+	}
 }
