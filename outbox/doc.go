@@ -66,9 +66,10 @@
 // Keeping Postgres and Redis consistent beyond the relay is the work of the
 // leader-run services of package maintenance: the rescuer republishes tasks
 // that should be in Redis but are not (trimmed, deleted, or lost with Redis
-// data) by giving each a new outbox row, and retention deletes old SENT rows
-// and trims the task stream. Their SQL, which knows task states, lives in
-// package task.
+// data) by giving each a new outbox row; retention deletes expired tasks
+// without their outbox rows, which go when the leader drops their
+// partition once every row in it is SENT or DEAD, and trims the task
+// stream. Their SQL, which knows task states, lives in package task.
 //
 // Metrics (docs/ARCHITECTURE.md §6): outbox_backlog,
 // outbox_backlog_age_seconds and outbox_scheduled (the due rows, how long
