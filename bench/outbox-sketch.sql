@@ -143,6 +143,18 @@ CREATE PROCEDURE sketch_record(design text, round int, n int, held boolean,
         extract(epoch FROM t1 - t0) * 1e6, extract(epoch FROM t2 - t1) * 1e6);
 $$;
 
+-- sketch_write writes n rows into the outbox table tbl, a thousand a
+-- transaction (a backlog of CreateTx batches; each table's defaults fill
+-- the rest).
+CREATE PROCEDURE sketch_write(tbl text, n int) LANGUAGE plpgsql AS $$
+BEGIN
+    FOR b IN 1 .. n / 1000 LOOP
+        EXECUTE format($q$INSERT INTO %I (task_id, stream) SELECT gen_random_uuid(), 'ingest:tasks' FROM generate_series(1, 1000)$q$, tbl);
+        COMMIT;
+    END LOOP;
+END;
+$$;
+
 CREATE PROCEDURE sketch_today(round int, n int, held boolean) LANGUAGE plpgsql AS $$
 DECLARE
     l0 pg_lsn; l1 pg_lsn; l2 pg_lsn; t0 timestamptz; t1 timestamptz; t2 timestamptz;
@@ -153,11 +165,7 @@ BEGIN
     IF held THEN CALL sketch_hold(true); END IF;
     CHECKPOINT;
     l0 := pg_current_wal_lsn(); t0 := clock_timestamp();
-    FOR b IN 1 .. n / 1000 LOOP
-        INSERT INTO outbox_event (task_id, stream, next_retry_at)
-        SELECT gen_random_uuid(), 'ingest:tasks', now() FROM generate_series(1, 1000);
-        COMMIT;
-    END LOOP;
+    CALL sketch_write('outbox_event', n);
     l1 := pg_current_wal_lsn(); t1 := clock_timestamp();
     LOOP
         SELECT array_agg(id) INTO ids FROM (
@@ -187,10 +195,7 @@ BEGIN
     COMMIT;
     CHECKPOINT;
     l0 := pg_current_wal_lsn(); t0 := clock_timestamp();
-    FOR b IN 1 .. n / 1000 LOOP
-        INSERT INTO sketch_log (task_id, stream) SELECT gen_random_uuid(), 'ingest:tasks' FROM generate_series(1, 1000);
-        COMMIT;
-    END LOOP;
+    CALL sketch_write('sketch_log', n);
     l1 := pg_current_wal_lsn(); t1 := clock_timestamp();
     LOOP
         SELECT pos INTO p FROM sketch_position WHERE one FOR UPDATE;
@@ -291,10 +296,7 @@ BEGIN
     IF held THEN CALL sketch_hold(true); END IF;
     CHECKPOINT;
     l0 := pg_current_wal_lsn(); t0 := clock_timestamp();
-    FOR b IN 1 .. n / 1000 LOOP
-        INSERT INTO sketch_snap_log (task_id, stream) SELECT gen_random_uuid(), 'ingest:tasks' FROM generate_series(1, 1000);
-        COMMIT;
-    END LOOP;
+    CALL sketch_write('sketch_snap_log', n);
     l1 := pg_current_wal_lsn(); t1 := clock_timestamp();
     CALL sketch_snapshot_publish(published);
     COMMIT;
@@ -362,6 +364,7 @@ DROP PROCEDURE sketch_snapshot_reset();
 DROP PROCEDURE sketch_snapshot_check();
 DROP PROCEDURE sketch_record(text, int, int, boolean, pg_lsn, pg_lsn, pg_lsn, timestamptz, timestamptz, timestamptz);
 DROP PROCEDURE sketch_hold(boolean);
+DROP PROCEDURE sketch_write(text, int);
 DROP FUNCTION sketch_dsn();
 DROP VIEW sketch_snap_event;
 DROP TABLE sketch_log, sketch_batch, sketch_position, sketch_snap_log, sketch_snap_round, sketch_snap_batch, sketch_snap_position;
