@@ -316,6 +316,8 @@ type Report struct {
 	// PeakRSSMiB is this process's peak resident set (VmHWM): the worker,
 	// the producers and the bench's bookkeeping together.
 	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// MemoryAtPeak is where the resident set went when it was largest.
+	MemoryAtPeak MemoryAtPeak `json:"memory_at_peak"`
 	// WAL is what the PostgreSQL server wrote to its WAL from before the
 	// first insert until the last task SUCCEEDED (see WAL); WALWork, in
 	// preload mode, the part written after the inserts.
@@ -575,6 +577,8 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	before := b.counters.Snapshot()
 	b.lastSnap = before
 	runStart := time.Now()
+	stopMemory := sampleMemory(200 * time.Millisecond)
+	defer stopMemory()
 	stopProgress := b.progress(runStart)
 	defer stopProgress()
 	stopSeries, err := b.startSeries(ctx, reg, runStart)
@@ -698,6 +702,7 @@ func (b *run) run(ctx context.Context) (Report, error) {
 	rep.SQLPerTask = float64(d.SQL) / float64(o.Tasks)
 	rep.RedisPerTask = float64(d.Redis) / float64(o.Tasks)
 	rep.StatementCounts, rep.RedisCommandCounts = d.ByStatement, d.ByCommand
+	rep.MemoryAtPeak = stopMemory()
 	rep.PeakRSSMiB = float64(PeakRSS()) / (1 << 20)
 	rep.MaxInFlight = b.maxFlight.Load()
 	rep.FailedAttempts = b.failed.Load()
@@ -892,6 +897,10 @@ func Print(w io.Writer, r Report) {
 	fmt.Fprintf(tw, "SQL statements/task\t%.2f\t(%d, BEGIN/COMMIT included)\n", r.SQLPerTask, r.SQLStatements)
 	fmt.Fprintf(tw, "Redis round trips/task\t%.3f\t(%d)\n", r.RedisPerTask, r.RedisRoundTrips)
 	fmt.Fprintf(tw, "peak RSS\t%.0f MiB\t(max %d tasks in flight)\n", r.PeakRSSMiB, r.MaxInFlight)
+	if m := r.MemoryAtPeak; m.RSSMiB > 0 {
+		fmt.Fprintf(tw, "  at the peak\t%.0f MiB\t(Go runtime %.0f MiB: stacks %.1f MiB in %d goroutines, live heap %.1f MiB)\n",
+			m.RSSMiB, m.RuntimeMiB, m.StacksMiB, m.Goroutines, m.HeapLiveMiB)
+	}
 	fmt.Fprintf(tw, "WAL/task\t%.0f bytes\t%.1f records\t(whole run, server-wide)\n", r.WAL.BytesPerTask, r.WAL.RecordsPerTask)
 	if w := r.WALWork; w != nil {
 		fmt.Fprintf(tw, "  after the inserts\t%.0f bytes\t%.1f records\n", w.BytesPerTask, w.RecordsPerTask)

@@ -53,9 +53,13 @@ func TestRunSmoke(t *testing.T) {
 			if rep.SQLStatements == 0 || rep.RedisRoundTrips == 0 || rep.PeakRSSMiB <= 0 {
 				t.Errorf("counters not collected: %+v", rep)
 			}
+			if m := rep.MemoryAtPeak; m.RSSMiB <= 0 || m.RSSMiB > rep.PeakRSSMiB || m.StacksMiB <= 0 || m.Goroutines == 0 ||
+				m.HeapLiveMiB <= 0 || m.RuntimeMiB <= m.StacksMiB {
+				t.Errorf("memory at the peak %+v (peak RSS %.1f MiB)", m, rep.PeakRSSMiB)
+			}
 			var out bytes.Buffer
 			bench.Print(&out, rep)
-			for _, want := range []string{"tasks/s worked", "commit→SUCCEEDED", "SQL statements/task", "peak RSS"} {
+			for _, want := range []string{"tasks/s worked", "commit→SUCCEEDED", "SQL statements/task", "peak RSS", "at the peak"} {
 				if !strings.Contains(out.String(), want) {
 					t.Errorf("table lacks %q:\n%s", want, out.String())
 				}

@@ -57,7 +57,9 @@ the end (unless --keep), and needs a migrated schema.
 Progress is printed every 2 s; the result is a table (or --json): tasks/s
 worked and inserted, latency percentiles of commit→handler start and
 commit→SUCCEEDED, SQL statements and Redis round trips per task (counted on
-the clients, BEGIN/COMMIT included) and peak RSS of the process.
+the clients, BEGIN/COMMIT included) and peak RSS of the process, with
+where it went in the largest of samples taken every 200 ms (what the Go
+runtime held, the goroutine stacks and their number, the live heap).
 
 --sample D adds a line per period D (and a series in the report, or a CSV
 file with --series): tasks/s, commit→handler start p50/p99 of the period, the
