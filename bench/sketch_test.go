@@ -14,9 +14,10 @@ import (
 
 // TestOutboxSketch runs bench/outbox-sketch.sql, small, on a freshly
 // migrated database. The script fails on its own checks: the snapshot
-// design publishes every row exactly once, and the rows of a transaction
-// that took its ids first and committed after a pass are published by the
-// next pass. It must also leave the outbox and its own objects gone.
+// design publishes every row exactly once, its view shows each row SENT
+// with its own entry id, and the rows of a transaction that took its ids
+// first and committed after a pass are published by the next pass. It
+// must also leave the outbox and its own objects gone.
 func TestOutboxSketch(t *testing.T) {
 	psql, err := exec.LookPath("psql")
 	if err != nil {
