@@ -243,7 +243,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
-		created, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanTask(r) })
+		sc := newTaskScanner()
+		created, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return sc.scan(r) })
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
@@ -393,9 +394,10 @@ func readLost(ctx context.Context, tx pgx.Tx, kinds, keys []string, lost []int, 
 	}
 	found := make([]bool, len(lost))
 	defer rows.Close()
+	var ord int
+	sc := newTaskScanner(&ord)
 	for rows.Next() {
-		var ord int
-		t, err := scanTask(rows, &ord)
+		t, err := sc.scan(rows)
 		if err != nil {
 			return fmt.Errorf("read tasks of %d idempotency keys: %w", len(lost), err)
 		}
@@ -458,9 +460,10 @@ func (s *Store) dedupByPayload(ctx context.Context, tx pgx.Tx, items []prepared,
 	b := &pgx.Batch{}
 	b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest($1::text[]) AS k ORDER BY k`, keys)
 	b.Queue(dedupLookupSQL, kinds, shas).Query(func(rows pgx.Rows) error {
+		var ord int
+		sc := newTaskScanner(&ord)
 		for rows.Next() {
-			var ord int
-			t, err := scanTask(rows, &ord)
+			t, err := sc.scan(rows)
 			if err != nil {
 				return err
 			}

@@ -695,9 +695,10 @@ func (s *Store) notStartedInto(ctx context.Context, q DB, ids []uuid.UUID, byID 
 		return err
 	}
 	defer rows.Close()
+	var expired *bool
+	sc := newTaskScanner(&expired)
 	for rows.Next() {
-		var expired *bool
-		t, err := scanTask(rows, &expired)
+		t, err := sc.scan(rows)
 		if err != nil {
 			return err
 		}

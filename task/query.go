@@ -152,7 +152,8 @@ func (s *Store) List(ctx context.Context, p ListParams) ([]Task, string, error) 
 	if err != nil {
 		return nil, "", fmt.Errorf("list tasks: %w", err)
 	}
-	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return scanTask(r) })
+	sc := newTaskScanner()
+	tasks, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return sc.scan(r) })
 	if err != nil {
 		return nil, "", fmt.Errorf("list tasks: %w", err)
 	}

@@ -253,17 +253,42 @@ const taskColumnsAfterPayload = `payload_sha, coalesce(idempotency_key, ''), sta
 	coalesce(waiting_for, 0), coalesce(on_dependency_failure, ''), workflow_id, coalesce(dependency_depth, 0),
 	coalesce(sequence_key, ''), sequence_no, coalesce(priority, 2), coalesce(group_key, '')`
 
+// scanTask reads one row of taskColumns, then the extra destinations.
 func scanTask(row pgx.Row, extra ...any) (Task, error) {
-	var t Task
+	return newTaskScanner(extra...).scan(row)
+}
+
+// taskScanner reads rows of taskColumns, then its extra destinations,
+// through one set of destinations made once: the rows of a batch cost
+// no allocation of their own beyond what they hold (a start or a create
+// of a thousand tasks used to allocate the destinations, and a Task,
+// again for every row).
+type taskScanner struct {
+	t    Task
+	dest []any
+}
+
+func newTaskScanner(extra ...any) *taskScanner {
+	s := &taskScanner{}
+	t := &s.t
 	// The payload is read as bytes: PostgreSQL's jsonb text is valid
 	// JSON, which a json.RawMessage destination would check again.
-	dest := append([]any{&t.ID, &t.Kind, (*[]byte)(&t.Payload), &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
+	s.dest = append(append(make([]any, 0, 30+len(extra)), &t.ID, &t.Kind, (*[]byte)(&t.Payload), &t.PayloadSHA, &t.IdempotencyKey, &t.Status, &t.AttemptCount,
 		&t.MaxAttempts, &t.NextRetryAt, &t.LastError, &t.ErrorMessage, &t.LeaseOwner, &t.LeaseUntil,
 		&t.CreatedAt, &t.UpdatedAt, &t.FinishedAt, &t.CancelRequestedAt, &t.CancelReason, &t.CancelRequestedBy, &t.Traceparent, &t.TimeoutMS, &t.ParkedAt,
 		&t.WaitingFor, &t.OnDependencyFailure, &t.WorkflowID, &t.DependencyDepth,
-		&t.SequenceKey, &t.SequenceNo, &t.Priority, &t.GroupKey}, extra...)
-	err := row.Scan(dest...)
-	return t, err
+		&t.SequenceKey, &t.SequenceNo, &t.Priority, &t.GroupKey), extra...)
+	return s
+}
+
+// scan reads row and returns the task it holds; the extra destinations
+// hold the row's extra columns until the next scan. The Task is cleared
+// first, so that no field of the row before (a payload's bytes, which a
+// scan may reuse) is shared with this one.
+func (s *taskScanner) scan(row pgx.Row) (Task, error) {
+	s.t = Task{}
+	err := row.Scan(s.dest...)
+	return s.t, err
 }
 
 // truncateError makes msg valid Postgres text of at most MaxErrorBytes.

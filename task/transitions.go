@@ -197,10 +197,11 @@ func (s *Store) startOnce(ctx context.Context, q DB, send func(context.Context, 
 	}
 	defer rows.Close()
 	var raced []uuid.UUID
+	var from State
+	var started, race bool
+	sc := newTaskScanner(&from, &started, &race)
 	for rows.Next() {
-		var from State
-		var started, race bool
-		t, err := scanTask(rows, &from, &started, &race)
+		t, err := sc.scan(rows)
 		if err != nil {
 			return nil, err
 		}
