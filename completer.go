@@ -170,7 +170,7 @@ func (c *completer) run(stop <-chan struct{}) {
 // complete records one batch of outcomes.
 func (c *completer) complete(batch []outcome) {
 	var rel, unrun []uuid.UUID
-	var succ []task.Success
+	succ := make([]task.Success, 0, len(batch))
 	var fails []task.Failure
 	byTask := make(map[uuid.UUID]outcome, len(batch))
 	for _, o := range batch {
@@ -215,12 +215,13 @@ func (c *completer) complete(batch []outcome) {
 	})...)
 
 	now := time.Now()
-	var acks []string
+	// Sized for the batch: most outcomes are acknowledged and settled.
+	acks := make([]string, 0, len(batch))
 	var later []deferral
 	var letters []letter
-	var settle []delivery
-	metric := map[string]string{}
-	recorded := map[uuid.UUID]bool{}
+	settle := make([]delivery, 0, len(batch))
+	metric := make(map[string]string, len(batch))
+	recorded := make(map[uuid.UUID]bool, len(batch))
 	for i, res := range results {
 		o, ok := byTask[res.ID]
 		if !ok {

@@ -185,7 +185,7 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	if err != nil {
 		return nil, claim, err
 	}
-	inserted := map[uuid.UUID]Task{}
+	inserted := make(map[uuid.UUID]Task, len(ins))
 	windowed, err := s.holdBack(ctx, tx, items, ins, heads)
 	if err != nil {
 		return nil, claim, err
@@ -206,8 +206,16 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			groups           []string
 			held             []bool
 		}{}
+		// Each column has room for the whole batch: appends never copy.
+		n := len(ins)
+		cols.ids, cols.max, cols.runAt = make([]uuid.UUID, 0, n), make([]int32, 0, n), make([]*time.Time, 0, n)
+		cols.kinds, cols.shas, cols.key = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		cols.payloads, cols.tps, cols.seqKeys, cols.groups = make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		cols.dedup, cols.held = make([]bool, 0, n), make([]bool, 0, n)
+		cols.delay, cols.timeout, cols.seqNos = make([]int64, 0, n), make([]int64, 0, n), make([]int64, 0, n)
+		cols.priority = make([]int16, 0, n)
 		for j, i := range ins {
-			it := items[i]
+			it := &items[i]
 			cols.ids = append(cols.ids, it.id)
 			cols.kinds = append(cols.kinds, it.Kind)
 			stored, err := s.cfg.Keyring.Seal(seal.Payload, it.id, it.canonical)
@@ -220,7 +228,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 			cols.max = append(cols.max, int32(it.MaxAttempts))
 			var runAt *time.Time
 			if !it.RunAt.IsZero() {
-				runAt = &it.RunAt
+				at := it.RunAt
+				runAt = &at
 			}
 			cols.runAt = append(cols.runAt, runAt)
 			cols.delay = append(cols.delay, it.Delay.Milliseconds())
