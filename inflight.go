@@ -285,6 +285,7 @@ func (f *inflight) admit(msgs []delivery, reserved int, starting func()) (start 
 		f.free -= over // a caller broke the protocol; keep the count exact
 	}
 	f.freeSlotsLocked(reserved - len(msgs))
+	start = make([]delivery, 0, len(msgs))
 	for _, m := range msgs {
 		_, busy := f.ids[m.id]
 		switch {

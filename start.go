@@ -92,8 +92,8 @@ func (p *processor) start(batch []delivery, held map[string]bool) {
 		later   []deferral
 		letters []letter
 		settle  []delivery // settled after the transport calls below
-		valid   []delivery
-		metric  = map[string]string{} // entry id → result
+		valid   = make([]delivery, 0, len(batch))
+		metric  = make(map[string]string, len(batch)) // entry id → result
 	)
 	now := time.Now()
 	for _, d := range batch {

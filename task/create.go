@@ -185,7 +185,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	if err != nil {
 		return nil, claim, err
 	}
-	inserted := make(map[uuid.UUID]Task, len(ins))
+	// inserted holds the tasks this call inserted, in res.
+	inserted := make(map[uuid.UUID]*Task, len(ins))
 	windowed, err := s.holdBack(ctx, tx, items, ins, heads)
 	if err != nil {
 		return nil, claim, err
@@ -252,19 +253,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 		if err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
 		}
-		sc := newTaskScanner()
-		created, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Task, error) { return sc.scan(r) })
-		if err != nil {
+		if err := readInserted(rows, items, ins, res, inserted); err != nil {
 			return nil, claim, fmt.Errorf("insert tasks: %w", err)
-		}
-		for _, t := range created {
-			inserted[t.ID] = t
-		}
-		for _, i := range ins { // not read back: the plaintext, not the stored form
-			if t, ok := inserted[items[i].id]; ok {
-				t.Payload = items[i].canonical
-				inserted[t.ID] = t
-			}
 		}
 	}
 	held, err := linkSequences(ctx, tx, items, ins, heads, inserted)
@@ -283,7 +273,6 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 	for _, i := range ins {
 		it := items[i]
 		if t, ok := inserted[it.id]; ok {
-			res[i] = CreateResult{Task: t}
 			if held[t.ID] || it.hasDependencies() {
 				// Held by its sequence or until its dependencies end:
 				// its outbox row is held back (its release replaces it).
@@ -527,6 +516,33 @@ type prepared struct {
 // text, so it must not contain NUL; the sha, a fixed-length hex suffix, keeps
 // it unambiguous whatever the kind contains.
 func (p prepared) dedupKey() string { return p.Kind + "/" + p.sha }
+
+// readInserted reads the rows of a create's insert into res, at the
+// index of their item, and notes each one in inserted. Their payload is
+// the item's plaintext, not the stored form (the insert does not read it
+// back).
+func readInserted(rows pgx.Rows, items []prepared, ins []int, res []CreateResult, inserted map[uuid.UUID]*Task) error {
+	defer rows.Close()
+	at := make(map[uuid.UUID]int, len(ins))
+	for _, i := range ins {
+		at[items[i].id] = i
+	}
+	sc := newTaskScanner()
+	for rows.Next() {
+		t, err := sc.scan(rows)
+		if err != nil {
+			return err
+		}
+		i, ok := at[t.ID]
+		if !ok {
+			return fmt.Errorf("the insert returned task %s, which it was not given", t.ID)
+		}
+		t.Payload = items[i].canonical
+		res[i] = CreateResult{Task: t}
+		inserted[t.ID] = &res[i].Task
+	}
+	return rows.Err()
+}
 
 func (s *Store) prepare(ctx context.Context, nts []NewTask) ([]prepared, error) {
 	traceparent := tracing.Inject(ctx)

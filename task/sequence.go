@@ -234,7 +234,7 @@ ORDER BY k.ord`
 // sequencePlaces. It raises their waiting_for in the same statement and
 // returns the held tasks: their outbox row is held back (insertHeld), and
 // their release replaces it.
-func linkSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, heads map[seqKey]seqHead, inserted map[uuid.UUID]Task) (map[uuid.UUID]bool, error) {
+func linkSequences(ctx context.Context, tx pgx.Tx, items []prepared, ins []int, heads map[seqKey]seqHead, inserted map[uuid.UUID]*Task) (map[uuid.UUID]bool, error) {
 	if len(heads) == 0 {
 		return nil, nil
 	}
