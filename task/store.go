@@ -259,10 +259,9 @@ func scanTask(row pgx.Row, extra ...any) (Task, error) {
 }
 
 // taskScanner reads rows of taskColumns, then its extra destinations,
-// through one set of destinations made once: the rows of a batch cost
-// no allocation of their own beyond what they hold (a start or a create
-// of a thousand tasks used to allocate the destinations, and a Task,
-// again for every row).
+// through one set of destinations made once: each row of a batch
+// allocates only what it holds, not a Task and 30-odd destinations of its
+// own.
 type taskScanner struct {
 	t    Task
 	dest []any
