@@ -744,6 +744,118 @@ func TestUpgradeOutboxPartitions(t *testing.T) {
 	checkTriggers("after the upgrade again")
 }
 
+// TestUpgradeOutboxDeadIndex upgrades a database whose outbox has rows,
+// some DEAD, in several partitions to the index of DEAD rows (migration
+// 37), and checks that every partition has its own, named after it and
+// taken by the parent's index, that a partition the leader opens after
+// the upgrade gets one too, and that the downgrade removes them all and
+// opens partitions without one.
+func TestUpgradeOutboxDeadIndex(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const before, version = 36, 37
+	db, p := migratedTo(t, before)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	// 10,000 rows fill the first partition opened ahead, the next go to
+	// the DEFAULT one; one in a thousand is DEAD.
+	insert := func(n int) {
+		t.Helper()
+		exec(`INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at, next_retry_at)
+			SELECT gen_random_uuid(), 's', 'SENT', '1-' || g, now(), NULL FROM generate_series(1, $1::int) g`, n)
+		exec(`UPDATE outbox_event SET status = 'DEAD', attempt_count = 5, last_error = 'boom', stream_id = NULL, sent_at = NULL
+			WHERE status = 'SENT' AND id % 1000 = 0`)
+	}
+	insert(10500)
+	// indexed returns the partitions, and those without their DEAD index
+	// (<partition>_dead_idx, a partition of outbox_event_dead_idx).
+	indexed := func(what string) (parts, missing []string) {
+		t.Helper()
+		rows, err := db.Pool.Query(ctx, `
+			SELECT p.name, NOT EXISTS (
+			    SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_index x ON x.indexrelid = c.oid
+			    WHERE i.inhparent = to_regclass('outbox_event_dead_idx') AND c.relname = p.name || '_dead_idx'
+			      AND x.indrelid = to_regclass(quote_ident(p.name)) AND x.indisvalid)
+			FROM outbox_event_partitions() p ORDER BY p.name`)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		for rows.Next() {
+			var name string
+			var miss bool
+			if err := rows.Scan(&name, &miss); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			parts = append(parts, name)
+			if miss {
+				missing = append(missing, name)
+			}
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return parts, missing
+	}
+	countDead := func(what string, want int) {
+		t.Helper()
+		var n int
+		if err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM outbox_event WHERE status = 'DEAD'`).Scan(&n); err != nil || n != want {
+			t.Fatalf("%s: %d DEAD rows, %v; want %d", what, n, err, want)
+		}
+	}
+
+	if _, err := p.UpTo(ctx, version); err != nil {
+		t.Fatalf("up to %d: %v", version, err)
+	}
+	parts, missing := indexed("after the upgrade")
+	if len(parts) < 3 || len(missing) > 0 {
+		t.Fatalf("after the upgrade: partitions %v, %v without their DEAD index", parts, missing)
+	}
+	var valid bool
+	if err := db.Pool.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_event_dead_idx'::regclass`).Scan(&valid); err != nil || !valid {
+		t.Fatalf("outbox_event_dead_idx valid %v, %v", valid, err)
+	}
+	countDead("after the upgrade", 10)
+
+	// The leader's extension moves the rows the DEFAULT partition holds
+	// into partitions it opens, each built with its DEAD index.
+	insert(10000)
+	var opened int
+	if err := db.Pool.QueryRow(ctx, `SELECT outbox_event_extend('1 day', '2 days', 10000)`).Scan(&opened); err != nil || opened == 0 {
+		t.Fatalf("extension after the upgrade opened %d partitions, %v", opened, err)
+	}
+	if more, missing := indexed("after an extension"); len(more) != len(parts)+opened || len(missing) > 0 {
+		t.Fatalf("after an extension: partitions %v, %v without their DEAD index", more, missing)
+	}
+	countDead("after an extension", 20)
+
+	// Down: no DEAD index, and partitions opened without one.
+	if _, err := p.DownTo(ctx, before); err != nil {
+		t.Fatalf("down to %d: %v", before, err)
+	}
+	insert(10000)
+	if err := db.Pool.QueryRow(ctx, `SELECT outbox_event_extend('1 day', '2 days', 10000)`).Scan(&opened); err != nil || opened == 0 {
+		t.Fatalf("extension after the downgrade opened %d partitions, %v", opened, err)
+	}
+	var left []string
+	if err := db.Pool.QueryRow(ctx, `SELECT coalesce(array_agg(relname::text), '{}') FROM pg_class WHERE relkind IN ('i', 'I') AND relname LIKE 'outbox\_%\_dead\_idx'`).Scan(&left); err != nil || len(left) > 0 {
+		t.Fatalf("after the downgrade: DEAD indexes %v, %v; want none", left, err)
+	}
+	countDead("after the downgrade", 30)
+
+	if _, err := p.UpTo(ctx, version); err != nil {
+		t.Fatalf("up to %d again: %v", version, err)
+	}
+	if parts, missing := indexed("after the upgrade again"); len(missing) > 0 {
+		t.Fatalf("after the upgrade again: partitions %v, %v without their DEAD index", parts, missing)
+	}
+	countDead("after the upgrade again", 30)
+}
+
 // idAt returns a random UUIDv7 whose time is at.
 func idAt(at time.Time) uuid.UUID {
 	id := uuid.Must(uuid.NewV7())

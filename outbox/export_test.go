@@ -51,6 +51,10 @@ func HotPathStatements() map[string][3]string {
 	}
 }
 
+// DeadCountStatement is ReadStats's count of the DEAD rows (for the plan
+// test).
+func DeadCountStatement() string { return deadSQL }
+
 // SetClock makes r read the time from now when it decides whether a claim
 // reads the claim index from the front (scan.go).
 func SetClock(r *Relay, now func() time.Time) {

@@ -153,3 +153,82 @@ func TestHoldReadsItsTasksByID(t *testing.T) {
 		t.Errorf("a call over 100 tasks touched %d buffers beside 50,000 tasks of another group, %d without them: it reads more than its tasks and their group", large, small)
 	}
 }
+
+// TestDeadCountReadsDeadIndex checks that the count of DEAD rows (ReadStats,
+// the CLI's pending) reads each partition that holds rows on its own
+// DEAD index (<partition>_dead_idx, migration 00037), never its heap
+// whole: there was no such index, and the count scanned every partition
+// of the table for its few DEAD rows. It holds on a database never
+// analyzed and on one analyzed, where a partition without rows may be
+// scanned (an empty table is read for nothing).
+func TestDeadCountReadsDeadIndex(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.NeverAnalyzed(t)
+	testenv.GrowTasks(t, db, 10000)
+	// One row in a thousand DEAD, the sent and the unsent ones alike (in
+	// both partitions that hold rows).
+	if _, err := db.Exec(ctx, `UPDATE outbox_event SET status = 'DEAD', attempt_count = 5, last_error = 'boom',
+		next_retry_at = NULL, stream_id = NULL, sent_at = NULL WHERE id % 1000 = 0`); err != nil {
+		t.Fatal(err)
+	}
+	// The partitions that hold rows, and the DEAD rows in all.
+	rows, err := db.Query(ctx, `SELECT name FROM outbox_event_partitions()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead, holding int64
+	held := map[string]bool{}
+	for _, part := range parts {
+		var n, d int64
+		if err := db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE status = 'DEAD') FROM `+pgx.Identifier{part}.Sanitize()).Scan(&n, &d); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			held[part] = true
+			holding++
+		}
+		dead += d
+	}
+	if holding < 2 || dead == 0 {
+		t.Fatalf("%d DEAD rows, in partitions %v: want rows in two partitions at least", dead, held)
+	}
+	check := func(state string) {
+		t.Helper()
+		nodes, plan := testenv.GenericPlan(t, db, outbox.DeadCountStatement(), "")
+		read := map[string]bool{}
+		for _, p := range nodes {
+			if testenv.Table(p.Relation) != "outbox_event" || !strings.Contains(p.NodeType, "Scan") {
+				continue
+			}
+			// A bitmap scan names its index in its one child.
+			index := p.Index
+			if p.NodeType == "Bitmap Heap Scan" && len(p.Plans) == 1 {
+				index = p.Plans[0].Index
+			}
+			switch {
+			case index == p.Relation+"_dead_idx":
+				read[p.Relation] = true
+			case held[p.Relation]:
+				t.Errorf("%s: the DEAD count reads %s by %s %s:\n%s", state, p.Relation, p.NodeType, index, plan)
+			}
+		}
+		for part := range held {
+			if !read[part] {
+				t.Errorf("%s: the DEAD count does not read %s_dead_idx:\n%s", state, part, plan)
+			}
+		}
+		s, err := outbox.ReadStats(ctx, db)
+		if err != nil || s.Dead != dead {
+			t.Errorf("%s: ReadStats = %+v, %v; want %d DEAD rows", state, s, err, dead)
+		}
+	}
+	check("never analyzed")
+	if _, err := db.Exec(ctx, `ANALYZE`); err != nil {
+		t.Fatal(err)
+	}
+	check("analyzed")
+}
