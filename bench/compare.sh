@@ -111,7 +111,7 @@ ingest_run() { # mode
   local preload=()
   [ "$1" = preload ] && preload=(--preload)
   [ "$1" = preload-published ] && preload=(--preload --publish-first)
-  psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_event' >/dev/null
+  psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_row' >/dev/null
   checkpoint
   "$bin/ingest-worker" bench "${preload[@]}" --tasks "$jobs" --handler "$handler" --payload-bytes "$payload" \
     --fail-rate "$fail" --timeout "$timeout" --json >"$bin/out.json" 2>"$log" ||

@@ -160,7 +160,7 @@ DECLARE
     l0 pg_lsn; l1 pg_lsn; l2 pg_lsn; t0 timestamptz; t1 timestamptz; t2 timestamptz;
     ids bigint[];
 BEGIN
-    TRUNCATE outbox_event;
+    TRUNCATE outbox_row;
     COMMIT;
     IF held THEN CALL sketch_hold(true); END IF;
     CHECKPOINT;
@@ -180,7 +180,7 @@ BEGIN
     l2 := pg_current_wal_lsn(); t2 := clock_timestamp();
     IF held THEN CALL sketch_hold(false); END IF;
     CALL sketch_record('today', round, n, held, l0, l1, l2, t0, t1, t2);
-    TRUNCATE outbox_event;
+    TRUNCATE outbox_row;
     COMMIT;
 END;
 $$;

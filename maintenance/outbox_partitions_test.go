@@ -32,7 +32,7 @@ func listOutboxPartitions(t testing.TB, db *pgxpool.Pool) ([]outbox.Partition, i
 func outboxPartitionOf(t *testing.T, db *pgxpool.Pool, id int64) string {
 	t.Helper()
 	var name string
-	if err := db.QueryRow(context.Background(), `SELECT tableoid::regclass::text FROM outbox_event WHERE id = $1`, id).Scan(&name); err != nil {
+	if err := db.QueryRow(context.Background(), `SELECT tableoid::regclass::text FROM outbox_row WHERE id = $1`, id).Scan(&name); err != nil {
 		t.Fatal(err)
 	}
 	return name
@@ -81,7 +81,7 @@ func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 	if newest.Default || !before[len(before)-1].Default {
 		t.Fatalf("outbox partitions after the migration: %+v; want the DEFAULT one last", before)
 	}
-	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_event', 'id'), $1)`, newest.To+50)
+	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), $1)`, newest.To+50)
 	id := b.create(t, 1)[0]
 	var rowID int64
 	if err := b.db.QueryRow(ctx, `SELECT id FROM outbox_event WHERE task_id = $1`, id).Scan(&rowID); err != nil {
@@ -120,10 +120,10 @@ func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 	// 1,000 ids an hour over the last 12 hours: a day's partition holds
 	// 24,000 ids, and they reach 48,000 past the last id.
 	base := last + 10
-	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_event', 'id'), $1)`, base)
+	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), $1)`, base)
 	b.exec(t, `INSERT INTO outbox_event (id, task_id, stream, status, stream_id, sent_at, created_at)
 		VALUES ($1, $2, 's', 'SENT', '1-1', now(), now() - interval '12 hours')`, base+1, id)
-	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_event', 'id'), $1)`, base+1+12000)
+	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), $1)`, base+1+12000)
 	res, err = p.RunOnce(ctx)
 	if err != nil || res.OutboxCreated == 0 {
 		t.Fatalf("pass after 12,000 ids = %+v, %v; want partitions created", res, err)
@@ -155,10 +155,10 @@ func TestOutboxPartitionsDroppedWithTasksInFlight(t *testing.T) {
 	parts, _ := listOutboxPartitions(t, b.db)
 	for _, p := range parts {
 		if p.From == 1 && !p.Default {
-			b.exec(t, `ALTER TABLE outbox_event DETACH PARTITION `+p.Name)
+			b.exec(t, `ALTER TABLE outbox_row DETACH PARTITION `+p.Name)
 			b.exec(t, `DROP TABLE `+p.Name)
-			b.exec(t, `CREATE TABLE outbox_first PARTITION OF outbox_event FOR VALUES FROM (1) TO (6)`)
-			b.exec(t, fmt.Sprintf(`CREATE TABLE outbox_second PARTITION OF outbox_event FOR VALUES FROM (6) TO (%d)`, p.To))
+			b.exec(t, `CREATE TABLE outbox_first PARTITION OF outbox_row FOR VALUES FROM (1) TO (6)`)
+			b.exec(t, fmt.Sprintf(`CREATE TABLE outbox_second PARTITION OF outbox_row FOR VALUES FROM (6) TO (%d)`, p.To))
 		}
 	}
 	p := b.partitions(t, maintenance.PartitionsConfig{})
@@ -175,7 +175,7 @@ func TestOutboxPartitionsDroppedWithTasksInFlight(t *testing.T) {
 	s := b.agedTask(t, task.Running, 3*time.Hour)   // row 2: in flight
 	b.publishAll(t)
 	u := b.create(t, 1)[0] // row 3: not yet published
-	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_event', 'id'), 5)`)
+	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), 5)`)
 	for i, id := range []uuid.UUID{x, s, u} {
 		var rowID int64
 		if err := b.db.QueryRow(ctx, `SELECT id FROM outbox_event WHERE task_id = $1`, id).Scan(&rowID); err != nil || rowID != int64(i+1) {
@@ -279,7 +279,7 @@ func TestOutboxPartitionsOpenedWhileIdsOverrunThem(t *testing.T) {
 	const minIDs, batch, writers, passes = 2000, 40, 3, 150
 	// The ids being taken have reached the end of the partitions.
 	parts, _ := listOutboxPartitions(t, b.db)
-	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_event', 'id'), $1)`, parts[len(parts)-2].To-1)
+	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), $1)`, parts[len(parts)-2].To-1)
 
 	var inserted atomic.Int64
 	stop := make(chan struct{})

@@ -18,7 +18,7 @@ import (
 const (
 	auditTable    = "ingest_task_transition"
 	auditDefault  = "ingest_task_transition_default"
-	outboxTable   = "outbox_event"
+	outboxTable   = "outbox_row" // outbox_event's table (migration 00038)
 	outboxDefault = "outbox_event_default"
 )
 

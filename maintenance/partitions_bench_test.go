@@ -105,7 +105,7 @@ func BenchmarkAuditRetention(b *testing.B) {
 					 FROM ingest_task, (VALUES (NULL, 'QUEUED', 0), ('QUEUED', 'RUNNING', 1), ('RUNNING', 'SUCCEEDED', 1)) s(f, t, a)
 					 WHERE kind = 'old' ORDER BY id, s.a, s.t`,
 					`INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at) SELECT id, 's', 'SENT', '1-1', now() - interval '2 days' FROM ingest_task WHERE kind = 'old'`,
-					`VACUUM ANALYZE ingest_task`, `VACUUM ANALYZE ingest_task_transition`, `VACUUM ANALYZE outbox_event`, `CHECKPOINT`,
+					`VACUUM ANALYZE ingest_task`, `VACUUM ANALYZE ingest_task_transition`, `VACUUM ANALYZE outbox_row`, `CHECKPOINT`,
 				} {
 					var args []any
 					if i == 0 {
@@ -173,7 +173,7 @@ func BenchmarkAuditRetention(b *testing.B) {
 				}
 				b.StartTimer()
 				begun = time.Now()
-				if _, err := db.Exec(ctx, `VACUUM ingest_task, ingest_task_transition, outbox_event`); err != nil {
+				if _, err := db.Exec(ctx, `VACUUM ingest_task, ingest_task_transition, outbox_row`); err != nil {
 					b.Fatal(err)
 				}
 				tookVacuum := time.Since(begun)
@@ -251,7 +251,7 @@ func BenchmarkOutboxRetention(b *testing.B) {
 					parts, _ := listOutboxPartitions(b, db)
 					for _, p := range parts {
 						if !p.Default && !p.Unbounded {
-							if _, err := db.Exec(ctx, `ALTER TABLE outbox_event DETACH PARTITION `+p.Name); err != nil {
+							if _, err := db.Exec(ctx, `ALTER TABLE outbox_row DETACH PARTITION `+p.Name); err != nil {
 								b.Fatal(err)
 							}
 							if _, err := db.Exec(ctx, `DROP TABLE `+p.Name); err != nil {
@@ -260,8 +260,8 @@ func BenchmarkOutboxRetention(b *testing.B) {
 						}
 					}
 					for _, q := range []string{
-						`CREATE TABLE outbox_event_past PARTITION OF outbox_event FOR VALUES FROM (1) TO (` + strconv.Itoa(n+1) + `)`,
-						`CREATE TABLE outbox_event_now PARTITION OF outbox_event FOR VALUES FROM (` + strconv.Itoa(n+1) + `) TO (` + strconv.Itoa(n+100001) + `)`,
+						`CREATE TABLE outbox_event_past PARTITION OF outbox_row FOR VALUES FROM (1) TO (` + strconv.Itoa(n+1) + `)`,
+						`CREATE TABLE outbox_event_now PARTITION OF outbox_row FOR VALUES FROM (` + strconv.Itoa(n+1) + `) TO (` + strconv.Itoa(n+100001) + `)`,
 					} {
 						if _, err := db.Exec(ctx, q); err != nil {
 							b.Fatal(err)
@@ -275,7 +275,7 @@ func BenchmarkOutboxRetention(b *testing.B) {
 					 FROM generate_series(1, $1) g`,
 					`INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at, created_at)
 					 SELECT id, 's', 'SENT', '1-1', now() - interval '2 days', now() - interval '2 days' FROM ingest_task WHERE kind = 'old' ORDER BY id`,
-					`VACUUM ANALYZE ingest_task`, `VACUUM ANALYZE outbox_event`, `CHECKPOINT`,
+					`VACUUM ANALYZE ingest_task`, `VACUUM ANALYZE outbox_row`, `CHECKPOINT`,
 				} {
 					var args []any
 					if i == 0 {
@@ -346,7 +346,7 @@ func BenchmarkOutboxRetention(b *testing.B) {
 				}
 				b.StartTimer()
 				begun = time.Now()
-				if _, err := db.Exec(ctx, `VACUUM ingest_task, outbox_event`); err != nil {
+				if _, err := db.Exec(ctx, `VACUUM ingest_task, outbox_row`); err != nil {
 					b.Fatal(err)
 				}
 				tookVacuum := time.Since(begun)

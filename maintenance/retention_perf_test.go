@@ -39,7 +39,7 @@ func TestRetentionPassBesideAWorker(t *testing.T) {
 		 FROM generate_series(1, $1) g`,
 		`INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count) SELECT id, NULL, 'QUEUED', 0 FROM ingest_task WHERE kind = 'old'`,
 		`INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at) SELECT id, 's', 'SENT', '1-1', now() - interval '2 days' FROM ingest_task WHERE kind = 'old'`,
-		`VACUUM ANALYZE ingest_task`, `VACUUM ANALYZE ingest_task_transition`, `VACUUM ANALYZE outbox_event`,
+		`VACUUM ANALYZE ingest_task`, `VACUUM ANALYZE ingest_task_transition`, `VACUUM ANALYZE outbox_row`,
 	} {
 		var args []any
 		if i == 0 {

@@ -23,9 +23,11 @@ SELECT id, $2, coalesce(due, now())
 FROM unnest($1::uuid[], $3::timestamptz[]) WITH ORDINALITY AS t(id, due, ord)
 ORDER BY ord`
 
-// writeLockSQL takes the lock that writing outbox_event takes, ahead of
-// reading the table in the same transaction.
-const writeLockSQL = `LOCK TABLE ONLY outbox_event IN ROW EXCLUSIVE MODE`
+// writeLockSQL takes the lock that writing outbox_event takes on its table
+// (outbox_row, migration 00038), ahead of reading it in the same
+// transaction. It names the table: LOCK TABLE on the view would lock
+// every partition of the table too.
+const writeLockSQL = `LOCK TABLE ONLY outbox_row IN ROW EXCLUSIVE MODE`
 
 // LockForWrite takes, in the transaction of db, the lock that writing
 // outbox_event takes: call it first in a transaction that reads the table

@@ -56,13 +56,14 @@ SELECT min(next_retry_at) FILTER (WHERE ` + lateDueSQL + `), count(*) FILTER (WH
 const lateDueSQL = `status IN ('NEW', 'RETRYING') AND next_retry_at <= now() AND (claimed_until IS NULL OR claimed_until < now())`
 
 // lateMarkSQL reads the last id taken; lateWritersSQL, after it, the
-// virtual transactions holding a lock on outbox_event that lets them write
+// virtual transactions holding a lock on outbox_event's table (outbox_row,
+// which a write through the view locks too) that lets them write
 // (prepared transactions too), other than this session.
 const (
 	lateMarkSQL    = `SELECT coalesce(pg_sequence_last_value('outbox_event_id_seq'), 0)`
 	lateWritersSQL = `
 SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '{}') FROM pg_locks l
-WHERE l.locktype = 'relation' AND l.relation = 'outbox_event'::regclass
+WHERE l.locktype = 'relation' AND l.relation = 'outbox_row'::regclass
   AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
   AND l.mode NOT IN ('AccessShareLock', 'RowShareLock') AND l.pid IS DISTINCT FROM pg_backend_pid()`
 )

@@ -41,7 +41,8 @@ import (
 //     process holds no row lock and no transaction id for longer;
 //   - while it holds them, the pass's session names its relay:
 //     application_name is passAppPrefix + the relay's ID (cut to the 63
-//     bytes Postgres keeps), and the rows' xmax is the session's
+//     bytes Postgres keeps), and the rows' xmax (read in outbox_row: the
+//     view outbox_event has no system columns) is the session's
 //     backend_xid (pg_stat_activity).
 //
 // Rows inserted claimed for direct publishing (insertClaimed) keep their

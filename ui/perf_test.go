@@ -73,7 +73,7 @@ UNION ALL
 SELECT id, 'RUNNING', status, attempt_count, 'worker-1', finished_at FROM ingest_task
 WHERE created_at > now() - interval '15 minutes' AND status IN ('SUCCEEDED', 'DEAD')`)
 	exec(`VACUUM ANALYZE ingest_task`)
-	exec(`VACUUM ANALYZE outbox_event`)
+	exec(`VACUUM ANALYZE outbox_row`)
 	exec(`VACUUM ANALYZE ingest_task_transition`)
 	var tasks, transitions int64
 	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ingest_task), (SELECT count(*) FROM ingest_task_transition)`).Scan(&tasks, &transitions); err != nil {

@@ -212,7 +212,7 @@ func TestRelayFrozen(t *testing.T) {
 	// The rows a pass of the relay holds: locked (xmax) by its session,
 	// which names the relay while it holds them.
 	held := func() int {
-		return c.query(`SELECT count(*) FROM outbox_event o JOIN pg_stat_activity a ON a.backend_xid = o.xmax
+		return c.query(`SELECT count(*) FROM outbox_row o JOIN pg_stat_activity a ON a.backend_xid = o.xmax
 			WHERE a.application_name = 'ingest-outbox-pass ' || $1 AND o.status IN ('NEW', 'RETRYING')`, relay.Consumer())
 	}
 	heldRows, tries := 0, 0

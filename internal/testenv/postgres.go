@@ -210,8 +210,8 @@ func randomHex(n int) string {
 
 // DuringOutboxExtension runs op on a goroutine of its own while a
 // transaction of db takes the locks an extension of the outbox partitions
-// (outbox_event_extend) takes, in its order: SHARE on outbox_event, then,
-// once a session waits for a lock of the table (op's), ACCESS EXCLUSIVE on
+// (outbox_event_extend) takes, in its order: SHARE on outbox_event's table
+// (outbox_row), then, once a session waits for a lock of the table (op's), ACCESS EXCLUSIVE on
 // its DEFAULT partition, as the attach takes it, and commits. It fails tb
 // if that lock is refused (a deadlock with op) or op has not returned
 // within 30 s of the commit, and returns op's error.
@@ -223,14 +223,14 @@ func DuringOutboxExtension(tb testing.TB, db *pgxpool.Pool, op func() error) err
 		tb.Fatal(err)
 	}
 	defer func() { _ = ext.Rollback(ctx) }()
-	if _, err := ext.Exec(ctx, `LOCK TABLE ONLY outbox_event IN SHARE MODE`); err != nil {
+	if _, err := ext.Exec(ctx, `LOCK TABLE ONLY outbox_row IN SHARE MODE`); err != nil {
 		tb.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- op() }()
-	Eventually(tb, 30*time.Second, "a session waiting for a lock of outbox_event", func() bool {
+	Eventually(tb, 30*time.Second, "a session waiting for a lock of outbox_row", func() bool {
 		var waiting bool
-		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_event'::regclass)`).Scan(&waiting); err != nil {
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted AND relation = 'outbox_row'::regclass)`).Scan(&waiting); err != nil {
 			tb.Fatal(err)
 		}
 		return waiting
