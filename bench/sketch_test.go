@@ -15,9 +15,10 @@ import (
 // TestOutboxSketch runs bench/outbox-sketch.sql, small, on a freshly
 // migrated database. The script fails on its own checks: the snapshot
 // design publishes every row exactly once, its view shows each row SENT
-// with its own entry id, and the rows of a transaction that took its ids
-// first and committed after a pass are published by the next pass. It
-// must also leave the outbox and its own objects gone.
+// with its own entry id, the rows of a transaction that took its ids
+// first and committed after a pass are published by the next pass, and
+// the handoff design writes every row into outbox_event once, SENT with
+// its entry id. It must also leave the outbox and its own objects gone.
 func TestOutboxSketch(t *testing.T) {
 	psql, err := exec.LookPath("psql")
 	if err != nil {
@@ -37,7 +38,7 @@ func TestOutboxSketch(t *testing.T) {
 	if !strings.Contains(string(out), "commit order: 1000 rows published by the first pass") {
 		t.Errorf("no commit-order line in the output:\n%s", out)
 	}
-	for _, design := range []string{"today", "log", "snapshot", "today, held", "snapshot, held"} {
+	for _, design := range []string{"today", "log", "snapshot", "handoff", "today, held", "snapshot, held", "handoff, held"} {
 		if !strings.Contains(string(out), " "+design+" ") {
 			t.Errorf("no %q round in the output:\n%s", design, out)
 		}
