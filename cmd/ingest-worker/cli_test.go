@@ -20,6 +20,7 @@ import (
 
 	"github.com/ingest-worker/ingest/api"
 	"github.com/ingest-worker/ingest/dlq"
+	"github.com/ingest-worker/ingest/internal/pgtemp"
 	"github.com/ingest-worker/ingest/internal/testenv"
 	"github.com/ingest-worker/ingest/stream"
 	"github.com/ingest-worker/ingest/task"
@@ -237,18 +238,30 @@ func TestBinary(t *testing.T) {
 
 	t.Run("PostgresSSLModePassesThrough", func(t *testing.T) {
 		t.Parallel()
-		// The test server has no SSL: sslmode=require must reach the
-		// driver (and fail on it), sslmode=disable must connect.
+		// Against a server without SSL, sslmode=require must reach the
+		// driver (and fail on it), sslmode=disable must connect. The test
+		// server may have SSL on (a distribution's packaged PostgreSQL
+		// often has, with a self-signed certificate): then a throwaway
+		// server of its own, which has none.
 		db := testenv.NewDatabase(t)
-		require := strings.Replace(db.URL, "sslmode=disable", "sslmode=require", 1)
-		if require == db.URL {
-			t.Fatalf("test URL %q has no sslmode=disable to replace", db.URL)
+		url := db.URL
+		if sslOn(t, db.Pool) {
+			srv, err := pgtemp.Start()
+			if err != nil {
+				t.Fatalf("the test server has SSL on, and a server without it did not start: %v", err)
+			}
+			t.Cleanup(func() { _ = srv.Close() })
+			url = srv.URL("postgres")
+		}
+		require := strings.Replace(url, "sslmode=disable", "sslmode=require", 1)
+		if require == url {
+			t.Fatalf("test URL %q has no sslmode=disable to replace", url)
 		}
 		r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + require}, "", "migrate", "--status")
 		if r.code != exitRuntime || !strings.Contains(strings.ToLower(r.stderr), "ssl") {
 			t.Errorf("sslmode=require against a server without SSL: exit %d, stderr %q; want exit 1 naming SSL", r.code, r.stderr)
 		}
-		if r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + db.URL}, "", "migrate", "--status"); r.code != 0 {
+		if r := runBin(t, bin, []string{"INGEST_DATABASE_URL=" + url}, "", "migrate", "--status"); r.code != 0 {
 			t.Errorf("sslmode=disable: exit %d, stderr %q", r.code, r.stderr)
 		}
 	})
@@ -847,4 +860,14 @@ func testDemoKafka(t *testing.T, bin string) {
 	if err := db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM outbox_event WHERE status <> 'SENT' OR stream_id NOT LIKE 'ingest.tasks/%'`).Scan(&unsent); err != nil || unsent != 0 {
 		t.Errorf("%d outbox rows not SENT to the topic (%v)", unsent, err)
 	}
+}
+
+// sslOn reports whether the server of db has SSL on.
+func sslOn(t *testing.T, db *pgxpool.Pool) bool {
+	t.Helper()
+	var ssl string
+	if err := db.QueryRow(context.Background(), `SHOW ssl`).Scan(&ssl); err != nil {
+		t.Fatal(err)
+	}
+	return ssl == "on"
 }
