@@ -25,18 +25,11 @@ func TestAuditTrailProperty(t *testing.T) {
 	t.Logf("seed %d", seed)
 	b := setup(t, task.Config{MaxAttempts: 4, Backoff: task.Backoff{Base: time.Millisecond, Max: 4 * time.Millisecond, Jitter: 0.5}})
 
-	const tasks, workers, steps = 8, 4, 100
-	ids := make([]uuid.UUID, tasks)
-	for i := range ids {
-		ids[i] = b.create(t, task.NewTask{}).ID
-	}
-
+	const tasks, workers, steps, rounds = 8, 4, 100, 10
+	var ids []uuid.UUID
 	var mu sync.Mutex
 	applied := map[uuid.UUID]int{} // transitions observed per task
 	ops := map[string]int{}        // applied transitions per operation, for the log
-	for _, id := range ids {
-		applied[id] = 1 // creation
-	}
 	observe := func(op string, id uuid.UUID) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -51,83 +44,104 @@ func TestAuditTrailProperty(t *testing.T) {
 		}
 	}
 
-	race(workers, func(w int) {
-		rng := rand.New(rand.NewPCG(seed, uint64(w)))
-		for step := 0; step < steps; step++ {
-			// One to three distinct tasks, in random order.
-			perm := rng.Perm(tasks)[:1+rng.IntN(3)]
-			pick := make([]uuid.UUID, len(perm))
-			for i, p := range perm {
-				pick[i] = ids[p]
-			}
-			owner := fmt.Sprintf("w%d", rng.IntN(2))
-			var err error
-			// Weights keep tasks moving: SUCCEEDED is terminal, so succeed is
-			// rare; DEAD and CANCELLED come back through redrive.
-			switch op := pickOp(rng); op {
-			case "start", "takeover":
-				if op == "takeover" {
-					for _, id := range pick { // one row per statement: no lock-order deadlock with batches
-						if _, err = b.db.Exec(b.ctx, `UPDATE ingest_task SET lease_until = now() - interval '1 ms'
-							WHERE id = $1 AND status = 'RUNNING'`, id); err != nil {
-							break
+	// The run must exercise the machine, or the property says little
+	// (checked at the end). SUCCEEDED is terminal, so a round whose tasks
+	// all succeed early stops moving: rounds of steps, each with a fresh
+	// batch of tasks beside the earlier ones, go on until enough
+	// transitions of enough kinds were applied.
+	exercised := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := len(ids) // the creations
+		for _, c := range ops {
+			n += c
+		}
+		return n >= 60 && len(ops) >= 5
+	}
+	for round := 0; round < rounds && !exercised(); round++ {
+		for range tasks {
+			id := b.create(t, task.NewTask{}).ID
+			ids = append(ids, id)
+			applied[id] = 1 // creation
+		}
+		race(workers, func(w int) {
+			rng := rand.New(rand.NewPCG(seed, uint64(round*workers+w)))
+			for step := 0; step < steps; step++ {
+				// One to three distinct tasks, in random order.
+				perm := rng.Perm(len(ids))[:1+rng.IntN(3)]
+				pick := make([]uuid.UUID, len(perm))
+				for i, p := range perm {
+					pick[i] = ids[p]
+				}
+				owner := fmt.Sprintf("w%d", rng.IntN(2))
+				var err error
+				// Weights keep tasks moving: SUCCEEDED is terminal, so succeed is
+				// rare; DEAD and CANCELLED come back through redrive.
+				switch op := pickOp(rng); op {
+				case "start", "takeover":
+					if op == "takeover" {
+						for _, id := range pick { // one row per statement: no lock-order deadlock with batches
+							if _, err = b.db.Exec(b.ctx, `UPDATE ingest_task SET lease_until = now() - interval '1 ms'
+								WHERE id = $1 AND status = 'RUNNING'`, id); err != nil {
+								break
+							}
 						}
 					}
-				}
-				var rs []task.StartResult
-				if err == nil {
-					rs, err = b.store.Start(b.ctx, owner, time.Hour, pick...)
-				}
-				for _, r := range rs {
-					switch {
-					case r.Outcome == task.DiedOnTakeover:
-						observe("takeover-dead", r.ID)
-					case r.Outcome == task.TakenOver || r.Outcome == task.CancelledOnTakeover:
-						observe("takeover", r.ID)
-					case r.Outcome == task.Started:
-						observe("start", r.ID)
+					var rs []task.StartResult
+					if err == nil {
+						rs, err = b.store.Start(b.ctx, owner, time.Hour, pick...)
+					}
+					for _, r := range rs {
+						switch {
+						case r.Outcome == task.DiedOnTakeover:
+							observe("takeover-dead", r.ID)
+						case r.Outcome == task.TakenOver || r.Outcome == task.CancelledOnTakeover:
+							observe("takeover", r.ID)
+						case r.Outcome == task.Started:
+							observe("start", r.ID)
+						}
+					}
+				case "succeed":
+					var rs []task.Result
+					rs, err = b.store.Succeed(b.ctx, owner, pick...)
+					countResults("succeed", rs)
+				case "fail":
+					fails := make([]task.Failure, len(pick))
+					for i, id := range pick {
+						fails[i] = task.Failure{ID: id, Error: fmt.Sprintf("step %d", step), Permanent: rng.IntN(6) == 0}
+						if rng.IntN(2) == 0 {
+							fails[i].RetryAfter = time.Duration(rng.IntN(3)) * time.Millisecond
+						}
+					}
+					var rs []task.Result
+					rs, err = b.store.Fail(b.ctx, owner, fails...)
+					countResults("fail", rs)
+				case "release":
+					var rs []task.Result
+					rs, err = b.store.Release(b.ctx, owner, pick...)
+					countResults("release", rs)
+				case "redrive":
+					var rs []task.Result
+					rs, err = b.store.Redrive(b.ctx, "operator", pick...)
+					countResults("redrive", rs)
+				case "renew":
+					_, _, err = b.store.Renew(b.ctx, owner, time.Hour, pick...)
+				case "cancel":
+					var r task.CancelResult
+					r, err = b.store.Cancel(b.ctx, "operator", fmt.Sprintf("step %d", step), pick[0])
+					if r.Outcome == task.CancelDone {
+						observe("cancel", pick[0])
 					}
 				}
-			case "succeed":
-				var rs []task.Result
-				rs, err = b.store.Succeed(b.ctx, owner, pick...)
-				countResults("succeed", rs)
-			case "fail":
-				fails := make([]task.Failure, len(pick))
-				for i, id := range pick {
-					fails[i] = task.Failure{ID: id, Error: fmt.Sprintf("step %d", step), Permanent: rng.IntN(6) == 0}
-					if rng.IntN(2) == 0 {
-						fails[i].RetryAfter = time.Duration(rng.IntN(3)) * time.Millisecond
-					}
-				}
-				var rs []task.Result
-				rs, err = b.store.Fail(b.ctx, owner, fails...)
-				countResults("fail", rs)
-			case "release":
-				var rs []task.Result
-				rs, err = b.store.Release(b.ctx, owner, pick...)
-				countResults("release", rs)
-			case "redrive":
-				var rs []task.Result
-				rs, err = b.store.Redrive(b.ctx, "operator", pick...)
-				countResults("redrive", rs)
-			case "renew":
-				_, _, err = b.store.Renew(b.ctx, owner, time.Hour, pick...)
-			case "cancel":
-				var r task.CancelResult
-				r, err = b.store.Cancel(b.ctx, "operator", fmt.Sprintf("step %d", step), pick[0])
-				if r.Outcome == task.CancelDone {
-					observe("cancel", pick[0])
+				if err != nil {
+					t.Errorf("worker %d step %d: %v", w, step, err)
+					return
 				}
 			}
-			if err != nil {
-				t.Errorf("worker %d step %d: %v", w, step, err)
-				return
-			}
+		})
+		if t.Failed() {
+			return
 		}
-	})
-	if t.Failed() {
-		return
 	}
 	t.Logf("applied transitions by operation: %v", ops)
 
