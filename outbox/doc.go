@@ -1,8 +1,5 @@
 // Package outbox owns outbox_event: the transactional handover of tasks from
 // Postgres to the Redis task stream, and keeping the two consistent.
-// outbox_event is a view of the table outbox_row (migration 00038): the
-// package's statements that write rows, and the relay's claim, name the
-// table; those that read what a task's rows are read the view.
 //
 // Insert writes an event in the caller's transaction (task creation, redrive,
 // rescue, republish); a statement-level trigger NOTIFYs relays on commit (channel
