@@ -12,7 +12,7 @@
 #
 # The database must be one for benchmarks only: before each run the script
 # empties ingest-worker's tables (ingest_task, ingest_task_transition,
-# outbox_event), River empties river_job and the floor bench_floor_job.
+# outbox_row: outbox_event's), River empties river_job and the floor bench_floor_job.
 set -euo pipefail
 
 usage() {
