@@ -1,5 +1,8 @@
 // Package outbox owns outbox_event: the transactional handover of tasks from
 // Postgres to the Redis task stream, and keeping the two consistent.
+// Since migration 00038 outbox_event is a view of the table outbox_row;
+// statements read and write through the view, and what needs the table
+// itself names it (the writers' lock, a pass's rows' xmax, the partitions).
 //
 // Insert writes an event in the caller's transaction (task creation, redrive,
 // rescue, republish); a statement-level trigger NOTIFYs relays on commit (channel
