@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/ingest-worker/ingest/task"
 )
 
 // TestUpgradeOutboxView upgrades a database with outbox rows in every
@@ -33,17 +31,13 @@ func TestUpgradeOutboxView(t *testing.T) {
 		}
 	}
 	exec(`GRANT SELECT, INSERT ON outbox_event TO PUBLIC`)
-	store, err := task.NewStore(task.Config{}, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
 	create := func() uuid.UUID {
 		t.Helper()
-		r, err := store.Create(ctx, task.NewTask{Kind: "view", Payload: []byte(`{}`)})
+		id, err := createAsBefore(ctx, db.Pool, "view")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.Task.ID
+		return id
 	}
 	// NEW, RETRYING, SENT and DEAD rows.
 	ids := []uuid.UUID{create(), create(), create(), create()}

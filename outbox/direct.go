@@ -93,7 +93,7 @@ func (r *Relay) takeSlot() bool {
 // insertClaimedSQL writes one row per task $1 (to streams $2) claimed by
 // relay $3 for $4 ms.
 const insertClaimedSQL = `
-INSERT INTO outbox_event (task_id, stream, claimed_by, claimed_until)
+INSERT INTO outbox_row (task_id, stream, claimed_by, claimed_until)
 SELECT id, s, $3, now() + $4 * interval '1 millisecond' FROM unnest($1::uuid[], $2::text[]) AS t(id, s)
 RETURNING id, task_id, created_at, claimed_until`
 
@@ -234,7 +234,7 @@ func (r *Relay) publishDirect(ctx context.Context) {
 // insertSentSQL writes the rows of tasks published after their commit
 // ($1, to streams $2), SENT with their entry ids $3.
 const insertSentSQL = `
-INSERT INTO outbox_event (task_id, stream, status, stream_id, sent_at)
+INSERT INTO outbox_row (task_id, stream, status, stream_id, sent_at)
 SELECT id, s, 'SENT', sid, now() FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, s, sid)`
 
 // insertFailedSQL writes the rows of tasks ($1, to streams $2) whose first
@@ -243,7 +243,7 @@ SELECT id, s, 'SENT', sid, now() FROM unnest($1::uuid[], $2::text[], $3::text[])
 // 1, else RETRYING, due after package backoff's delay for one failure
 // (base $5, max $6 in ms, jitter $7). The relays retry them.
 var insertFailedSQL = `
-INSERT INTO outbox_event (task_id, stream, status, attempt_count, next_retry_at, last_error)
+INSERT INTO outbox_row (task_id, stream, status, attempt_count, next_retry_at, last_error)
 SELECT id, s, ` + failedStatusSQL("1", "$4") + `, 1,
        ` + failedRetryAtSQL("1", "$4", "$5", "$6", "$7") + `, e
 FROM unnest($1::uuid[], $2::text[], $3::text[]) AS t(id, s, e)

@@ -1,8 +1,11 @@
 // Package outbox owns outbox_event: the transactional handover of tasks from
 // Postgres to the Redis task stream, and keeping the two consistent.
-// Since migration 00038 outbox_event is a view of the table outbox_row;
-// statements read and write through the view, and what needs the table
-// itself names it (the writers' lock, a pass's rows' xmax, the partitions).
+// Since migration 00038 outbox_event is a view of the table outbox_row.
+// The statements that write rows, the relay's claim (FOR UPDATE) and what
+// needs the table itself (the writers' lock, a pass's rows' xmax, the
+// partitions) name the table; those that read what a task's rows are, and
+// the operator's queries, read the view, which can then show rows of more
+// than one table without the writers changing.
 //
 // Insert writes an event in the caller's transaction (task creation, redrive,
 // rescue, republish); a statement-level trigger NOTIFYs relays on commit (channel

@@ -18,7 +18,7 @@ type Execer interface {
 // matching time of $3 (a NULL, or a missing one when $3 is shorter, means
 // now()). unnest pads the shorter array with NULLs.
 const insertSQL = `
-INSERT INTO outbox_event (task_id, stream, next_retry_at)
+INSERT INTO outbox_row (task_id, stream, next_retry_at)
 SELECT id, $2, coalesce(due, now())
 FROM unnest($1::uuid[], $3::timestamptz[]) WITH ORDINALITY AS t(id, due, ord)
 ORDER BY ord`

@@ -88,7 +88,7 @@ SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan'
 // first one's being the relay's next bound.
 const claimSQL = `
 WITH due AS (
-    SELECT id, task_id, stream, next_retry_at, created_at FROM outbox_event
+    SELECT id, task_id, stream, next_retry_at, created_at FROM outbox_row
     WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $2 AND next_retry_at <= now()
       AND (claimed_until IS NULL OR claimed_until < now())
     ORDER BY next_retry_at, id
@@ -108,7 +108,7 @@ ORDER BY d.next_retry_at, d.id`
 const holdSQL = `SELECT ingest_task_hold_due($1::uuid[])`
 
 // withdrawSQL deletes the rows $1 of a pass whose tasks holdSQL parked.
-const withdrawSQL = `DELETE FROM outbox_event WHERE id = ANY($1::bigint[]) AND status IN ('NEW', 'RETRYING')`
+const withdrawSQL = `DELETE FROM outbox_row WHERE id = ANY($1::bigint[]) AND status IN ('NEW', 'RETRYING')`
 
 // The marking statements of a pass take their times from
 // statement_timestamp(): now() is the start of the pass's transaction,
@@ -126,7 +126,7 @@ var markSentLockedSQL = `
 WITH c AS (
     SELECT s.id, s.val, s.dest FROM unnest($2::bigint[], $3::text[], $4::text[]) AS s(id, val, dest) ORDER BY s.id
 )
-UPDATE outbox_event o SET status = 'SENT', sent_at = statement_timestamp(), stream_id = c.val, stream = c.dest,
+UPDATE outbox_row o SET status = 'SENT', sent_at = statement_timestamp(), stream_id = c.val, stream = c.dest,
     claimed_by = $1, claimed_until = NULL
 FROM c
 WHERE o.id = c.id AND ` + lockedGuard + `
@@ -138,7 +138,7 @@ var markFailedLockedSQL = `
 WITH c AS (
     SELECT s.id, s.val FROM unnest($1::bigint[], $2::text[]) AS s(id, val) ORDER BY s.id
 )
-UPDATE outbox_event o SET
+UPDATE outbox_row o SET
     attempt_count = o.attempt_count + 1,
     status        = ` + failedStatusSQL("o.attempt_count + 1", "$3") + `,
     next_retry_at = ` + failedRetryFromSQL("statement_timestamp()", "o.attempt_count + 1", "$3", "$4", "$5", "$6") + `,
@@ -153,7 +153,7 @@ RETURNING o.status`
 // relay $1 for $2 ms, as a claim did before: a pass does not lock them
 // again before then, so they never fill its batches.
 const orphanSQL = `
-UPDATE outbox_event SET claimed_by = $1, claimed_until = statement_timestamp() + $2 * interval '1 millisecond'
+UPDATE outbox_row SET claimed_by = $1, claimed_until = statement_timestamp() + $2 * interval '1 millisecond'
 WHERE id = ANY($3::bigint[]) AND status IN ('NEW', 'RETRYING')`
 
 // appName is the application_name of r's passes while they hold rows.

@@ -630,7 +630,7 @@ var markSentSQL = `
 WITH c AS (
     SELECT s.id, s.val, s.dest FROM unnest($3::bigint[], $4::text[], $5::text[]) AS s(id, val, dest) ORDER BY s.id
 )
-UPDATE outbox_event o SET status = 'SENT', sent_at = now(), stream_id = c.val, stream = c.dest
+UPDATE outbox_row o SET status = 'SENT', sent_at = now(), stream_id = c.val, stream = c.dest
 FROM c
 WHERE o.id = c.id AND ` + claimedGuard + `
 RETURNING extract(epoch FROM o.sent_at - (` + dueSinceSQL("o") + `))::float8`
@@ -674,7 +674,7 @@ func (r *Relay) dest(rw row) string {
 var markFailedSQL = `
 WITH c AS (` + claimedSQL + `
 )
-UPDATE outbox_event o SET
+UPDATE outbox_row o SET
     attempt_count = o.attempt_count + 1,
     status        = ` + failedStatusSQL("o.attempt_count + 1", "$5") + `,
     next_retry_at = ` + failedRetryAtSQL("o.attempt_count + 1", "$5", "$6", "$7", "$8") + `,

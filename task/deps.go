@@ -155,7 +155,7 @@ func insertHeld(ctx context.Context, tx pgx.Tx, stream string, ids []uuid.UUID) 
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, `INSERT INTO outbox_event (task_id, stream, next_retry_at)
+	if _, err := tx.Exec(ctx, `INSERT INTO outbox_row (task_id, stream, next_retry_at)
 SELECT id, $2, $3 FROM unnest($1::uuid[]) WITH ORDINALITY AS t(id, ord) ORDER BY ord`, ids, stream, HeldUntil); err != nil {
 		return fmt.Errorf("insert %d held outbox events: %w", len(ids), err)
 	}

@@ -17,7 +17,7 @@ import (
 const deleteKindSQL = `
 WITH t AS (DELETE FROM ingest_task WHERE kind = $1 RETURNING id),
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
-o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t))
+o AS (DELETE FROM outbox_row WHERE task_id IN (SELECT id FROM t))
 SELECT count(*) FROM t`
 
 // DeleteKind deletes every task of kind, with its audit trail and outbox
@@ -102,7 +102,7 @@ o AS (SELECT e.id, e.task_id, e.stream, e.stream_id FROM t CROSS JOIN LATERAL (
 		a = `
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),`
 		o = `
-o AS (DELETE FROM outbox_event WHERE task_id IN (SELECT id FROM t)
+o AS (DELETE FROM outbox_row WHERE task_id IN (SELECT id FROM t)
       RETURNING id, task_id, stream, stream_id),`
 	}
 	return `

@@ -66,10 +66,10 @@ WITH l AS (
     INSERT INTO ingest_task_transition (task_id, from_status, to_status, attempt_count, message, worker)
     SELECT id, status, status, attempt_count, '` + RunNowMessage + `', $2 FROM u
 ), stale AS (
-    DELETE FROM outbox_event e USING u
+    DELETE FROM outbox_row e USING u
     WHERE e.task_id = u.id AND e.status IN ('NEW', 'RETRYING')
 ), fresh AS (
-    INSERT INTO outbox_event (task_id, stream) SELECT id, $3 FROM u
+    INSERT INTO outbox_row (task_id, stream) SELECT id, $3 FROM u
 )
 SELECT l.status, l.next_retry_at, ` + parkedSQL("l") + `, NOT ` + notHeld("l") + `, EXISTS (SELECT 1 FROM u) FROM l`
 

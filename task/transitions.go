@@ -564,7 +564,7 @@ RETURNING t.id, t.status, t.attempt_count, t.next_retry_at, coalesce(t.last_erro
 // attempts), so the task never reached a worker. The caller holds the row
 // locks.
 var republishWaitingSQL = `
-INSERT INTO outbox_event (task_id, stream)
+INSERT INTO outbox_row (task_id, stream)
 SELECT t.id, $2
 FROM ingest_task t
 JOIN LATERAL (SELECT o.status FROM outbox_event o WHERE o.task_id = t.id ORDER BY o.id DESC LIMIT 1) last ON true
