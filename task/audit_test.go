@@ -26,6 +26,8 @@ func TestAuditTrailProperty(t *testing.T) {
 	b := setup(t, task.Config{MaxAttempts: 4, Backoff: task.Backoff{Base: time.Millisecond, Max: 4 * time.Millisecond, Jitter: 0.5}})
 
 	const tasks, workers, steps, rounds = 8, 4, 100, 10
+	// What a run must reach to have exercised the state machine.
+	const minTransitions, minKinds = 60, 5
 	var ids []uuid.UUID
 	var mu sync.Mutex
 	applied := map[uuid.UUID]int{} // transitions observed per task
@@ -56,7 +58,7 @@ func TestAuditTrailProperty(t *testing.T) {
 		for _, c := range ops {
 			n += c
 		}
-		return n >= 60 && len(ops) >= 5
+		return n >= minTransitions && len(ops) >= minKinds
 	}
 	for round := 0; round < rounds && !exercised(); round++ {
 		for range tasks {
@@ -199,7 +201,7 @@ func TestAuditTrailProperty(t *testing.T) {
 		kinds = append(kinds, op)
 	}
 	sort.Strings(kinds)
-	if total < 60 || len(kinds) < 5 {
+	if total < minTransitions || len(kinds) < minKinds {
 		t.Fatalf("only %d transitions of kinds %v: the random run did not exercise the state machine", total, kinds)
 	}
 }

@@ -213,9 +213,8 @@ func randomHex(n int) string {
 // (outbox_event_extend) takes, in its order: SHARE on outbox_event's table
 // (outbox_row), then, once a session waits for a lock of the table (op's),
 // ACCESS EXCLUSIVE on its DEFAULT partition, as the attach takes it, and
-// commits. It fails tb
-// if that lock is refused (a deadlock with op) or op has not returned
-// within 30 s of the commit, and returns op's error.
+// commits. It fails tb if that lock is refused (a deadlock with op) or op
+// has not returned within 30 s of the commit, and returns op's error.
 func DuringOutboxExtension(tb testing.TB, db *pgxpool.Pool, op func() error) error {
 	tb.Helper()
 	ctx := context.Background()
