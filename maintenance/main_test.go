@@ -86,6 +86,17 @@ func (b *bundle) create(t *testing.T, n int) []uuid.UUID {
 	return ids
 }
 
+// createRows creates n tasks as create does, with their outbox rows in
+// outbox_row rather than the outbox log, as the rows of released or
+// redriven tasks are: for the tests of outbox_row's partitions.
+func (b *bundle) createRows(t *testing.T, n int) []uuid.UUID {
+	t.Helper()
+	ids := b.create(t, n)
+	b.exec(t, `WITH m AS (DELETE FROM outbox_log WHERE task_id = ANY($1) RETURNING id, task_id, stream, created_at)
+		INSERT INTO outbox_row (id, task_id, stream, created_at) SELECT id, task_id, stream, created_at FROM m ORDER BY id`, ids)
+	return ids
+}
+
 // createAged creates n tasks as create does and moves each id an hour
 // back (the time of its UUIDv7), with the rows that name it, as if the
 // tasks had been created an hour ago: the rescuer reads only the tasks
@@ -111,7 +122,9 @@ WITH m AS (
                        || substr(replace(id::text, '-', ''), 13))::uuid AS new
     FROM ingest_task WHERE id = ANY($1)
 ), o AS (
-    UPDATE outbox_event e SET task_id = m.new FROM m WHERE e.task_id = m.old
+    UPDATE outbox_row e SET task_id = m.new FROM m WHERE e.task_id = m.old
+), l AS (
+    UPDATE outbox_log e SET task_id = m.new FROM m WHERE e.task_id = m.old
 ), a AS (
     UPDATE ingest_task_transition r SET task_id = m.new FROM m WHERE r.task_id = m.old
 )

@@ -82,7 +82,7 @@ func TestOutboxPartitionsCreatedAhead(t *testing.T) {
 		t.Fatalf("outbox partitions after the migration: %+v; want the DEFAULT one last", before)
 	}
 	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), $1)`, newest.To+50)
-	id := b.create(t, 1)[0]
+	id := b.createRows(t, 1)[0]
 	var rowID int64
 	if err := b.db.QueryRow(ctx, `SELECT id FROM outbox_event WHERE task_id = $1`, id).Scan(&rowID); err != nil {
 		t.Fatal(err)
@@ -174,7 +174,7 @@ func TestOutboxPartitionsDroppedWithTasksInFlight(t *testing.T) {
 	x := b.agedTask(t, task.Succeeded, 3*time.Hour) // row 1: deleted by retention
 	s := b.agedTask(t, task.Running, 3*time.Hour)   // row 2: in flight
 	b.publishAll(t)
-	u := b.create(t, 1)[0] // row 3: not yet published
+	u := b.createRows(t, 1)[0] // row 3: not yet published
 	b.exec(t, `SELECT setval(pg_get_serial_sequence('outbox_row', 'id'), 5)`)
 	for i, id := range []uuid.UUID{x, s, u} {
 		var rowID int64
@@ -275,7 +275,7 @@ func TestOutboxPartitionsOpenedWhileIdsOverrunThem(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	b := setup(t)
-	id := b.create(t, 1)[0]
+	id := b.createRows(t, 1)[0]
 	const minIDs, batch, writers, passes = 2000, 40, 3, 150
 	// The ids being taken have reached the end of the partitions.
 	parts, _ := listOutboxPartitions(t, b.db)

@@ -94,6 +94,8 @@ type partitionsResult struct {
 	// DEFAULT partition before their partition was dropped; Swept the
 	// rows of deleted tasks deleted from there.
 	Kept, Swept int
+	// LogRetired counts the outbox log's rows retired (outbox.PruneLog).
+	LogRetired int64
 }
 
 func (p *partitions) service() *service {
@@ -108,12 +110,12 @@ func (p *partitions) service() *service {
 		},
 		pass: func(ctx context.Context) ([]any, error) {
 			res, err := p.runOnce(ctx)
-			if res.Created+res.OutboxCreated == 0 && len(res.Dropped)+len(res.OutboxDropped) == 0 {
+			if res.Created+res.OutboxCreated == 0 && len(res.Dropped)+len(res.OutboxDropped) == 0 && res.LogRetired == 0 {
 				return nil, err
 			}
 			return []any{"created", res.Created, "dropped", res.Dropped, "held", res.Held,
 				"outbox_created", res.OutboxCreated, "outbox_dropped", res.OutboxDropped, "outbox_held", res.OutboxHeld,
-				"kept", res.Kept, "swept", res.Swept}, err
+				"kept", res.Kept, "swept", res.Swept, "outbox_log_retired", res.LogRetired}, err
 		},
 		failed: func() { p.metrics.failures.WithLabelValues(componentPartitions).Inc() },
 	}
@@ -129,6 +131,12 @@ func (p *partitions) runOnce(ctx context.Context) (partitionsResult, error) {
 	res.OutboxCreated = n
 	seen := map[string]bool{}
 	errs := []error{errAudit, errOutbox, p.dropAudit(ctx, &res, seen), p.dropOutbox(ctx, &res, seen)}
+	// The outbox log's published rows go after the time a partition of
+	// outbox_row does, Width: those of tasks that still exist into
+	// outbox_row, as a dropped partition's go into its DEFAULT one.
+	var errLog error
+	res.LogRetired, errLog = outbox.PruneLog(ctx, p.pool, p.cfg.Width)
+	errs = append(errs, errLog)
 	p.forget(seen)
 	if len(res.Dropped)+len(res.OutboxDropped) > 0 {
 		for _, dflt := range []string{auditDefault, outboxDefault} {

@@ -85,10 +85,16 @@ func (p backlogPart) backlog() Backlog {
 	return b
 }
 
-// unsentSinceSQL gives the due-since time of every unsent row, on the
-// partial index outbox_event_claim_idx (whose predicate is the status
-// condition).
-var unsentSinceSQL = `SELECT ` + dueSinceSQL("e") + ` AS since FROM outbox_event e WHERE e.status IN ('NEW', 'RETRYING')`
+// unsentSinceSQL gives the due-since time of every unsent row of
+// outbox_row, on the partial index outbox_event_claim_idx (whose
+// predicate is the status condition). logUnsentSQL gives it for the rows
+// of the outbox log that no round has taken yet (migration 00039), by
+// the log's txid index from the position's older snapshot: their
+// creation (they are due at once).
+var (
+	unsentSinceSQL = `SELECT ` + dueSinceSQL("e") + ` AS since FROM outbox_row e WHERE e.status IN ('NEW', 'RETRYING')`
+	logUnsentSQL   = `SELECT l.created_at AS since FROM outbox_log_unsent l`
+)
 
 // backlogSQL reads the Backlog over every unsent row in one pass (the
 // operator's reading; the gauges read in two parts, backlogReader).
@@ -97,8 +103,9 @@ var unsentSinceSQL = `SELECT ` + dueSinceSQL("e") + ` AS since FROM outbox_event
 // that never failed come first), for a page that must stay cheap on a
 // huge backlog.
 var (
-	backlogSQL       = backlogOver(unsentSinceSQL)
-	cappedBacklogSQL = backlogOver(unsentSinceSQL + ` ORDER BY e.next_retry_at, e.id LIMIT $1`)
+	backlogSQL       = backlogOver(unsentSinceSQL + ` UNION ALL ` + logUnsentSQL)
+	cappedBacklogSQL = backlogOver(`(` + unsentSinceSQL + ` ORDER BY e.next_retry_at, e.id LIMIT $1) UNION ALL (` +
+		logUnsentSQL + ` LIMIT $1)`)
 )
 
 // RowQuerier is what the readings need: a pool, a connection or a pgx.Tx.
@@ -140,11 +147,12 @@ func ReadBacklog(ctx context.Context, db RowQuerier, limit int) (Backlog, error)
 // next_retry_at before the cutoff (a due time long past) counts from the
 // next, at most frontEvery later.
 
-// backlogHeadSQL reads the unsent rows due at or after the cutoff $1;
+// backlogHeadSQL reads the unsent rows due at or after the cutoff $1,
+// and the log's;
 // backlogTailSQL, those due before the cutoff now() less $1 ms, and
 // returns that cutoff.
 var (
-	backlogHeadSQL = backlogOver(unsentSinceSQL + ` AND e.next_retry_at >= $1`)
+	backlogHeadSQL = backlogOver(unsentSinceSQL + ` AND e.next_retry_at >= $1 UNION ALL ` + logUnsentSQL)
 	backlogTailSQL = `
 WITH c AS (SELECT now() - $1 * interval '1 millisecond' AS cutoff)
 SELECT p.*, c.cutoff FROM c, LATERAL (` + backlogOver(unsentSinceSQL+` AND e.next_retry_at < c.cutoff`) + `) p`

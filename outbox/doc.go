@@ -1,11 +1,15 @@
 // Package outbox owns outbox_event: the transactional handover of tasks from
 // Postgres to the Redis task stream, and keeping the two consistent.
-// Since migration 00038 outbox_event is a view of the table outbox_row.
-// The statements that write rows, the relay's claim (FOR UPDATE) and what
-// needs the table itself (the writers' lock, a pass's rows' xmax, the
-// partitions) name the table; those that read what a task's rows are, and
-// the operator's queries, read the view, which can then show rows of more
-// than one table without the writers changing.
+// outbox_event is a view (migrations 00038, 00039) of two tables: outbox_row,
+// whose rows are written NEW and marked SENT by the relay, and the outbox
+// log, to which the rows of created tasks without a group or a sequence
+// are appended and which the relay publishes in commit order, recording
+// each pass's publish in one batch row rather than writing each row
+// (log.go). The statements that write rows, the relay's claim (FOR
+// UPDATE), the readings by status and what needs a table itself (the
+// writers' lock, a pass's rows' xmax, the partitions) name the tables;
+// those that read what a task's rows are, and the operator's queries,
+// read the view.
 //
 // Insert writes an event in the caller's transaction (task creation, redrive,
 // rescue, republish); a statement-level trigger NOTIFYs relays on commit (channel
@@ -21,8 +25,10 @@
 // default) or, in Kafka mode, kafka.Publisher. Any number of relays may run at once: a pass
 // opens a transaction, locks a batch of due rows (NEW or RETRYING,
 // next_retry_at come, no live claim of direct publishing) with FOR UPDATE
-// SKIP LOCKED; XADDs one entry {task_id, kind} per row to the row's stream
-// in one pipelined round trip; and, in the same transaction, marks each
+// SKIP LOCKED and takes the log's next rows (one pass at a time: the log's
+// position row is its lock); XADDs one entry {task_id, kind} per row to
+// the row's stream in one pipelined round trip; and, in the same
+// transaction, records the log rows' batch and marks each outbox_row
 // row SENT (stream_id, sent_at), or on a failed XADD RETRYING with capped
 // exponential backoff (package internal/backoff, the formula of failed
 // tasks), DEAD after MaxAttempts (next_retry_at cleared, as for a DEAD

@@ -320,7 +320,7 @@ func TestRelayPublishesRowCommittedLate(t *testing.T) {
 
 	// A long transaction writes its row first and commits last.
 	tx, late := openWriter(t, b, time.Now().Add(-time.Hour))
-	b.create(t, 2)
+	b.createRows(t, 2)
 	if res, err := r.DrainOnce(ctx); err != nil || res.Published != 2 {
 		t.Fatalf("DrainOnce = %+v, %v; want the 2 rows committed published", res, err)
 	}
@@ -330,7 +330,7 @@ func TestRelayPublishesRowCommittedLate(t *testing.T) {
 
 	// Within the period the claims begin near the rows they published
 	// last, after the late row.
-	b.create(t, 2)
+	b.createRows(t, 2)
 	if res, err := r.DrainOnce(ctx); err != nil || res.Published != 2 {
 		t.Fatalf("DrainOnce = %+v, %v; want the 2 new rows published", res, err)
 	}

@@ -48,7 +48,7 @@ const lateOpenSQL = `SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '
 // the claim index instead, every entry of it, and filtered on id.
 const lateSQL = `
 WITH r AS MATERIALIZED (
-    SELECT status, next_retry_at, claimed_until FROM outbox_event WHERE id > $1 ORDER BY id LIMIT $2
+    SELECT status, next_retry_at, claimed_until FROM outbox_row WHERE id > $1 ORDER BY id LIMIT $2
 )
 SELECT min(next_retry_at) FILTER (WHERE ` + lateDueSQL + `), count(*) FILTER (WHERE ` + lateDueSQL + `), count(*) FROM r`
 

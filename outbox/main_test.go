@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -116,6 +117,29 @@ func (b *bundle) preload(t *testing.T, n int) {
 	if _, err := b.db.Exec(context.Background(), preloadSQL, n, b.stream); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// createRows creates n tasks due now whose rows are outbox_row's, NEW, as
+// a release or a redrive writes them (the rows of created tasks are the
+// log's: create).
+func (b *bundle) createRows(t *testing.T, n int) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	ids := make([]uuid.UUID, n)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+	}
+	err := pgx.BeginFunc(ctx, b.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO ingest_task (id, kind, payload, payload_sha, max_attempts)
+			SELECT id, 'test-kind', '{}', 'sha', 3 FROM unnest($1::uuid[]) AS t(id)`, ids); err != nil {
+			return err
+		}
+		return outbox.Insert(ctx, tx, b.stream, ids...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 func (b *bundle) count(t *testing.T, where string, args ...any) int {

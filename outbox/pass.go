@@ -184,6 +184,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	batch.Queue(writeLockSQL)
 	bound, token := r.from.claim()
 	batch.Queue(claimSQL, r.cfg.BatchSize, bound)
+	batch.Queue(logTakeSQL, r.cfg.BatchSize)
 	var c claimed
 	var holdables []uuid.UUID
 	var taken int64
@@ -218,6 +219,12 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 			})
 		}
 	}
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			err = scanLogTaken(rows, &c)
+		}
+	}
 	err = errors.Join(err, br.Close())
 	if err == nil && len(holdables) > 0 {
 		err = c.hold(ctx, conn, holdables)
@@ -235,7 +242,7 @@ func (r *Relay) claim(ctx context.Context) (claimed, error) {
 	case first.Valid:
 		r.from.found(first, token)
 	}
-	if len(c.rows) == 0 && len(c.orphans) == 0 && len(c.withdrawn) == 0 {
+	if len(c.rows) == 0 && len(c.orphans) == 0 && len(c.withdrawn) == 0 && !c.log.took() {
 		endPass(conn)
 		return claimed{}, nil
 	}
@@ -289,7 +296,7 @@ func endPass(conn *pgxpool.Conn) {
 // is nil.
 func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []error) (DrainResult, error) {
 	defer endPass(c.conn)
-	res := DrainResult{Claimed: len(c.rows) + len(c.orphans) + len(c.withdrawn), Held: len(c.withdrawn)}
+	res := DrainResult{Claimed: len(c.rows) + len(c.orphans) + len(c.withdrawn) + len(c.log.orphans), Held: len(c.withdrawn)}
 	if r.afterPublish != nil {
 		r.afterPublish()
 	}
@@ -298,20 +305,24 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 	sent, sentIDs, failed, failMsgs := splitPublished(c.rows, ids, errs)
 	batch := &pgx.Batch{}
 	batch.Queue(pgplan.Settings)
-	if len(sent) > 0 {
-		rowIDs, dests := make([]int64, len(sent)), make([]string, len(sent))
-		for i, rw := range sent {
-			rowIDs[i], dests[i] = rw.id, r.dest(rw)
+	var sentRowIDs, failedRowIDs []int64
+	var dests, rowSentIDs, rowFailMsgs []string
+	for i, rw := range sent {
+		if !rw.logged {
+			sentRowIDs, rowSentIDs, dests = append(sentRowIDs, rw.id), append(rowSentIDs, sentIDs[i]), append(dests, r.dest(rw))
 		}
-		batch.Queue(markSentLockedSQL, r.cfg.ID, rowIDs, sentIDs, dests)
 	}
-	if len(failed) > 0 {
-		rowIDs := make([]int64, len(failed))
-		for i, rw := range failed {
-			rowIDs[i] = rw.id
+	for i, rw := range failed {
+		if !rw.logged {
+			failedRowIDs, rowFailMsgs = append(failedRowIDs, rw.id), append(rowFailMsgs, failMsgs[i])
 		}
+	}
+	if len(sentRowIDs) > 0 {
+		batch.Queue(markSentLockedSQL, r.cfg.ID, sentRowIDs, rowSentIDs, dests)
+	}
+	if len(failedRowIDs) > 0 {
 		baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
-		batch.Queue(markFailedLockedSQL, rowIDs, failMsgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
+		batch.Queue(markFailedLockedSQL, failedRowIDs, rowFailMsgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
 	}
 	if len(c.orphans) > 0 {
 		batch.Queue(orphanSQL, r.cfg.ID, r.cfg.Lease.Milliseconds(), c.orphans)
@@ -319,19 +330,20 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 	if len(c.withdrawn) > 0 {
 		batch.Queue(withdrawSQL, c.withdrawn)
 	}
+	r.queueLog(batch, c, sent, sentIDs, failed, failMsgs)
 	batch.Queue("COMMIT")
 
 	var delays []float64
 	var statuses []string
 	br := c.conn.SendBatch(ctx, batch)
 	_, err := br.Exec()
-	if err == nil && len(sent) > 0 {
+	if err == nil && len(sentRowIDs) > 0 {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			delays, err = pgx.CollectRows(rows, pgx.RowTo[float64])
 		}
 	}
-	if err == nil && len(failed) > 0 {
+	if err == nil && len(failedRowIDs) > 0 {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			statuses, err = pgx.CollectRows(rows, pgx.RowTo[string])
@@ -344,7 +356,12 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 		_, err = br.Exec()
 	}
 	if err == nil {
-		_, err = br.Exec() // COMMIT
+		var logStatuses []string
+		var logDelays []float64
+		if logStatuses, logDelays, err = readLog(br, c, sent, failed); err == nil {
+			statuses, delays = append(statuses, logStatuses...), append(delays, logDelays...)
+			_, err = br.Exec() // COMMIT
+		}
 	}
 	if err = errors.Join(err, br.Close()); err != nil {
 		if sessionEnded(c.conn, err) {

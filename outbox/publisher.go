@@ -23,6 +23,11 @@ type Message struct {
 	// Priority is the task's priority (0 or 2: the default). A Publisher
 	// that is a Router publishes to Route(Stream, Priority).
 	Priority int
+	// Grouped: the task has a group or a sequence. Its row is written to
+	// outbox_row, never to the log: the refills of its group's window
+	// and the releases of its sequence read and write a task's latest
+	// row there.
+	Grouped bool
 }
 
 // Router is a Publisher whose messages go to a destination that depends

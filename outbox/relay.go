@@ -57,8 +57,9 @@ type RelayConfig struct {
 	// application_name of its passes' sessions. It must be unique among
 	// running relays; the default is hostname-pid-random.
 	ID string
-	// BatchSize is how many rows one pass claims and publishes in one
-	// pipelined round trip (INGEST_OUTBOX_PUBLISH_BATCH_SIZE).
+	// BatchSize is how many rows of outbox_row, and of the outbox log, one
+	// pass claims and publishes in one pipelined round trip
+	// (INGEST_OUTBOX_PUBLISH_BATCH_SIZE).
 	BatchSize int
 	// PublishInterval is the polling period, the fallback for a missed or
 	// lost NOTIFY (INGEST_OUTBOX_PUBLISH_INTERVAL_MS).
@@ -166,7 +167,8 @@ func defaultRelayID() string {
 
 // DrainResult counts what one pass did.
 type DrainResult struct {
-	// Claimed rows (at most BatchSize).
+	// Claimed rows: at most BatchSize of outbox_row and BatchSize of the
+	// outbox log.
 	Claimed int
 	// Published rows: XADDed and marked SENT.
 	Published int
@@ -328,7 +330,7 @@ func (r *Relay) Wake() {
 // follows finds nothing to lock, and armDue leaves the relay to its poll
 // (stuck).
 const nextDueSQL = `
-SELECT extract(epoch FROM next_retry_at - now())::float8 FROM outbox_event
+SELECT extract(epoch FROM next_retry_at - now())::float8 FROM outbox_row
 WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $1 AND (claimed_until IS NULL OR claimed_until < now())
 ORDER BY next_retry_at, id LIMIT 1`
 
@@ -541,6 +543,9 @@ type row struct {
 	traceparent string
 	// priority is the task's (0 or 2: the default).
 	priority int
+	// logged: the row is outbox_log's (taken by logTakeSQL), not
+	// outbox_row's.
+	logged bool
 }
 
 // claimed is the rows a relay is to publish, and what holds them: the
@@ -557,6 +562,8 @@ type claimed struct {
 	// withdrawn are the rows it locked whose tasks it parked (hold):
 	// deleted at its commit, not published.
 	withdrawn []int64
+	// log is what it took of outbox_log (log.go).
+	log logTaken
 	// unwritten: the rows are not in outbox_event yet (see reserve); the
 	// relay writes them after the XADD. committed is when the claim was
 	// handed over.

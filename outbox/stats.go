@@ -16,8 +16,10 @@ type Stats struct {
 
 // deadSQL counts the DEAD rows on outbox_event_dead_idx (migration 00037),
 // which only they enter: an index-only scan of each partition's. Without
-// it the count read every partition whole for a few rows.
-const deadSQL = `SELECT count(*) FROM outbox_event WHERE status = 'DEAD'`
+// it the count read every partition whole for a few rows. It names the
+// table: the outbox log's rows are never DEAD (a failed publish moves a
+// row into outbox_row), and the view would read every one of them.
+const deadSQL = `SELECT count(*) FROM outbox_row WHERE status = 'DEAD'`
 
 // ReadStats reads the outbox's Stats (every unsent and every DEAD row: for
 // the CLI, not for a hot path).

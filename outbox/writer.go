@@ -26,8 +26,10 @@ const (
 // makes them due, and is the one place that decides how they reach the
 // stream:
 //
-//   - the zero Writer (no relay) writes NEW rows (Insert); a relay finds
-//     them on the NOTIFY of the commit;
+//   - the zero Writer (no relay) writes the rows of created tasks to the
+//     outbox log (InsertLog; those of tasks with a group or a sequence,
+//     and of tasks made due again, NEW rows: Insert); a relay finds them
+//     on the NOTIFY of the commit;
 //   - a Writer whose relay runs and has room (see DirectBacklog) hands the
 //     tasks to it after the commit, as its Mode says;
 //   - otherwise (the relay is not running, or its DirectBacklog claims are
@@ -59,9 +61,37 @@ func (w Writer) StageCreated(ctx context.Context, tx Querier, msgs []Message) (C
 		if c, ok := w.relay.reserve(msgs); ok {
 			return c, nil
 		}
-		return Claim{}, insertMessages(ctx, tx, msgs)
+		return Claim{}, insertCreated(ctx, tx, msgs)
+	}
+	if w.relay == nil {
+		return Claim{}, insertCreated(ctx, tx, msgs)
 	}
 	return w.Stage(ctx, tx, msgs)
+}
+
+// insertCreated writes the rows of created tasks msgs: to the log
+// (InsertLog) for tasks without a group or sequence, NEW rows of
+// outbox_row (Insert) for the others.
+func insertCreated(ctx context.Context, db Execer, msgs []Message) error {
+	var logged, kept []Message
+	for _, m := range msgs {
+		if m.Grouped {
+			kept = append(kept, m)
+		} else {
+			logged = append(logged, m)
+		}
+	}
+	for len(logged) > 0 {
+		n := 1
+		for n < len(logged) && logged[n].Stream == logged[0].Stream {
+			n++
+		}
+		if err := InsertLog(ctx, db, logged[0].Stream, taskIDs(logged[:n])...); err != nil {
+			return err
+		}
+		logged = logged[n:]
+	}
+	return insertMessages(ctx, db, kept)
 }
 
 // Stage is StageCreated for tasks that existed before tx and that tx

@@ -290,7 +290,8 @@ func (s *Store) createTx(ctx context.Context, tx pgx.Tx, out outbox.Writer, nts 
 				// Held back by its group's window: a release publishes it.
 				continue
 			}
-			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent, Priority: t.Priority})
+			dueNow = append(dueNow, outbox.Message{Stream: s.cfg.Stream, TaskID: t.ID, Kind: t.Kind, Traceparent: t.Traceparent, Priority: t.Priority,
+				Grouped: t.GroupKey != "" || t.SequenceKey != ""})
 			continue
 		}
 		lostKinds, lostKeys, lost = append(lostKinds, it.Kind), append(lostKeys, it.IdempotencyKey), append(lost, i)

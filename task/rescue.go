@@ -216,12 +216,15 @@ const lockTasksSQL = `SELECT id FROM ingest_task WHERE id = ANY($1::uuid[]) ORDE
 
 // stillMissingSQL re-checks, under the row locks, that each candidate is
 // still a candidate and that no outbox row was added since it was examined
-// (its latest row is still $2).
+// (its latest row is still $2). It reads the latest id of each of
+// outbox_event's tables by its task index: through the view, the planner
+// would read the log's rows whole.
 var stillMissingSQL = `
 SELECT t.id FROM ingest_task t
 JOIN unnest($1::uuid[], $2::bigint[]) AS c(id, last_id) ON c.id = t.id
 WHERE (` + startable("t", "\n       ") + `)
-  AND coalesce((SELECT max(o.id) FROM outbox_event o WHERE o.task_id = t.id), 0) = c.last_id`
+  AND greatest(coalesce((SELECT max(o.id) FROM outbox_row o WHERE o.task_id = t.id), 0),
+               coalesce((SELECT max(l.id) FROM outbox_log l WHERE l.task_id = t.id), 0)) = c.last_id`
 
 // Rescue gives each candidate that is still one a new outbox row to
 // stream, in one transaction, and returns the ids it rescued. It locks
@@ -244,6 +247,11 @@ func Rescue(ctx context.Context, db DB, stream string, cands []RescueCandidate) 
 			return err
 		}
 		if _, err := tx.Exec(ctx, lockTasksSQL, ids); err != nil {
+			return err
+		}
+		// The re-check reads the tables by their task indexes only, as
+		// the pages do, whatever the statistics say of them.
+		if _, err := tx.Exec(ctx, RescuePlanSQL); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, stillMissingSQL, ids, lastIDs)

@@ -88,7 +88,8 @@ func entryRefs(streams, ids []string) []stream.EntryRef {
 // pick holds: the guard is on the DELETE itself, so a task redriven
 // concurrently is re-checked on its new version and kept. The one
 // deletion of tasks: retention's batches (expiredSQL, without the rows:
-// they go with their partitions) and an operator's delete by id
+// they go with their partitions, and the outbox log's with its pruning)
+// and an operator's delete by id
 // (deleteTerminalSQL, with them).
 func finishedCTEs(rows bool) string {
 	// Without the rows, each task's outbox rows are read by a probe of
@@ -101,9 +102,15 @@ o AS (SELECT e.id, e.task_id, e.stream, e.stream_id FROM t CROSS JOIN LATERAL (
 	if rows {
 		a = `
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),`
+		// The outbox log's rows (migration 00039) are read through
+		// outbox_log_event, which shows their entry ids, before they go.
 		o = `
-o AS (DELETE FROM outbox_row WHERE task_id IN (SELECT id FROM t)
-      RETURNING id, task_id, stream, stream_id),`
+r AS (DELETE FROM outbox_row WHERE task_id IN (SELECT id FROM t)
+      RETURNING id, task_id, stream, stream_id),
+l AS (SELECT e.id, e.task_id, e.stream, e.stream_id FROM t CROSS JOIN LATERAL (
+          SELECT e.id, e.task_id, e.stream, e.stream_id FROM outbox_log_event e WHERE e.task_id = t.id OFFSET 0) e),
+ld AS (DELETE FROM outbox_log WHERE task_id IN (SELECT id FROM t)),
+o AS (SELECT * FROM r UNION ALL SELECT * FROM l),`
 	}
 	return `
 t AS (DELETE FROM ingest_task WHERE id IN (SELECT id FROM pick) AND status IN ` + terminalSQL + `

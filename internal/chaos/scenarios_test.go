@@ -209,11 +209,15 @@ func TestRelayFrozen(t *testing.T) {
 			time.Sleep(20 * time.Millisecond) // pacing, not synchronisation
 		}
 	}()
-	// The rows a pass of the relay holds: locked (xmax) by its session,
-	// which names the relay while it holds them.
+	// The rows a pass of the relay holds: the outbox_row rows locked
+	// (xmax) by its session, which names the relay while it holds them,
+	// and, while it holds the outbox log's position, the log's rows no
+	// pass has recorded yet (those it took among them).
 	held := func() int {
-		return c.query(`SELECT count(*) FROM outbox_row o JOIN pg_stat_activity a ON a.backend_xid = o.xmax
-			WHERE a.application_name = 'ingest-outbox-pass ' || $1 AND o.status IN ('NEW', 'RETRYING')`, relay.Consumer())
+		return c.query(`SELECT (SELECT count(*) FROM outbox_row o JOIN pg_stat_activity a ON a.backend_xid = o.xmax
+			WHERE a.application_name = 'ingest-outbox-pass ' || $1 AND o.status IN ('NEW', 'RETRYING'))
+			+ (SELECT count(*) FROM outbox_log_unsent WHERE EXISTS (SELECT 1 FROM outbox_log_position p
+			   JOIN pg_stat_activity a ON a.backend_xid = p.xmax WHERE a.application_name = 'ingest-outbox-pass ' || $1))`, relay.Consumer())
 	}
 	heldRows, tries := 0, 0
 	for caught := 0; caught < freezes; {
@@ -533,7 +537,7 @@ var claimProbes = []struct {
 }{
 	// The relay's claim reads from its bound ($1), as a relay keeps it
 	// (outboxBound).
-	{"outbox claim", `SELECT id, next_retry_at FROM outbox_event
+	{"outbox claim", `SELECT id, next_retry_at FROM outbox_row
 		WHERE status IN ('NEW', 'RETRYING') AND next_retry_at >= $1 AND next_retry_at <= now()
 		  AND (claimed_until IS NULL OR claimed_until < now())
 		ORDER BY next_retry_at, id LIMIT 50`, ""},
