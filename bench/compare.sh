@@ -12,7 +12,8 @@
 #
 # The database must be one for benchmarks only: before each run the script
 # empties ingest-worker's tables (ingest_task, ingest_task_transition,
-# outbox_row: outbox_event's), River empties river_job and the floor bench_floor_job.
+# outbox_row and the outbox log: outbox_event's), River empties river_job and
+# the floor bench_floor_job.
 set -euo pipefail
 
 usage() {
@@ -111,7 +112,7 @@ ingest_run() { # mode
   local preload=()
   [ "$1" = preload ] && preload=(--preload)
   [ "$1" = preload-published ] && preload=(--preload --publish-first)
-  psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_row' >/dev/null
+  psql "$db" -qc 'TRUNCATE ingest_task, ingest_task_transition, outbox_row, outbox_log, outbox_log_batch, outbox_log_round' >/dev/null
   checkpoint
   "$bin/ingest-worker" bench "${preload[@]}" --tasks "$jobs" --handler "$handler" --payload-bytes "$payload" \
     --fail-rate "$fail" --timeout "$timeout" --json >"$bin/out.json" 2>"$log" ||

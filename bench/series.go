@@ -22,7 +22,7 @@ import (
 
 // Tables are the tables whose row versions, sizes and vacuum activity a
 // series samples.
-var Tables = []string{"ingest_task", "outbox_row", "ingest_task_transition"}
+var Tables = []string{"ingest_task", "outbox_row", "outbox_log", "ingest_task_transition"}
 
 // Sample is one period of a run's series (Options.Sample): what the path
 // did in the period and the state of the database at its end.

@@ -65,8 +65,8 @@ runtime held, the goroutine stacks and their number, the live heap).
 file with --series): tasks/s, commit→handler start p50/p99 of the period, the
 p99 of the rescuer's pages (a probe runs the rescuer's candidate query, read
 only, every second), dead and live row versions and autovacuum counts of
-ingest_task, outbox_row (the table of the view outbox_event) and
-ingest_task_transition, the statements that took the most time.
+ingest_task, outbox_row and outbox_log (the tables of the view outbox_event)
+and ingest_task_transition, the statements that took the most time.
 --hold-transaction D holds, from --hold-after into the run, one session
 idle in transaction after taking a transaction id and one REPEATABLE READ
 reader open for D, and the result compares the periods with and without
