@@ -4,7 +4,6 @@ import (
 	"context"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,39 +38,9 @@ func TestUpgradeOutboxLog(t *testing.T) {
 		}
 		return id
 	}
-	ids := []uuid.UUID{create(), create(), create(), create()}
-	exec(`UPDATE outbox_event SET status = 'RETRYING', attempt_count = 1, last_error = 'e', next_retry_at = now() + interval '1 hour' WHERE task_id = $1`, ids[1])
-	exec(`UPDATE outbox_event SET status = 'SENT', stream_id = '1-' || id, sent_at = now() WHERE task_id = $1`, ids[2])
-	exec(`UPDATE outbox_event SET status = 'DEAD', attempt_count = 5, next_retry_at = NULL, last_error = 'boom' WHERE task_id = $1`, ids[3])
+	inEveryStatus(t, db.Pool, []uuid.UUID{create(), create(), create(), create()})
 
-	type row struct {
-		ID        int64
-		TaskID    uuid.UUID
-		Stream    string
-		Status    string
-		Attempts  int
-		Retry     string
-		ClaimedBy string
-		Until     string
-		Err       string
-		StreamID  string
-		CreatedAt time.Time
-		SentAt    string
-	}
-	rows := func(what string) []row {
-		t.Helper()
-		rs, err := db.Pool.Query(ctx, `SELECT id, task_id, stream, status, attempt_count, coalesce(next_retry_at::text, '-'),
-			coalesce(claimed_by, '-'), coalesce(claimed_until::text, '-'), coalesce(last_error, '-'), coalesce(stream_id, '-'),
-			created_at, coalesce(sent_at::text, '-') FROM outbox_event ORDER BY id`)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		out, err := pgx.CollectRows(rs, pgx.RowToStructByPos[row])
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return out
-	}
+	rows := func(what string) []outboxEventRow { t.Helper(); return outboxEventRows(t, db.Pool, what) }
 	old := rows("before the upgrade")
 	if _, err := p.UpTo(ctx, version); err != nil {
 		t.Fatalf("up to %d: %v", version, err)

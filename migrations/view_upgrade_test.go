@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // TestUpgradeOutboxView upgrades a database with outbox rows in every
@@ -41,38 +42,9 @@ func TestUpgradeOutboxView(t *testing.T) {
 	}
 	// NEW, RETRYING, SENT and DEAD rows.
 	ids := []uuid.UUID{create(), create(), create(), create()}
-	exec(`UPDATE outbox_event SET status = 'RETRYING', attempt_count = 1, last_error = 'e', next_retry_at = now() + interval '1 hour' WHERE task_id = $1`, ids[1])
-	exec(`UPDATE outbox_event SET status = 'SENT', stream_id = '1-' || id, sent_at = now() WHERE task_id = $1`, ids[2])
-	exec(`UPDATE outbox_event SET status = 'DEAD', attempt_count = 5, next_retry_at = NULL, last_error = 'boom' WHERE task_id = $1`, ids[3])
+	inEveryStatus(t, db.Pool, ids)
 
-	type row struct {
-		ID        int64
-		TaskID    uuid.UUID
-		Stream    string
-		Status    string
-		Attempts  int
-		Retry     string
-		ClaimedBy string
-		Until     string
-		Err       string
-		StreamID  string
-		CreatedAt time.Time
-		SentAt    string
-	}
-	rows := func(what string) []row {
-		t.Helper()
-		rs, err := db.Pool.Query(ctx, `SELECT id, task_id, stream, status, attempt_count, coalesce(next_retry_at::text, '-'),
-			coalesce(claimed_by, '-'), coalesce(claimed_until::text, '-'), coalesce(last_error, '-'), coalesce(stream_id, '-'),
-			created_at, coalesce(sent_at::text, '-') FROM outbox_event ORDER BY id`)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		out, err := pgx.CollectRows(rs, pgx.RowToStructByPos[row])
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return out
-	}
+	rows := func(what string) []outboxEventRow { t.Helper(); return outboxEventRows(t, db.Pool, what) }
 	relkind := func(name string) string {
 		t.Helper()
 		var kind string
@@ -173,4 +145,52 @@ func TestUpgradeOutboxView(t *testing.T) {
 		t.Fatalf("after the upgrade again: %d rows, want %d", len(got), len(after)+1)
 	}
 	functions("after the upgrade again")
+}
+
+// outboxEventRow is a row of outbox_event, every column as text where it
+// may be NULL.
+type outboxEventRow struct {
+	ID        int64
+	TaskID    uuid.UUID
+	Stream    string
+	Status    string
+	Attempts  int
+	Retry     string
+	ClaimedBy string
+	Until     string
+	Err       string
+	StreamID  string
+	CreatedAt time.Time
+	SentAt    string
+}
+
+// outboxEventRows reads every row of outbox_event in id order.
+func outboxEventRows(t *testing.T, db *pgxpool.Pool, what string) []outboxEventRow {
+	t.Helper()
+	rs, err := db.Query(context.Background(), `SELECT id, task_id, stream, status, attempt_count, coalesce(next_retry_at::text, '-'),
+		coalesce(claimed_by, '-'), coalesce(claimed_until::text, '-'), coalesce(last_error, '-'), coalesce(stream_id, '-'),
+		created_at, coalesce(sent_at::text, '-') FROM outbox_event ORDER BY id`)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	out, err := pgx.CollectRows(rs, pgx.RowToStructByPos[outboxEventRow])
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	return out
+}
+
+// inEveryStatus leaves the rows of tasks ids[1:4] RETRYING, SENT and DEAD
+// (ids[0]'s stays NEW).
+func inEveryStatus(t *testing.T, db *pgxpool.Pool, ids []uuid.UUID) {
+	t.Helper()
+	for i, q := range []string{
+		`UPDATE outbox_event SET status = 'RETRYING', attempt_count = 1, last_error = 'e', next_retry_at = now() + interval '1 hour' WHERE task_id = $1`,
+		`UPDATE outbox_event SET status = 'SENT', stream_id = '1-' || id, sent_at = now() WHERE task_id = $1`,
+		`UPDATE outbox_event SET status = 'DEAD', attempt_count = 5, next_retry_at = NULL, last_error = 'boom' WHERE task_id = $1`,
+	} {
+		if _, err := db.Exec(context.Background(), q, ids[i+1]); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 }

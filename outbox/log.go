@@ -108,8 +108,8 @@ func scanLogTaken(rows pgx.Rows, c *claimed) error {
 
 // queueLog queues, in the commit of pass c, what records its log rows:
 // the failed ones moved (logFailedSQL), the orphans deleted, then the
-// batch of the published ones (logRecordSQL). It returns how to read
-// their results: the failed rows' statuses and the batch's time.
+// batch of the published ones (logRecordSQL); readLog reads their
+// results.
 func (r *Relay) queueLog(batch *pgx.Batch, c claimed, sent []row, sentIDs []string, failed []row, failMsgs []string) {
 	if !c.log.took() {
 		return

@@ -22,7 +22,9 @@ import (
 // claimed_by/claimed_until cost every row an update of its own (a new
 // version of the row, a WAL record, and a dead version for vacuum) before
 // the update that marks it; a row lock costs a small WAL record and
-// leaves no version behind.
+// leaves no version behind. The rows it takes of the outbox log are held
+// by the lock of the log's position row, and written not at all: one
+// batch row records them (log.go).
 //
 // The transaction replaces the lease:
 //

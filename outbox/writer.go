@@ -1,6 +1,10 @@
 package outbox
 
-import "context"
+import (
+	"context"
+
+	"github.com/google/uuid"
+)
 
 // Mode is how a Writer with a relay hands the tasks its transactions make
 // due to that relay (see the package's note on direct publishing).
@@ -81,15 +85,8 @@ func insertCreated(ctx context.Context, db Execer, msgs []Message) error {
 			logged = append(logged, m)
 		}
 	}
-	for len(logged) > 0 {
-		n := 1
-		for n < len(logged) && logged[n].Stream == logged[0].Stream {
-			n++
-		}
-		if err := InsertLog(ctx, db, logged[0].Stream, taskIDs(logged[:n])...); err != nil {
-			return err
-		}
-		logged = logged[n:]
+	if err := byStream(logged, func(stream string, ids []uuid.UUID) error { return InsertLog(ctx, db, stream, ids...) }); err != nil {
+		return err
 	}
 	return insertMessages(ctx, db, kept)
 }
@@ -108,12 +105,18 @@ func (w Writer) Stage(ctx context.Context, tx Querier, msgs []Message) (Claim, e
 // insertMessages writes one NEW row per message (Insert), one statement
 // per run of messages to the same stream.
 func insertMessages(ctx context.Context, db Execer, msgs []Message) error {
+	return byStream(msgs, func(stream string, ids []uuid.UUID) error { return Insert(ctx, db, stream, ids...) })
+}
+
+// byStream calls write with the task ids of each run of msgs to the same
+// stream, in order, until one fails.
+func byStream(msgs []Message, write func(stream string, ids []uuid.UUID) error) error {
 	for len(msgs) > 0 {
 		n := 1
 		for n < len(msgs) && msgs[n].Stream == msgs[0].Stream {
 			n++
 		}
-		if err := Insert(ctx, db, msgs[0].Stream, taskIDs(msgs[:n])...); err != nil {
+		if err := write(msgs[0].Stream, taskIDs(msgs[:n])); err != nil {
 			return err
 		}
 		msgs = msgs[n:]
