@@ -12,12 +12,13 @@ import (
 )
 
 // deleteKindSQL deletes every task of kind $1 with its audit and outbox
-// rows (no foreign key cascades them: package task writes them with the
-// task and deletes them with it).
+// rows, those of the outbox log too (no foreign key cascades them: package
+// task writes them with the task and deletes them with it).
 const deleteKindSQL = `
 WITH t AS (DELETE FROM ingest_task WHERE kind = $1 RETURNING id),
 a AS (DELETE FROM ingest_task_transition WHERE task_id IN (SELECT id FROM t)),
-o AS (DELETE FROM outbox_row WHERE task_id IN (SELECT id FROM t))
+o AS (DELETE FROM outbox_row WHERE task_id IN (SELECT id FROM t)),
+l AS (DELETE FROM outbox_log WHERE task_id IN (SELECT id FROM t))
 SELECT count(*) FROM t`
 
 // DeleteKind deletes every task of kind, with its audit trail and outbox
