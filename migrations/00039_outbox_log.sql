@@ -172,10 +172,13 @@ BEGIN
         IF FOUND OR fresh THEN
             RETURN;
         END IF;
-        -- A new round only when rows committed since this one's snapshot:
-        -- an idle relay's passes write nothing.
-        IF NOT EXISTS (SELECT 1 FROM outbox_log l
-                       WHERE l.txid >= pg_snapshot_xmin(pos.cur) AND NOT pg_visible_in_snapshot(l.txid, pos.cur)) THEN
+        -- A new round only when rows committed since this one's snapshot
+        -- (an idle relay's passes write nothing): rows of a transaction
+        -- the snapshot saw in progress, or past its xmax, each found by
+        -- the txid index (a transaction held open keeps the snapshot's
+        -- xmin back: a range from there would read every row since).
+        IF NOT EXISTS (SELECT 1 FROM outbox_log l WHERE l.txid >= pg_snapshot_xmax(pos.cur))
+           AND NOT EXISTS (SELECT 1 FROM outbox_log l WHERE l.txid = ANY (ARRAY(SELECT pg_snapshot_xip(pos.cur)))) THEN
             RETURN;
         END IF;
         snap := pg_current_snapshot();
@@ -284,12 +287,22 @@ COMMENT ON VIEW outbox_log_event IS
     'the rows of outbox_log as outbox_event shows them: NEW, or SENT once a batch recorded their publish';
 
 -- The log's rows not yet taken by a round: not in its snapshot, or in it
--- and after its cursor (the backlog gauges read them).
+-- and after its cursor (the backlog gauges read them). Every such row is
+-- past the older snapshot's xmax or of a transaction one of the two
+-- snapshots saw in progress: an index range from that xmax, and lookups
+-- of those transactions (a transaction held open keeps the snapshots'
+-- xmin back: a range from there would read every row since).
 CREATE VIEW outbox_log_unsent AS
 SELECT l.id, l.task_id, l.stream, l.txid, l.created_at
-FROM outbox_log_position p JOIN outbox_log l ON l.txid >= pg_snapshot_xmin(p.prev)
-WHERE p.one AND (NOT pg_visible_in_snapshot(l.txid, p.cur)
-                 OR (NOT pg_visible_in_snapshot(l.txid, p.prev) AND (l.txid, l.id) > (p.txid, p.id)));
+FROM outbox_log_position p
+CROSS JOIN LATERAL (
+    SELECT r.* FROM outbox_log r WHERE r.txid >= pg_snapshot_xmax(p.prev)
+    UNION ALL
+    SELECT r.* FROM outbox_log r
+    WHERE r.txid < pg_snapshot_xmax(p.prev)
+      AND r.txid = ANY (ARRAY(SELECT pg_snapshot_xip(p.prev) UNION SELECT pg_snapshot_xip(p.cur)))
+) l
+WHERE p.one AND (NOT pg_visible_in_snapshot(l.txid, p.cur) OR (l.txid, l.id) > (p.txid, p.id));
 COMMENT ON VIEW outbox_log_unsent IS
     'the rows of outbox_log that no round has taken yet';
 

@@ -225,3 +225,38 @@ func TestLogPruneRetires(t *testing.T) {
 		t.Errorf("%d rows NEW after the prune, want the one not yet published", n)
 	}
 }
+
+// TestLogUnsentReadsPastAHeldTransaction: the log's unsent rows (the
+// backlog gauges' reading, and the take's check for a new round, alike)
+// are found by the txid index from the position's snapshots' xmax and by
+// the transactions they saw in progress, not from their xmin: with a
+// transaction held open since before thousands of rows were published,
+// the reading does not walk those rows' index entries, where a range from
+// the xmin does.
+func TestLogUnsentReadsPastAHeldTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	holdTransaction(t, b)
+	r := b.relay(t, outbox.RelayConfig{ID: "held", BatchSize: 1000})
+	for range 10 {
+		b.create(t, 1000)
+		drainAll(t, r)
+	}
+	b.create(t, 20)
+	var unsent int
+	if err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox_log_unsent`).Scan(&unsent); err != nil || unsent != 20 {
+		t.Fatalf("outbox_log_unsent holds %d rows (%v), want the 20 not published", unsent, err)
+	}
+	settings, _ := outbox.ClaimStatements()
+	viewReads := scanBuffers(t, b.db, "_txid_idx", settings, `SELECT count(*) FROM outbox_log_unsent`, nil)
+	fromXmin := scanBuffers(t, b.db, "_txid_idx", settings, `SELECT count(*) FROM outbox_log_position p JOIN outbox_log l ON l.txid >= pg_snapshot_xmin(p.prev)
+		WHERE NOT pg_visible_in_snapshot(l.txid, p.cur) OR (NOT pg_visible_in_snapshot(l.txid, p.prev) AND (l.txid, l.id) > (p.txid, p.id))`, nil)
+	t.Logf("the unsent rows with a transaction held over 10,000 published: %d index buffers; from the snapshots' xmin %d", viewReads, fromXmin)
+	if fromXmin < 10 {
+		t.Fatalf("a range from the xmin read %d index buffers: the held transaction kept nothing in range; the test shows nothing", fromXmin)
+	}
+	if viewReads*3 > fromXmin {
+		t.Errorf("outbox_log_unsent read %d index buffers, from the xmin %d: it walks the rows published since the held transaction began", viewReads, fromXmin)
+	}
+}

@@ -374,7 +374,14 @@ func (c *cluster) enqueue(kind string, n, ms, maxAttempts int) {
 // query runs a one-value query, returning -1 on an error (a server may be
 // down).
 func (c *cluster) query(sql string, args ...any) int {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	return c.queryWithin(5*time.Second, sql, args...)
+}
+
+// queryWithin is query bounded by d instead: a final check's query over
+// the whole run's audit rows takes seconds on a loaded machine (the long
+// form's pipeline check once passed 5 s).
+func (c *cluster) queryWithin(d time.Duration, sql string, args ...any) int {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	var n int
 	if err := c.db.Pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {

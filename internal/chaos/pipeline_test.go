@@ -106,7 +106,7 @@ func TestPipeline(t *testing.T) {
 		}
 	}
 	q := func(sql string) int {
-		n := c.query(sql)
+		n := c.queryWithin(time.Minute, sql)
 		if n < 0 {
 			t.Fatalf("query failed: %s", sql)
 		}
