@@ -6,18 +6,21 @@
 -- the row, its index entries and about 550 bytes of WAL per task.
 --
 -- Commit order, as PgQ keeps it. Each log row holds the id of the
--- transaction that wrote it (txid). The position row holds two snapshots:
--- prev, of the round before, and cur, of this round. A round publishes the
--- rows visible in cur and not in prev, in the order of (txid, id): those
--- of transactions that prev saw in progress (its xip list), then an index
--- range from prev's xmax to cur's. A pass of a relay locks the position
--- (FOR UPDATE SKIP LOCKED: one pass at a time takes log rows), takes the
--- round's next rows after its cursor (outbox_log_take), publishes them
--- and, in the same transaction, records one batch row with their entry ids
--- and moves the cursor (outbox_log_record). When a round has nothing left
--- the next take starts a new one from a fresh snapshot. A relay that dies
--- before its commit leaves the position as it was: the next pass
--- publishes that batch again, and nothing else twice.
+-- transaction that wrote it (txid). Each round has a row holding its
+-- snapshot; a round publishes the rows visible in its snapshot (cur) and
+-- not in the round before's (prev), in the order of (txid, id): those of
+-- transactions that prev saw in progress (its xip list), then an index
+-- range from prev's xmax to cur's. A pass of a relay takes an advisory
+-- lock (one pass at a time takes log rows), takes the round's next rows
+-- after its cursor, the last row of the round's latest batch
+-- (outbox_log_take), publishes them and, in the same transaction, records
+-- one batch row with their entry ids (outbox_log_record). When a round has
+-- nothing left the next take starts a new one from a fresh snapshot. The
+-- position (outbox_log_position, a view) is the newest round and its
+-- latest batch: nothing is updated, so a transaction held open, which
+-- keeps every dead version of a row, leaves no chain of versions to walk.
+-- A relay that dies before its commit leaves the position as it was: the
+-- next pass publishes that batch again, and nothing else twice.
 --
 -- A row that failed to publish is moved into outbox_row (same id, RETRYING,
 -- the relay's backoff), where the ordinary passes retry it; a row whose
@@ -46,10 +49,10 @@ CREATE INDEX outbox_log_txid_idx ON outbox_log (txid, id);
 CREATE INDEX outbox_log_task_idx ON outbox_log (task_id, id);
 CREATE INDEX outbox_log_created_idx ON outbox_log (created_at DESC);
 COMMENT ON TABLE outbox_log IS
-    'append-only rows of outbox_event for tasks created due now; published in commit order by rounds (outbox_log_position), each publish recorded by batch (outbox_log_batch)';
+    'append-only rows of outbox_event for tasks created due now; published in commit order by rounds (outbox_log_round), each publish recorded by batch (outbox_log_batch)';
 
--- A round whose rows were published: its snapshot (which rows it took)
--- and that snapshot's xmax, by which the view finds a row's round.
+-- A round: its snapshot (which rows it takes) and that snapshot's xmax,
+-- by which the view finds a row's round. Round 0 is the migration's.
 CREATE TABLE outbox_log_round (
     round     bigint      PRIMARY KEY,
     snap      pg_snapshot NOT NULL,
@@ -73,17 +76,20 @@ CREATE TABLE outbox_log_batch (
 );
 CREATE INDEX outbox_log_batch_sent_idx ON outbox_log_batch (sent_at);
 
--- Where publishing stands: the round, its snapshot (cur) and the one
--- before (prev), and the last row taken in the round (txid, id).
-CREATE TABLE outbox_log_position (
-    one   boolean     PRIMARY KEY CHECK (one),
-    round bigint      NOT NULL,
-    prev  pg_snapshot NOT NULL,
-    cur   pg_snapshot NOT NULL,
-    txid  xid8        NOT NULL,
-    id    bigint      NOT NULL
-);
-INSERT INTO outbox_log_position VALUES (true, 0, pg_current_snapshot(), pg_current_snapshot(), '0', 0);
+INSERT INTO outbox_log_round VALUES (0, pg_current_snapshot(), pg_snapshot_xmax(pg_current_snapshot()));
+
+-- Where publishing stands: the newest round, its snapshot (cur) and the
+-- one before (prev; round 0's own), and the last row taken in the round
+-- (txid, id: its latest batch's, or zero), all read by keys.
+CREATE VIEW outbox_log_position AS
+SELECT r.round, coalesce(pr.snap, r.snap) AS prev, r.snap AS cur,
+       coalesce(b.last_txid, '0'::xid8) AS txid, coalesce(b.last_id, 0) AS id
+FROM (SELECT * FROM outbox_log_round ORDER BY round DESC LIMIT 1) r
+LEFT JOIN LATERAL (SELECT p.snap FROM outbox_log_round p WHERE p.round < r.round ORDER BY p.round DESC LIMIT 1) pr ON true
+LEFT JOIN LATERAL (SELECT b.last_txid, b.last_id FROM outbox_log_batch b WHERE b.round = r.round
+                   ORDER BY b.last_txid DESC, b.last_id DESC LIMIT 1) b ON true;
+COMMENT ON VIEW outbox_log_position IS
+    'where publishing the outbox log stands: the newest round, its snapshot and the one before, and the last row taken in it';
 
 -- The log's tables can be read and written by whoever can outbox_row.
 -- +goose StatementBegin
@@ -124,8 +130,8 @@ $$;
 CREATE TRIGGER outbox_log_notify AFTER INSERT ON outbox_log
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION outbox_log_notify();
 
--- outbox_log_take locks the position (or returns nothing when another
--- pass holds it) and returns up to n rows of the round after its cursor,
+-- outbox_log_take takes the log's advisory lock for its transaction (or
+-- returns nothing when another pass holds it) and returns up to n rows of the round after its cursor,
 -- in (txid, id) order, with what their messages need (orphan: the task is
 -- gone). When the round has nothing left and rows committed since its
 -- snapshot, it starts the next round and takes from it.
@@ -143,10 +149,10 @@ BEGIN
     IF n IS NULL OR n < 1 THEN
         RAISE EXCEPTION 'outbox_log_take takes at least one row, not %', n;
     END IF;
-    SELECT * INTO pos FROM outbox_log_position p WHERE p.one FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('ingest-worker outbox log', 0)) THEN
         RETURN;
     END IF;
+    SELECT * INTO pos FROM outbox_log_position;
     LOOP
         RETURN QUERY
         WITH d AS (
@@ -182,20 +188,22 @@ BEGIN
             RETURN;
         END IF;
         snap := pg_current_snapshot();
-        UPDATE outbox_log_position p SET round = pos.round + 1, prev = pos.cur, cur = snap, txid = '0', id = 0
-        WHERE p.one RETURNING * INTO pos;
+        INSERT INTO outbox_log_round VALUES (pos.round + 1, snap, pg_snapshot_xmax(snap));
+        pos := ROW(pos.round + 1, pos.cur, snap, '0'::xid8, 0::bigint);
         fresh := true;
     END LOOP;
 END;
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION outbox_log_take(integer) IS
-    'locks the outbox log''s position (or returns nothing: another pass holds it) and returns up to n rows of the round after its cursor, in commit order; starts the next round when this one is done';
+    'takes the outbox log''s advisory lock (or returns nothing: another pass holds it) and returns up to n rows of the round after its cursor, in commit order; starts the next round when this one is done';
 
--- outbox_log_record records, in the transaction of the take, the publish
--- of the rows it took up to (last_txid, last_id): the rows ids published
--- as stream_ids to streams (the others were moved or deleted), and moves
--- the cursor. It returns the batch's time.
+-- outbox_log_record records, in the transaction of the take (which holds
+-- the log's advisory lock), the publish of the rows it took up to
+-- (last_txid, last_id): one batch row, whose last row is the round's
+-- cursor from then on, with the rows ids published as stream_ids to
+-- streams (the others were moved or deleted). It returns the batch's
+-- time.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_log_record(relay text, last_txid text, last_id bigint, ids bigint[], stream_ids text[], streams text[])
 RETURNS timestamptz LANGUAGE plpgsql AS $$
@@ -203,29 +211,29 @@ RETURNS timestamptz LANGUAGE plpgsql AS $$
 DECLARE
     pos outbox_log_position;
 BEGIN
-    SELECT * INTO pos FROM outbox_log_position p WHERE p.one FOR UPDATE;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('ingest-worker outbox log', 0)) THEN
+        RAISE EXCEPTION 'outbox log batch recorded by a transaction that did not take its rows';
+    END IF;
+    SELECT * INTO pos FROM outbox_log_position;
     IF (last_txid::xid8, last_id) <= (pos.txid, pos.id) THEN
         RAISE EXCEPTION 'outbox log batch ending at (%, %) is not after the position (%, %)', last_txid, last_id, pos.txid, pos.id;
     END IF;
-    IF cardinality(ids) > 0 THEN
-        INSERT INTO outbox_log_round VALUES (pos.round, pos.cur, pg_snapshot_xmax(pos.cur)) ON CONFLICT DO NOTHING;
-        INSERT INTO outbox_log_batch VALUES (pos.round, last_txid::xid8, last_id, relay, statement_timestamp(),
-                                             ids, stream_ids, streams);
-    END IF;
-    UPDATE outbox_log_position p SET txid = last_txid::xid8, id = last_id WHERE p.one;
+    INSERT INTO outbox_log_batch VALUES (pos.round, last_txid::xid8, last_id, relay, statement_timestamp(),
+                                         coalesce(ids, '{}'), coalesce(stream_ids, '{}'), coalesce(streams, '{}'));
     RETURN statement_timestamp();
 END;
 $$;
 -- +goose StatementEnd
 COMMENT ON FUNCTION outbox_log_record(text, text, bigint, bigint[], text[], text[]) IS
-    'records a pass''s publish of the outbox log''s rows it took (one batch row) and moves the position''s cursor past them';
+    'records a pass''s publish of the outbox log''s rows it took: one batch row, whose last row is the round''s cursor';
 
 -- outbox_log_prune retires the log rows published before keep ago (the
 -- age at which outbox_row's partitions go): the rows of tasks that still
 -- exist move into outbox_row, SENT as the view showed them (as a dropped
 -- partition's rows of such tasks move into its DEFAULT partition), the
 -- others are deleted. Then it deletes the batches that hold none of the
--- remaining rows, and the rounds without batches before the current one.
+-- remaining rows, and the rounds without batches before the one before the
+-- current one (whose snapshot is the position's prev).
 -- It returns how many rows it retired.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_log_prune(keep interval) RETURNS bigint LANGUAGE plpgsql AS $$
@@ -238,7 +246,7 @@ BEGIN
     IF keep IS NULL OR keep < interval '0' THEN
         RAISE EXCEPTION 'outbox log retention must not be negative, not %', keep;
     END IF;
-    SELECT * INTO pos FROM outbox_log_position p WHERE p.one;
+    SELECT * INTO pos FROM outbox_log_position;
     INSERT INTO outbox_row (id, task_id, stream, status, attempt_count, next_retry_at, claimed_by, claimed_until,
                             last_error, stream_id, created_at, sent_at)
     SELECT e.id, e.task_id, e.stream, e.status, e.attempt_count, e.next_retry_at, e.claimed_by, e.claimed_until,
@@ -253,7 +261,7 @@ BEGIN
     DELETE FROM outbox_log_batch b
     WHERE b.round < pos.round AND (low IS NULL OR coalesce((SELECT max(e) FROM unnest(b.event_ids) AS e), 0) < low);
     DELETE FROM outbox_log_round r
-    WHERE r.round < pos.round AND NOT EXISTS (SELECT 1 FROM outbox_log_batch b WHERE b.round = r.round);
+    WHERE r.round < pos.round - 1 AND NOT EXISTS (SELECT 1 FROM outbox_log_batch b WHERE b.round = r.round);
     RETURN n;
 END;
 $$;
@@ -302,7 +310,7 @@ CROSS JOIN LATERAL (
     WHERE r.txid < pg_snapshot_xmax(p.prev)
       AND r.txid = ANY (ARRAY(SELECT pg_snapshot_xip(p.prev) UNION SELECT pg_snapshot_xip(p.cur)))
 ) l
-WHERE p.one AND (NOT pg_visible_in_snapshot(l.txid, p.cur) OR (l.txid, l.id) > (p.txid, p.id));
+WHERE NOT pg_visible_in_snapshot(l.txid, p.cur) OR (l.txid, l.id) > (p.txid, p.id);
 COMMENT ON VIEW outbox_log_unsent IS
     'the rows of outbox_log that no round has taken yet';
 
@@ -399,5 +407,6 @@ DROP VIEW outbox_log_event;
 DROP FUNCTION outbox_log_prune(interval);
 DROP FUNCTION outbox_log_record(text, text, bigint, bigint[], text[], text[]);
 DROP FUNCTION outbox_log_take(integer);
-DROP TABLE outbox_log_position, outbox_log_batch, outbox_log_round, outbox_log;
+DROP VIEW outbox_log_position;
+DROP TABLE outbox_log_batch, outbox_log_round, outbox_log;
 DROP FUNCTION outbox_log_notify();

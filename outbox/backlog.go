@@ -89,8 +89,9 @@ func (p backlogPart) backlog() Backlog {
 // outbox_row, on the partial index outbox_event_claim_idx (whose
 // predicate is the status condition). logUnsentSQL gives it for the rows
 // of the outbox log that no round has taken yet (migration 00039), by
-// the log's txid index from the position's older snapshot: their
-// creation (they are due at once).
+// the log's txid index past the position's snapshots (not from their
+// xmin, which a transaction held open keeps back): their creation (they
+// are due at once).
 var (
 	unsentSinceSQL = `SELECT ` + dueSinceSQL("e") + ` AS since FROM outbox_row e WHERE e.status IN ('NEW', 'RETRYING')`
 	logUnsentSQL   = `SELECT l.created_at AS since FROM outbox_log_unsent l`

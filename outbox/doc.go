@@ -25,8 +25,8 @@
 // default) or, in Kafka mode, kafka.Publisher. Any number of relays may run at once: a pass
 // opens a transaction, locks a batch of due rows (NEW or RETRYING,
 // next_retry_at come, no live claim of direct publishing) with FOR UPDATE
-// SKIP LOCKED and takes the log's next rows (one pass at a time: the log's
-// position row is its lock); XADDs one entry {task_id, kind} per row to
+// SKIP LOCKED and takes the log's next rows (one pass at a time: an
+// advisory lock); XADDs one entry {task_id, kind} per row to
 // the row's stream in one pipelined round trip; and, in the same
 // transaction, records the log rows' batch and marks each outbox_row
 // row SENT (stream_id, sent_at), or on a failed XADD RETRYING with capped

@@ -15,17 +15,18 @@ import (
 // takes the log's next rows in commit order beside the outbox_row rows it
 // claims (logTakeSQL, in the claim's round trip and transaction),
 // publishes them in the same pipeline, and at its commit records one
-// batch row for them and moves the log's position (logRecordSQL): no
-// row of the log is written again. One pass at a time takes log rows (the
-// position's row lock); a pass that dies before its commit leaves the
-// position where it was, so the next publishes the same rows again (at
-// most that batch twice). A row whose publish failed is moved into
+// batch row for them, whose last row is the log's position from then on
+// (logRecordSQL): no row of the log is written again, and nothing is
+// updated. One pass at a time takes log rows (an advisory lock for its
+// transaction); a pass that dies before its commit leaves the position
+// where it was, so the next publishes the same rows again (at most that
+// batch twice). A row whose publish failed is moved into
 // outbox_row, RETRYING with the relay's backoff (logFailedSQL); one whose
 // task is gone is deleted (logOrphanSQL).
 
 // logTakeSQL takes up to $1 rows of the log, in commit order, for the
 // pass whose transaction it runs in (nothing when another pass holds the
-// log's position).
+// log's advisory lock).
 const logTakeSQL = `SELECT id, task_id, stream, txid, kind, created_at, traceparent, priority, orphan FROM outbox_log_take($1)`
 
 // logRecordSQL records, in the pass's transaction, the publish of the

@@ -23,8 +23,8 @@ import (
 // version of the row, a WAL record, and a dead version for vacuum) before
 // the update that marks it; a row lock costs a small WAL record and
 // leaves no version behind. The rows it takes of the outbox log are held
-// by the lock of the log's position row, and written not at all: one
-// batch row records them (log.go).
+// by the log's advisory lock, and written not at all: one batch row
+// records them (log.go).
 //
 // The transaction replaces the lease:
 //

@@ -211,13 +211,14 @@ func TestRelayFrozen(t *testing.T) {
 	}()
 	// The rows a pass of the relay holds: the outbox_row rows locked
 	// (xmax) by its session, which names the relay while it holds them,
-	// and, while it holds the outbox log's position, the log's rows no
-	// pass has recorded yet (those it took among them).
+	// and, while it holds the outbox log's advisory lock, the log's rows
+	// no pass has recorded yet (those it took among them).
 	held := func() int {
 		return c.query(`SELECT (SELECT count(*) FROM outbox_row o JOIN pg_stat_activity a ON a.backend_xid = o.xmax
 			WHERE a.application_name = 'ingest-outbox-pass ' || $1 AND o.status IN ('NEW', 'RETRYING'))
-			+ (SELECT count(*) FROM outbox_log_unsent WHERE EXISTS (SELECT 1 FROM outbox_log_position p
-			   JOIN pg_stat_activity a ON a.backend_xid = p.xmax WHERE a.application_name = 'ingest-outbox-pass ' || $1))`, relay.Consumer())
+			+ (SELECT count(*) FROM outbox_log_unsent WHERE EXISTS (SELECT 1 FROM pg_locks l
+			   JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted
+			     AND a.application_name = 'ingest-outbox-pass ' || $1))`, relay.Consumer())
 	}
 	heldRows, tries := 0, 0
 	for caught := 0; caught < freezes; {
