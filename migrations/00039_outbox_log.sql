@@ -383,25 +383,16 @@ FROM outbox_log_event ORDER BY id;
 DROP TRIGGER outbox_event_write ON outbox_event;
 DROP FUNCTION outbox_event_write();
 DROP RULE outbox_event_insert ON outbox_event;
-DROP VIEW outbox_event;
-CREATE VIEW outbox_event AS SELECT id, task_id, stream, status, attempt_count, next_retry_at, claimed_by, claimed_until, last_error, stream_id, created_at, sent_at FROM outbox_row;
+-- The view of outbox_row alone again, replaced in place so that it keeps
+-- its grants; its column defaults go (the table's apply through it).
+CREATE OR REPLACE VIEW outbox_event AS SELECT id, task_id, stream, status, attempt_count, next_retry_at, claimed_by, claimed_until, last_error, stream_id, created_at, sent_at FROM outbox_row;
+ALTER VIEW outbox_event ALTER COLUMN id DROP DEFAULT;
+ALTER VIEW outbox_event ALTER COLUMN status DROP DEFAULT;
+ALTER VIEW outbox_event ALTER COLUMN attempt_count DROP DEFAULT;
+ALTER VIEW outbox_event ALTER COLUMN next_retry_at DROP DEFAULT;
+ALTER VIEW outbox_event ALTER COLUMN created_at DROP DEFAULT;
 COMMENT ON VIEW outbox_event IS
     'one row per publication of a task: the rows of outbox_row';
--- +goose StatementBegin
-DO $$
-DECLARE
-    g record;
-BEGIN
-    FOR g IN SELECT a.privilege_type, a.grantee, a.is_grantable FROM pg_class c
-             CROSS JOIN LATERAL aclexplode(c.relacl) a
-             WHERE c.oid = 'outbox_row'::regclass AND a.grantee <> c.relowner LOOP
-        EXECUTE format('GRANT %s ON outbox_event TO %s%s', g.privilege_type,
-            CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(g.grantee::regrole::text) END,
-            CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-    END LOOP;
-END;
-$$;
--- +goose StatementEnd
 DROP VIEW outbox_log_unsent;
 DROP VIEW outbox_log_event;
 DROP FUNCTION outbox_log_prune(interval);

@@ -107,54 +107,70 @@ func scanLogTaken(rows pgx.Rows, c *claimed) error {
 	return err
 }
 
-// queueLog queues, in the commit of pass c, what records its log rows:
-// the failed ones moved (logFailedSQL), the orphans deleted, then the
-// batch of the published ones (logRecordSQL); readLog reads their
+// marked is the part of a pass's published rows that one table holds:
+// the published rows (sent), their ids, entry ids and destinations, and
+// the ids and errors of the failed ones.
+type marked struct {
+	sent             []row
+	ids, failedIDs   []int64
+	streamIDs, dests []string
+	errs             []string
+}
+
+// byTable splits a pass's published rows (sent with sentIDs, failed with
+// failMsgs) into those of outbox_row and those of the log.
+func (r *Relay) byTable(sent []row, sentIDs []string, failed []row, failMsgs []string) (table, log marked) {
+	for i, rw := range sent {
+		m := &table
+		if rw.logged {
+			m = &log
+		}
+		m.sent, m.ids = append(m.sent, rw), append(m.ids, rw.id)
+		m.streamIDs, m.dests = append(m.streamIDs, sentIDs[i]), append(m.dests, r.dest(rw))
+	}
+	for i, rw := range failed {
+		m := &table
+		if rw.logged {
+			m = &log
+		}
+		m.failedIDs, m.errs = append(m.failedIDs, rw.id), append(m.errs, failMsgs[i])
+	}
+	return table, log
+}
+
+// queueLog queues, in the commit of pass c, what records its log rows
+// (log): the failed ones moved (logFailedSQL), the orphans deleted, then
+// the batch of the published ones (logRecordSQL); readLog reads their
 // results.
-func (r *Relay) queueLog(batch *pgx.Batch, c claimed, sent []row, sentIDs []string, failed []row, failMsgs []string) {
+func (r *Relay) queueLog(batch *pgx.Batch, c claimed, log marked) {
 	if !c.log.took() {
 		return
 	}
-	var failedIDs []int64
-	var errs []string
-	for i, rw := range failed {
-		if rw.logged {
-			failedIDs, errs = append(failedIDs, rw.id), append(errs, failMsgs[i])
-		}
-	}
-	if len(failedIDs) > 0 {
+	if len(log.failedIDs) > 0 {
 		baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
-		batch.Queue(logFailedSQL, failedIDs, errs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
+		batch.Queue(logFailedSQL, log.failedIDs, log.errs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
 	}
 	if len(c.log.orphans) > 0 {
 		batch.Queue(logOrphanSQL, c.log.orphans)
 	}
-	ids, streamIDs, dests := []int64{}, []string{}, []string{}
-	for i, rw := range sent {
-		if rw.logged {
-			ids, streamIDs, dests = append(ids, rw.id), append(streamIDs, sentIDs[i]), append(dests, r.dest(rw))
-		}
-	}
-	batch.Queue(logRecordSQL, r.cfg.ID, c.log.lastTx, c.log.lastID, ids, streamIDs, dests)
+	// Nil arrays (none published) are NULL, which the batch stores empty.
+	batch.Queue(logRecordSQL, r.cfg.ID, c.log.lastTx, c.log.lastID, log.ids, log.streamIDs, log.dests)
 }
 
 // readLog reads the results queueLog queued: the failed rows' statuses,
 // and the publish delays of the published ones (from their creation to
 // the batch's time).
-func readLog(br pgx.BatchResults, c claimed, sent, failed []row) (statuses []string, delays []float64, err error) {
+func readLog(br pgx.BatchResults, c claimed, log marked) (statuses []string, delays []float64, err error) {
 	if !c.log.took() {
 		return nil, nil, nil
 	}
-	for _, rw := range failed {
-		if rw.logged {
-			var rows pgx.Rows
-			if rows, err = br.Query(); err == nil {
-				statuses, err = pgx.CollectRows(rows, pgx.RowTo[string])
-			}
-			if err != nil {
-				return nil, nil, err
-			}
-			break
+	if len(log.failedIDs) > 0 {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			statuses, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	if len(c.log.orphans) > 0 {
@@ -166,21 +182,20 @@ func readLog(br pgx.BatchResults, c claimed, sent, failed []row) (statuses []str
 	if err = br.QueryRow().Scan(&at); err != nil {
 		return nil, nil, err
 	}
-	for _, rw := range sent {
-		if rw.logged {
-			delays = append(delays, at.Time.Sub(rw.createdAt).Seconds())
-		}
+	for _, rw := range log.sent {
+		delays = append(delays, at.Time.Sub(rw.createdAt).Seconds())
 	}
 	return statuses, delays, nil
 }
 
-// pruneLogSQL deletes the log's rows published more than $1 ms ago, and
-// what no remaining row needs (migration 00039).
+// pruneLogSQL retires the log's rows published more than $1 ms ago, and
+// deletes what no remaining row needs (migration 00039).
 const pruneLogSQL = `SELECT outbox_log_prune($1 * interval '1 millisecond')`
 
-// PruneLog deletes the outbox log's rows that were published and created
-// more than keep ago, with the batches and rounds no remaining row
-// needs, and returns how many rows it deleted. The leader runs it beside
+// PruneLog retires the outbox log's rows that were published and created
+// more than keep ago (those of tasks that still exist move into
+// outbox_row), deletes the batches and rounds no remaining row needs,
+// and returns how many rows it retired. The leader runs it beside
 // the drop of outbox_row's partitions (package maintenance).
 func PruneLog(ctx context.Context, db RowQuerier, keep time.Duration) (int64, error) {
 	var n int64

@@ -307,24 +307,13 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 	sent, sentIDs, failed, failMsgs := splitPublished(c.rows, ids, errs)
 	batch := &pgx.Batch{}
 	batch.Queue(pgplan.Settings)
-	var sentRowIDs, failedRowIDs []int64
-	var dests, rowSentIDs, rowFailMsgs []string
-	for i, rw := range sent {
-		if !rw.logged {
-			sentRowIDs, rowSentIDs, dests = append(sentRowIDs, rw.id), append(rowSentIDs, sentIDs[i]), append(dests, r.dest(rw))
-		}
+	table, log := r.byTable(sent, sentIDs, failed, failMsgs)
+	if len(table.ids) > 0 {
+		batch.Queue(markSentLockedSQL, r.cfg.ID, table.ids, table.streamIDs, table.dests)
 	}
-	for i, rw := range failed {
-		if !rw.logged {
-			failedRowIDs, rowFailMsgs = append(failedRowIDs, rw.id), append(rowFailMsgs, failMsgs[i])
-		}
-	}
-	if len(sentRowIDs) > 0 {
-		batch.Queue(markSentLockedSQL, r.cfg.ID, sentRowIDs, rowSentIDs, dests)
-	}
-	if len(failedRowIDs) > 0 {
+	if len(table.failedIDs) > 0 {
 		baseMS, maxMS, jitter := r.cfg.Backoff.SQLArgs()
-		batch.Queue(markFailedLockedSQL, failedRowIDs, rowFailMsgs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
+		batch.Queue(markFailedLockedSQL, table.failedIDs, table.errs, r.cfg.MaxAttempts, baseMS, maxMS, jitter)
 	}
 	if len(c.orphans) > 0 {
 		batch.Queue(orphanSQL, r.cfg.ID, r.cfg.Lease.Milliseconds(), c.orphans)
@@ -332,20 +321,20 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 	if len(c.withdrawn) > 0 {
 		batch.Queue(withdrawSQL, c.withdrawn)
 	}
-	r.queueLog(batch, c, sent, sentIDs, failed, failMsgs)
+	r.queueLog(batch, c, log)
 	batch.Queue("COMMIT")
 
 	var delays []float64
 	var statuses []string
 	br := c.conn.SendBatch(ctx, batch)
 	_, err := br.Exec()
-	if err == nil && len(sentRowIDs) > 0 {
+	if err == nil && len(table.ids) > 0 {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			delays, err = pgx.CollectRows(rows, pgx.RowTo[float64])
 		}
 	}
-	if err == nil && len(failedRowIDs) > 0 {
+	if err == nil && len(table.failedIDs) > 0 {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			statuses, err = pgx.CollectRows(rows, pgx.RowTo[string])
@@ -360,7 +349,7 @@ func (r *Relay) commitPass(ctx context.Context, c claimed, ids []string, errs []
 	if err == nil {
 		var logStatuses []string
 		var logDelays []float64
-		if logStatuses, logDelays, err = readLog(br, c, sent, failed); err == nil {
+		if logStatuses, logDelays, err = readLog(br, c, log); err == nil {
 			statuses, delays = append(statuses, logStatuses...), append(delays, logDelays...)
 			_, err = br.Exec() // COMMIT
 		}
