@@ -137,3 +137,44 @@ func TestUpgradeOutboxLog(t *testing.T) {
 		t.Fatalf("after the upgrade again: %d rows, want %d", len(got), len(after)+1)
 	}
 }
+
+// TestUpgradeOutboxLogBaseRound: with the log's rounds emptied, migration
+// 40's position is a base round and a take returns every committed row;
+// its downgrade inserts that base round, so 39's position still has a
+// round and its take returns them too.
+func TestUpgradeOutboxLogBaseRound(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, p := migratedTo(t, 40)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	taken := func() int {
+		t.Helper()
+		tx, err := db.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox_log_take(100)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	exec(`TRUNCATE outbox_log_round`)
+	exec(`INSERT INTO outbox_log (task_id, stream) SELECT gen_random_uuid(), 'ingest:tasks' FROM generate_series(1, 3)`)
+	if n := taken(); n != 3 {
+		t.Fatalf("at 40 with no round a take returned %d rows, want the 3 in the log", n)
+	}
+	exec(`TRUNCATE outbox_log_round`)
+	if _, err := p.DownTo(ctx, 39); err != nil {
+		t.Fatalf("down to 39: %v", err)
+	}
+	if n := taken(); n != 3 {
+		t.Fatalf("after the downgrade from emptied rounds a take returned %d rows, want the 3 in the log", n)
+	}
+}

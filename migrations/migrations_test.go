@@ -24,9 +24,9 @@ import (
 func TestMain(m *testing.M) { testenv.Main(m) }
 
 // latest is the newest embedded version; versions are all of them.
-const latest = 39
+const latest = 40
 
-var versions = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39}
+var versions = []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40}
 
 func versionTableExists(t *testing.T, pool *pgxpool.Pool) bool {
 	t.Helper()

@@ -22,7 +22,9 @@ import (
 // where it was, so the next publishes the same rows again (at most that
 // batch twice). A row whose publish failed is moved into
 // outbox_row, RETRYING with the relay's backoff (logFailedSQL); one whose
-// task is gone is deleted (logOrphanSQL).
+// task is gone is deleted (logOrphanSQL). With its rounds emptied (a
+// TRUNCATE of the log's tables) the next pass starts a round that takes
+// every committed row of the log (migration 00040).
 
 // logTakeSQL takes up to $1 rows of the log, in commit order, for the
 // pass whose transaction it runs in (nothing when another pass holds the

@@ -156,6 +156,38 @@ func TestLogFailedPublishMovesTheRow(t *testing.T) {
 	b.checkPublishedOnce(t, 5)
 }
 
+// TestLogPublishesAfterItsRoundsAreEmptied: with the log's tables emptied
+// (a TRUNCATE, as a benchmark empties them between runs), the rows written
+// since are counted unsent and published, every one, over several batches
+// of the first round; with only the rounds emptied, the rows they had
+// published are published again (at least once) and none is skipped by
+// a batch left behind.
+func TestLogPublishesAfterItsRoundsAreEmptied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t)
+	b.exec(t, `TRUNCATE outbox_log, outbox_log_batch, outbox_log_round`)
+	b.create(t, 25)
+	var unsent int
+	if err := b.db.QueryRow(ctx, `SELECT count(*) FROM outbox_log_unsent`).Scan(&unsent); err != nil || unsent != 25 {
+		t.Fatalf("outbox_log_unsent counts %d rows (%v) with no round, want the 25 written", unsent, err)
+	}
+	r := b.relay(t, outbox.RelayConfig{ID: "r", BatchSize: 10})
+	if got := drainAll(t, r).Published; got != 25 {
+		t.Fatalf("published %d rows after the log's tables were emptied, want 25", got)
+	}
+	b.checkPublishedOnce(t, 25)
+
+	b.exec(t, `TRUNCATE outbox_log_round`)
+	b.create(t, 10)
+	if got := drainAll(t, r).Published; got != 35 {
+		t.Fatalf("published %d rows after the rounds were emptied, want the 10 new and the 25 published before", got)
+	}
+	if rows, sent := b.logCounts(t); rows != 35 || sent != 35 {
+		t.Fatalf("outbox_event shows %d of the %d log rows SENT with their task's entry id, want all", sent, rows)
+	}
+}
+
 // TestLogPruneRetires: outbox.PruneLog retires the published rows of the
 // log: those of tasks that exist move into outbox_row, SENT with the entry
 // id outbox_event showed; those of deleted tasks go; the batches and
