@@ -67,9 +67,13 @@ CREATE INDEX IF NOT EXISTS bench_floor_job_available ON bench_floor_job (id) WHE
 
 const (
 	insertSQL = `INSERT INTO bench_floor_job (payload) SELECT $1::jsonb FROM generate_series(1, $2::int)`
-	startSQL  = `UPDATE bench_floor_job j SET state = 1, started_at = now()
-	FROM (SELECT id FROM bench_floor_job WHERE state = 0 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) a
-	WHERE j.id = a.id RETURNING j.id`
+	// The start locks its rows once, in a materialized CTE, and updates
+	// them by primary key. Its first form, an UPDATE joined to a locking
+	// subquery, was planned on the emptied table as a nested loop that
+	// scanned the whole table and ran the locking subquery again for each
+	// row, and once deadlocked with a done.
+	startSQL = `WITH a AS MATERIALIZED (SELECT id FROM bench_floor_job WHERE state = 0 ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+	UPDATE bench_floor_job j SET state = 1, started_at = now() WHERE j.id = ANY (ARRAY(SELECT id FROM a)) RETURNING j.id`
 	doneSQL = `UPDATE bench_floor_job SET state = 2, finished_at = now() WHERE id = ANY($1::bigint[]) AND state = 1`
 )
 
@@ -162,6 +166,12 @@ func run(ctx context.Context, o options, progress io.Writer) (report, error) {
 		return rep, fmt.Errorf("database-url: %w", err)
 	}
 	pc.MaxConns = int32(o.PoolConns)
+	// The table is emptied before each run and not analyzed during it:
+	// its statements keep their index paths, as ingest-worker's hot
+	// statements do on a never-analyzed table, instead of the scans the
+	// planner picks for a table it believes empty.
+	pc.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+	pc.ConnConfig.RuntimeParams["enable_bitmapscan"] = "off"
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return rep, fmt.Errorf("connect: %w", err)
