@@ -7,17 +7,17 @@
 -- so (outbox_log_unsent was empty too).
 --
 -- Now the round before the first is a snapshot that sees no transaction
--- ('1:1:'): when no round exists the position is that base round, numbered
--- after any batch left behind (so a new round never inherits an old
--- batch's cursor), with nothing left to take; the next take finds rows
--- past its xmax, starts a round from a fresh snapshot and publishes every
--- committed row of the log, in commit order. Rows published before the
--- rounds were emptied are published again (at least once). The oldest
--- round's prev is the base snapshot too, not its own: a round's range
--- starts at prev's xmax, so a round started by a take with no round
--- before it would have taken its first batch and nothing after. (The
--- migration's round 0 takes nothing either way: the log was created
--- with it.)
+-- ('1:1:'). When no round exists the position is that base round, with
+-- the number of the newest batch left behind (so the round the take
+-- starts after it has no batch, and no old cursor) and nothing left to
+-- take; the next take finds rows past its xmax, starts a round from a
+-- fresh snapshot and publishes every committed row of the log, in commit
+-- order. Rows published before the rounds were emptied are published
+-- again (at least once). A round with no round before it has the base
+-- snapshot as its prev too, not its own: a round's range starts at
+-- prev's xmax, so a round started by a take with no round before it
+-- would have taken its first batch and nothing after. (The migration's
+-- round 0 takes nothing either way: the log was created with it.)
 CREATE OR REPLACE VIEW outbox_log_position AS
 SELECT r.round, coalesce(pr.snap, '1:1:'::pg_snapshot) AS prev, r.snap AS cur,
        coalesce(b.last_txid, '0'::xid8) AS txid, coalesce(b.last_id, 0) AS id
