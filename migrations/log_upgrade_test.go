@@ -23,12 +23,7 @@ func TestUpgradeOutboxLog(t *testing.T) {
 	ctx := context.Background()
 	const before, version = 38, 39
 	db, p := migratedTo(t, before)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	exec(`GRANT SELECT, INSERT ON outbox_row TO PUBLIC`)
 	create := func() uuid.UUID {
 		t.Helper()
@@ -146,12 +141,7 @@ func TestUpgradeOutboxLogBaseRound(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, p := migratedTo(t, 40)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	taken := func() int {
 		t.Helper()
 		tx, err := db.Pool.Begin(ctx)

@@ -29,12 +29,7 @@ func TestUpgradeWithLiveTasks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, p := migratedTo(t, 11)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	// One task per state, each with its audit rows and an outbox row, as
 	// version 11 wrote them, created an hour ago (their ids are UUIDv7s of
 	// that time: the rescuer reads only tasks older than its grace).
@@ -152,12 +147,7 @@ func TestUpgradeParkedMark(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db, p := migratedTo(t, 12)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	const mark = `'9999-12-31 00:00:00+00'`
 	newTask := func(status string, attempts int, nextRetry string, outbox string) uuid.UUID {
 		t.Helper()
@@ -315,12 +305,7 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 	ctx := context.Background()
 	const before = 23 // the version before migration 24
 	db, p := migratedTo(t, before)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	exec(`CREATE FUNCTION audit_probe() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
 	exec(`CREATE TRIGGER audit_probe AFTER DELETE ON ingest_task_transition REFERENCING OLD TABLE AS o
 	      FOR EACH STATEMENT EXECUTE FUNCTION audit_probe()`)
@@ -512,6 +497,17 @@ func TestUpgradeAuditPartitions(t *testing.T) {
 	checkTriggers("after the upgrade again")
 }
 
+// execer returns a function that runs a statement on pool and fails t
+// with the statement and the error when it fails.
+func execer(t *testing.T, pool *pgxpool.Pool) func(q string, args ...any) {
+	return func(q string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(context.Background(), q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}
+
 // migratedTo returns an empty database of the test's own migrated up to
 // version v, and the goose provider that moves it between versions.
 func migratedTo(t *testing.T, v int64) (*testenv.Database, *goose.Provider) {
@@ -564,12 +560,7 @@ func TestUpgradeOutboxPartitions(t *testing.T) {
 		}
 	}
 	db, p := migratedTo(t, before)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	exec(`CREATE FUNCTION outbox_probe() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`)
 	exec(`CREATE TRIGGER outbox_probe AFTER DELETE ON outbox_event FOR EACH STATEMENT EXECUTE FUNCTION outbox_probe()`)
 	exec(`ALTER TABLE outbox_event DISABLE TRIGGER outbox_probe`)
@@ -776,12 +767,7 @@ func TestUpgradeOutboxDeadIndex(t *testing.T) {
 	ctx := context.Background()
 	const before, version = 36, 37
 	db, p := migratedTo(t, before)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	// 10,000 rows fill the first partition opened ahead, the next go to
 	// the DEFAULT one; one in a thousand is DEAD.
 	insert := func(n int) {

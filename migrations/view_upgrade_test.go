@@ -25,12 +25,7 @@ func TestUpgradeOutboxView(t *testing.T) {
 	ctx := context.Background()
 	const before, version = 37, 38
 	db, p := migratedTo(t, before)
-	exec := func(q string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, q, args...); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	exec := execer(t, db.Pool)
 	exec(`GRANT SELECT, INSERT ON outbox_event TO PUBLIC`)
 	create := func() uuid.UUID {
 		t.Helper()
